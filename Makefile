@@ -1,0 +1,51 @@
+# The README's two commands: `make serve` (install, then serve on the embedded default weights)
+# and `make test` (install, then run the tests). Both install into .venv first, idempotently.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# The CPU wheel that lies on our machines; GPU images pick their own torch build.
+TORCH_SPEC ?= torch==2.13.0
+# The reference implementation, for the parity tests and `kokoro-fleet bench` (its own
+# dependencies would pull spaCy and a hub download, so it is installed without them).
+REFERENCE_SPEC ?= kokoro==0.9.4 loguru
+APT_PACKAGES ?= espeak-ng redis-server hey
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo)
+PORT ?= 8880
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install apt serve test weights clean
+
+install: apt $(STAMP)
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make: installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[offline,dev]" "$(TORCH_SPEC)"
+	$(PIP) install -q --no-deps $(REFERENCE_SPEC)
+	@touch $(STAMP)
+
+weights: install
+	$(VENV)/bin/kokoro-fleet weights --prepare
+
+serve: install
+	$(VENV)/bin/kokoro-fleet serve --port $(PORT)
+
+test: install
+	$(VENV)/bin/kokoro-fleet weights --prepare
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

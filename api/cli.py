@@ -1,0 +1,45 @@
+"""`kokoro-fleet`: one command line for the whole product.
+
+Each subcommand lives in the module that owns its step and exposes `configure(parser)` and
+`run(args) -> int`; this file only lists them, so `kokoro-fleet --help` stays fast (nothing heavy
+is imported until a subcommand runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
+    "say": ("worker.say", "synthesize text to a WAV file, no server needed"),
+    "weights": ("worker.weights", "show or prepare the model weights in use"),
+    "bench": ("worker.bench", "benchmark the engine against the reference implementation"),
+    "normalize": ("worker.text.cli", "print the normalized text"),
+    "phonemize": ("worker.text.cli", "print the chunks and their phonemes"),
+    "settings": ("worker.settings_cli", "print every setting as the README's table"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="kokoro-fleet", description="Kokoro-82M text-to-speech server and tools.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # import only the module of the command being run
+            mod = importlib.import_module(module)
+            mod.configure(p) if not hasattr(mod, f"configure_{name}") else getattr(mod, f"configure_{name}")(p)
+            p.set_defaults(_run=getattr(mod, f"run_{name}", getattr(mod, "run", None)))
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The one typed settings object, read from the environment.
+
+Every knob of kokoro-fleet is a field here with its environment variable, default and meaning;
+`kokoro-fleet settings` prints them as the Markdown table that the README carries, and a test
+keeps the two in step. Add a field here rather than reading `os.environ` anywhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+def setting(env: str, default: Any, doc: str) -> Any:
+    """A settings field: the environment variable that sets it, its default and what it means."""
+    return field(default=default, metadata={"env": env, "doc": doc})
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value of the wrong type; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- weights and model ---
+    weights: str = setting(
+        "KOKORO_WEIGHTS", "offline",
+        "Weight source: `offline` (the embedded bundle, converted once and cached), `official` "
+        "(hexgrad/Kokoro-82M files in KOKORO_WEIGHTS_DIR, or fetched from the hub by image builds), "
+        "`tiny` (random weights of a small config, for tests), or a directory holding the official files.")
+    weights_dir: str = setting(
+        "KOKORO_WEIGHTS_DIR", "",
+        "Directory with the official `config.json`, `kokoro-v1_0.pth` and `voices/*.pt` (used by `official`).")
+    cache_dir: str = setting(
+        "KOKORO_CACHE_DIR", str(Path.home() / ".cache" / "kokoro-fleet"),
+        "Where the converted offline bundle and downloaded files are cached.")
+    device: str = setting("KOKORO_DEVICE", "auto", "`auto` (CUDA when present), `cuda`, `cuda:N` or `cpu`.")
+    dtype: str = setting(
+        "KOKORO_DTYPE", "auto",
+        "Inference precision: `auto` (the fastest mode that passes the parity bound on this device), "
+        "`fp32`, `bf16` or `fp16`.")
+    cuda_graphs: bool = setting("KOKORO_CUDA_GRAPHS", True, "Capture CUDA graphs per shape bucket at start-up (CUDA only).")
+    seed: int = setting("KOKORO_SEED", 0, "Seed of the model's noise sources, so the same input gives the same audio.")
+    threads: int = setting("KOKORO_THREADS", 0, "torch intra-op threads per replica on CPU (0: torch's default).")
+
+    # --- HTTP API ---
+    host: str = setting("KOKORO_HOST", "0.0.0.0", "Address the server listens on.")
+    port: int = setting("KOKORO_PORT", 8880, "Port the server listens on.")
+    workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU, the core count on CPU).")
+    limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop (0: derived from the admission bound).")
+    api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
+    max_input_chars: int = setting("KOKORO_MAX_INPUT_CHARS", 4096, "Longest `input` accepted by /v1/audio/speech.")
+    max_body_bytes: int = setting("KOKORO_MAX_BODY_BYTES", 1 << 20, "Largest request body accepted (413 above).")
+
+    # --- text ---
+    first_chunk_phonemes: int = setting(
+        "KOKORO_FIRST_CHUNK_PHONEMES", 100,
+        "Target size of a request's first chunk, so its first audio arrives fast.")
+    chunk_phonemes: int = setting("KOKORO_CHUNK_PHONEMES", 400, "Target size of later chunks (never above 510).")
+
+    # --- fleet and queue ---
+    redis_url: str = setting("REDIS_URL", "", "External Redis; empty starts an embedded redis-server owned by the fleet.")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
+        environ = os.environ if environ is None else environ
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(hints[f.name], raw, f.metadata["env"])
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(kind: type, raw: str, env: str) -> Any:
+    if kind is bool:
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{env}={raw!r}: expected true or false")
+    if kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise SettingsError(f"{env}={raw!r}: expected a{'n integer' if kind is int else ' number'}") from None
+    return raw
+
+
+def settings_table() -> str:
+    """The Markdown table of every setting, as the README shows it."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        default = f.default
+        if f.name == "cache_dir":
+            default = "~/.cache/kokoro-fleet"
+        shown = "(empty)" if default == "" else str(default).lower() if isinstance(default, bool) else str(default)
+        rows.append(f"| `{f.metadata['env']}` | `{shown}` | {f.metadata['doc']} |")
+    return "\n".join(rows)
+
+
+_current: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    global _current
+    if _current is None:
+        _current = Settings.from_env()
+    return _current
