@@ -1,0 +1,23 @@
+"""Shared fixtures. Others may append fixtures here; keep each one small and documented."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def real_weights():
+    """The real Kokoro-82M weights from the offline bundle (converted once, then cached)."""
+    from worker.settings import Settings
+    from worker.weights import load_weights
+
+    return load_weights(Settings.from_env().replace(weights="offline"))
+
+
+@pytest.fixture(scope="session")
+def tiny_weights():
+    """Seeded random weights of the small `tiny_config()` (same architecture), for fast tests."""
+    from worker.settings import Settings
+    from worker.weights import load_weights
+
+    return load_weights(Settings.from_env().replace(weights="tiny"))
