@@ -54,6 +54,14 @@ class Settings:
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
     max_input_chars: int = setting("KOKORO_MAX_INPUT_CHARS", 4096, "Longest `input` accepted by /v1/audio/speech.")
     max_body_bytes: int = setting("KOKORO_MAX_BODY_BYTES", 1 << 20, "Largest request body accepted (413 above).")
+    max_request_audio_seconds: float = setting(
+        "KOKORO_MAX_REQUEST_AUDIO_SECONDS", 0.0,
+        "Longest audio one request may ask for, estimated from its phonemes before any synthesis; longer "
+        "requests get a 400 saying to split the text (0: no limit). Modal sets it so a request ends within "
+        "its 150 s cap even when the fleet paces streams at playback speed.")
+    drain_seconds: float = setting(
+        "KOKORO_DRAIN_SECONDS", 30.0,
+        "Grace period after SIGTERM: in-flight requests finish, new ones get 503; then the server exits.")
 
     # --- text ---
     first_chunk_phonemes: int = setting(
@@ -63,6 +71,12 @@ class Settings:
 
     # --- fleet and queue ---
     redis_url: str = setting("REDIS_URL", "", "External Redis; empty starts an embedded redis-server owned by the fleet.")
+
+    # --- deployment (read by docker/entrypoint.sh) ---
+    mps: str = setting(
+        "KOKORO_MPS", "auto",
+        "CUDA MPS daemon, so the replicas' kernels share the GPU: `auto` (start it when a GPU and "
+        "`nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`.")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
