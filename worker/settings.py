@@ -54,6 +54,10 @@ class Settings:
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
     max_input_chars: int = setting("KOKORO_MAX_INPUT_CHARS", 4096, "Longest `input` accepted by /v1/audio/speech.")
     max_body_bytes: int = setting("KOKORO_MAX_BODY_BYTES", 1 << 20, "Largest request body accepted (413 above).")
+    max_requests: int = setting(
+        "KOKORO_MAX_REQUESTS", 32,
+        "Speech requests admitted at once per server process (streaming or waiting for the replica); "
+        "beyond it a request gets 503 with Retry-After.")
     max_request_audio_seconds: float = setting(
         "KOKORO_MAX_REQUEST_AUDIO_SECONDS", 0.0,
         "Longest audio one request may ask for, estimated from its phonemes before any synthesis; longer "
