@@ -1,0 +1,251 @@
+"""Audio encoders that stream: float32 PCM chunks in, bytes of one container out.
+
+One encoder per response. Every chunk of synthesized audio goes through the same codec and
+muxer, so the bytes of a streamed response, concatenated, are one valid file of the format (and
+codec frames straddle chunk joins: no gap or click where chunks meet). Bytes leave as soon as the
+muxer writes them.
+
+    enc = make_encoder("opus", streamed=True, volume=1.0)
+    for pcm in pieces:                  # float32 [samples], 24 kHz mono
+        send(enc.encode(pcm))           # may be b"" while the codec fills a frame
+    send(enc.finish())                  # flushes the codec and writes the trailer
+
+`pcm` and `wav` are written here directly (a WAV header is 44 bytes; PyAV would add nothing but
+a seek we cannot do on a stream); mp3, opus (in Ogg), aac (ADTS) and flac go through PyAV.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 24000
+
+# What each `response_format` is on the wire.
+CONTENT_TYPES: dict[str, str] = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+FORMATS = tuple(CONTENT_TYPES)
+
+
+def to_int16(pcm: np.ndarray, volume: float = 1.0) -> np.ndarray:
+    """float32 [-1, 1] (any shape) -> int16, volume applied, clipped rather than wrapped."""
+    scaled = np.asarray(pcm, dtype=np.float32) * np.float32(volume * 32767.0)
+    return np.clip(np.rint(scaled), -32768, 32767).astype("<i2")
+
+
+class Encoder:
+    """Streams one response's audio in one format. Not thread-safe; one per request."""
+
+    content_type: str = "application/octet-stream"
+
+    def encode(self, pcm: np.ndarray) -> bytes:  # float32 [samples]
+        raise NotImplementedError
+
+    def finish(self) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release codec resources without writing a trailer (the client went away)."""
+
+
+class PcmEncoder(Encoder):
+    content_type = CONTENT_TYPES["pcm"]
+
+    def __init__(self, volume: float = 1.0):
+        self.volume = volume
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return to_int16(pcm, self.volume).tobytes()
+
+    def finish(self) -> bytes:
+        return b""
+
+
+# A streamed WAV cannot know its length when the header leaves. 0xFFFFFFFF in both RIFF and
+# data sizes is what FFmpeg writes on unseekable output, and decoders (FFmpeg, browsers, sox,
+# Python's wave with readframes) read such a file to its end.
+_UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+def wav_header(data_bytes: int | None, sample_rate: int = SAMPLE_RATE, channels: int = 1) -> bytes:
+    """A canonical 44-byte PCM s16le WAV header; data_bytes None means 'streamed, size unknown'."""
+    block_align = channels * 2
+    data_size = _UNKNOWN_SIZE if data_bytes is None else data_bytes
+    riff_size = _UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
+    return (
+        b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
+        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
+        + b"data" + struct.pack("<I", data_size)
+    )
+
+
+class WavEncoder(Encoder):
+    """Streamed: header first with unknown size, then samples. Not streamed: everything is
+    held until finish() so the header carries the exact size."""
+
+    content_type = CONTENT_TYPES["wav"]
+
+    def __init__(self, streamed: bool, volume: float = 1.0):
+        self.streamed = streamed
+        self.volume = volume
+        self._header_sent = False
+        self._held: list[bytes] = []
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        data = to_int16(pcm, self.volume).tobytes()
+        if not self.streamed:
+            self._held.append(data)
+            return b""
+        if not self._header_sent:
+            self._header_sent = True
+            return wav_header(None) + data
+        return data
+
+    def finish(self) -> bytes:
+        if self.streamed:
+            return b"" if self._header_sent else wav_header(None)
+        data = b"".join(self._held)
+        self._held.clear()
+        return wav_header(len(data)) + data
+
+
+class _Sink(io.RawIOBase):
+    """Where the muxer writes; encode() hands over whatever arrived since the last call.
+
+    Unseekable when streaming (bytes already sent cannot be patched, and the muxers then write
+    stream-friendly headers); seekable when the whole body is built before sending, so e.g. the
+    mp3 muxer writes its Xing/LAME header with the exact length and gapless delay/padding."""
+
+    def __init__(self, seekable: bool):
+        self._seekable = seekable
+        self._buf = io.BytesIO()
+        self._taken = 0  # streamed: bytes already handed out
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._seekable
+
+    def write(self, b) -> int:
+        return self._buf.write(b)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if not self._seekable:
+            raise io.UnsupportedOperation("streamed output is not seekable")
+        return self._buf.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._buf.tell() if self._seekable else self._taken + self._buf.tell()
+
+    def take(self) -> bytes:
+        if self._seekable:  # the body leaves in one piece at the end
+            return b""
+        data = self._buf.getvalue()
+        self._taken += len(data)
+        self._buf = io.BytesIO()
+        return data
+
+    def everything(self) -> bytes:
+        return self._buf.getvalue()
+
+
+@dataclass(frozen=True)
+class _Codec:
+    container: str       # FFmpeg muxer name
+    codec: str           # FFmpeg encoder name
+    options: dict        # codec options
+    container_options: dict
+    bit_rate: int | None = None
+
+
+_CODECS: dict[str, _Codec] = {
+    # MPEG-2 layer III at 24 kHz, 64 kbit/s mono: transparent enough for speech.
+    "mp3": _Codec("mp3", "libmp3lame", {}, {}, 64_000),
+    # Ogg pages are flushed every 100 ms of audio (default 1 s) so streamed opus leaves steadily.
+    "opus": _Codec("ogg", "libopus", {"application": "voip"}, {"page_duration": "100000"}, 32_000),
+    "aac": _Codec("adts", "aac", {}, {}, 64_000),
+    "flac": _Codec("flac", "flac", {}, {}),
+}
+
+
+class AvEncoder(Encoder):
+    """A PyAV muxer + encoder. PyAV's encode() resamples to the codec's sample format and cuts
+    the input into the codec's frame size, keeping the remainder for the next chunk; finish()
+    flushes that remainder and the codec's delay line, then writes the trailer, so no tail is
+    lost (Kokoro-FastAPI's opus lost its last packets: they never flushed)."""
+
+    def __init__(self, fmt: str, streamed: bool, volume: float = 1.0, sample_rate: int = SAMPLE_RATE):
+        spec = _CODECS[fmt]
+        self.content_type = CONTENT_TYPES[fmt]
+        self.volume = volume
+        self.sample_rate = sample_rate
+        self._sink = _Sink(seekable=not streamed)
+        self._container = av.open(
+            self._sink, mode="w", format=spec.container,
+            container_options=dict(spec.container_options),
+        )
+        # On unseekable output FFmpeg flushes its I/O buffer after every packet (flush_packets
+        # defaults to "when not seekable"), so each encode() returns what the codec has produced.
+        self._stream = self._container.add_stream(spec.codec, rate=sample_rate, options=dict(spec.options))
+        self._stream.layout = "mono"
+        if spec.bit_rate:
+            self._stream.bit_rate = spec.bit_rate
+        self._pts = 0
+        self._done = False
+
+    def _mux(self, frame: av.AudioFrame | None) -> None:
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        samples = to_int16(pcm, self.volume)
+        if samples.size == 0:
+            return b""
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.pts = self._pts
+        self._pts += samples.size
+        self._mux(frame)
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        if self._done:
+            return b""
+        self._done = True
+        self._mux(None)
+        if self._pts == 0:  # no audio at all: still write the headers, so the body is a valid (empty) file
+            self._container.start_encoding()
+        self._container.close()
+        if self._sink.seekable():
+            return self._sink.everything()
+        return self._sink.take()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            try:
+                self._container.close()
+            except Exception:  # a half-written container on a dropped request: nothing to save
+                pass
+
+
+def make_encoder(fmt: str, streamed: bool = True, volume: float = 1.0) -> Encoder:
+    """The encoder for one response; fmt is one of FORMATS."""
+    if fmt == "pcm":
+        return PcmEncoder(volume)
+    if fmt == "wav":
+        return WavEncoder(streamed, volume)
+    if fmt in _CODECS:
+        return AvEncoder(fmt, streamed, volume)
+    raise ValueError(f"unknown audio format {fmt!r}; expected one of {', '.join(FORMATS)}")
