@@ -1,0 +1,97 @@
+"""Prometheus metrics, written in the text exposition format by hand.
+
+A handful of counters, gauges and two histograms do not justify a dependency; the format is
+three line types (`# HELP`, `# TYPE`, samples). Gauges that mirror live state (queue depth,
+replica busy) are read at scrape time through callbacks, so they can never drift.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+
+# Latency buckets (seconds): TTFA on a GPU is tens of ms; E2E of a long text on CPU is minutes.
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _fmt(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    escaped = (f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(10), " ").replace(chr(34), chr(92) + chr(34))}"'
+               for k, v in sorted(labels.items()))
+    return "{" + ",".join(escaped) + "}"
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.bounds = tuple(sorted(buckets))
+        self.counts = [0] * (len(self.bounds) + 1)  # last: above every bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            running += n
+            out.append(f'{name}_bucket{{le="{_fmt(bound)}"}} {running}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {_fmt(self.sum)}")
+        out.append(f"{name}_count {self.count}")
+        return out
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], int] = {}  # (route, status) -> count
+        self.ttfa = Histogram()
+        self.e2e = Histogram()
+        self.audio_seconds = 0.0
+        self.disconnects = 0
+        self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
+
+    def count_request(self, route: str, status: int | str) -> None:
+        key = (route, str(status))
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        self.gauges[name] = (help_text, read)
+
+    def counter(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        self.counters[name] = (help_text, read)
+
+    def render(self) -> str:
+        lines = [
+            "# HELP kokoro_requests_total HTTP requests answered, by route and status.",
+            "# TYPE kokoro_requests_total counter",
+        ]
+        for (route, status), n in sorted(self.requests.items()):
+            lines.append(f"kokoro_requests_total{_labels({'route': route, 'status': status})} {n}")
+        lines += ["# HELP kokoro_ttfa_seconds Time from request to the first audio byte sent.",
+                  "# TYPE kokoro_ttfa_seconds histogram", *self.ttfa.lines("kokoro_ttfa_seconds")]
+        lines += ["# HELP kokoro_e2e_seconds Time from request to the last byte of a speech response.",
+                  "# TYPE kokoro_e2e_seconds histogram", *self.e2e.lines("kokoro_e2e_seconds")]
+        lines += ["# HELP kokoro_audio_seconds_total Seconds of audio sent to clients.",
+                  "# TYPE kokoro_audio_seconds_total counter", f"kokoro_audio_seconds_total {_fmt(self.audio_seconds)}"]
+        lines += ["# HELP kokoro_client_disconnects_total Speech responses abandoned by their client before the end.",
+                  "# TYPE kokoro_client_disconnects_total counter", f"kokoro_client_disconnects_total {self.disconnects}"]
+        for kind, table in (("counter", self.counters), ("gauge", self.gauges)):
+            for name, (help_text, read) in sorted(table.items()):
+                try:
+                    value = float(read())
+                except Exception:  # a source that is not there yet (weights loading)
+                    continue
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_fmt(value)}"]
+        return "\n".join(lines) + "\n"

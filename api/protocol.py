@@ -1,0 +1,221 @@
+"""Every request and response body of the HTTP API, in one place.
+
+The speech request mirrors OpenAI's `POST /v1/audio/speech` (same fields, same bounds, unknown
+fields rejected like the spec's `additionalProperties: false`) plus the Kokoro-FastAPI extensions
+that existing clients send (`stream`, `lang_code`, `normalization_options`, `volume_multiplier`).
+Serving code (api/app.py) translates these into worker calls; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Literal, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+
+# The one model we serve, and the OpenAI model names accepted for it, so clients written for
+# OpenAI work unchanged. Every alias means the same Kokoro-82M.
+MODEL_ID = "kokoro"
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+MODEL_IDS = (MODEL_ID, *MODEL_ALIASES)
+DEFAULT_MAX_INPUT_CHARS = 4096
+
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+StreamFormat = Literal["audio", "sse"]
+
+
+def _normalization_model() -> type[BaseModel]:
+    """A pydantic mirror of the text frontend's `NormalizationOptions` dataclass (same fields,
+    same defaults), strict about unknown keys, so a typo answers 400 instead of being ignored."""
+    try:
+        from worker.text import NormalizationOptions
+    except ImportError:  # the text frontend is not importable: accept the object as given
+        return create_model("NormalizationOptions", __config__=ConfigDict(extra="allow"))
+    hints = get_type_hints(NormalizationOptions)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(NormalizationOptions):
+        if f.default is not dataclasses.MISSING:
+            fields[f.name] = (hints[f.name], f.default)
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))  # type: ignore[misc]
+        else:
+            fields[f.name] = (hints[f.name], ...)
+    return create_model(
+        "NormalizationOptions", __config__=ConfigDict(extra="forbid"),
+        __doc__="Text normalization switches (Kokoro-FastAPI's `normalization_options`).", **fields)
+
+
+NormalizationOptionsModel = _normalization_model()
+
+
+class VoiceId(BaseModel):
+    """OpenAI's custom-voice object form, `{"id": "..."}`; here the id is any voice spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+
+
+class SpeechRequest(BaseModel):
+    """Body of `POST /v1/audio/speech` (and of the captioned variant)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(MODEL_ID, description=f"`{MODEL_ID}`; OpenAI's {', '.join(MODEL_ALIASES)} are accepted as aliases.")
+    input: str = Field(..., description="The text to speak. At most KOKORO_MAX_INPUT_CHARS characters (4096 by default).")
+    voice: str | VoiceId = Field(
+        "af_heart",
+        description="A voice name (`af_heart`), an OpenAI voice alias (`alloy`), or a mix: `af_bella+af_sky` "
+                    "(equal weights) or `af_bella(2)+af_sky(1)` (weighted).")
+    response_format: ResponseFormat = Field("mp3", description="Audio container and codec.")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
+    stream_format: StreamFormat = Field(
+        "audio", description="`audio`: the encoded file as a chunked body. `sse`: Server-Sent Events carrying "
+                             "base64 audio deltas, then a done event with usage.")
+    instructions: str | None = Field(
+        None, max_length=4096,
+        description="Accepted for compatibility with gpt-4o-mini-tts clients and ignored: Kokoro has no "
+                    "instruction-following voice control.")
+    stream: bool = Field(True, description="Send audio as it is synthesized (chunked). False: one body with Content-Length.")
+    lang_code: str | None = Field(
+        None, description="Language of the text (`a` American English, `b` British English, `e`, `f`, `h`, `i`, "
+                          "`j`, `p`, `z`); by default the voice's own language.")
+    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
+        None, description="How numbers, units, URLs and the like are spelled out before phonemization.")
+    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="Gain applied to the audio (clipped at full scale).")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in MODEL_IDS:
+            raise ValueError(f"unknown model {value!r}; use one of {', '.join(MODEL_IDS)}")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _speakable_input(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise ValueError("input is empty; give the text to speak")
+        limit = (info.context or {}).get("max_input_chars", DEFAULT_MAX_INPUT_CHARS)
+        if len(value) > limit:
+            raise ValueError(f"input is {len(value)} characters; the limit is {limit}. Split the text into several requests")
+        nul = value.find("\x00")
+        if nul >= 0:
+            raise ValueError(f"input contains a NUL character (U+0000) at position {nul}; remove it")
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                raise ValueError(f"input contains a lone UTF-16 surrogate (U+{ord(ch):04X}) at position {i}; "
+                                 "send valid Unicode text")
+        return value
+
+    @field_validator("voice")
+    @classmethod
+    def _voice_spec(cls, value: str | VoiceId) -> str | VoiceId:
+        spec = value.id if isinstance(value, VoiceId) else value
+        if not spec.strip():
+            raise ValueError("voice is empty; give a voice name such as af_heart (GET /v1/audio/voices lists them)")
+        return value
+
+    @property
+    def voice_spec(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()
+
+    def normalization(self):
+        """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
+        if self.normalization_options is None:
+            return None
+        from worker.text import NormalizationOptions
+
+        return NormalizationOptions(**self.normalization_options.model_dump())
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorDetail
+
+
+# --- streaming events ------------------------------------------------------------------------
+
+class SpeechUsage(BaseModel):
+    """Token accounting as OpenAI reports it; here input tokens are phonemes, output tokens are
+    25 ms audio frames (the model's duration unit)."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class SpeechAudioDelta(BaseModel):
+    type: Literal["speech.audio.delta"] = "speech.audio.delta"
+    audio: str  # base64 of the next bytes of the encoded file
+
+
+class SpeechAudioDone(BaseModel):
+    type: Literal["speech.audio.done"] = "speech.audio.done"
+    usage: SpeechUsage
+
+
+class StreamError(BaseModel):
+    """Sent instead of the done event when synthesis fails after the response has started."""
+
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
+# --- captioned speech ------------------------------------------------------------------------
+
+class WordTimestampModel(BaseModel):
+    word: str
+    start_time: float  # seconds from the start of the audio
+    end_time: float
+
+
+class CaptionedSpeechResponse(BaseModel):
+    """Body of `POST /v1/audio/speech/captioned` (non-streamed), and of each NDJSON line when
+    streamed (then `audio` holds that piece's bytes of the one encoded file)."""
+
+    audio: str  # base64
+    audio_format: ResponseFormat
+    timestamps: list[WordTimestampModel]
+
+
+# --- listings --------------------------------------------------------------------------------
+
+class VoiceEntry(BaseModel):
+    id: str
+    name: str
+    language: str
+    gender: str
+
+
+class VoiceList(BaseModel):
+    voices: list[VoiceEntry]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kokoro-fleet"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+_CREATED = int(time.time())
+
+
+def model_cards() -> list[ModelCard]:
+    return [ModelCard(id=name, created=_CREATED) for name in MODEL_IDS]
