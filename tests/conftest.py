@@ -21,3 +21,14 @@ def tiny_weights():
     from worker.weights import load_weights
 
     return load_weights(Settings.from_env().replace(weights="tiny"))
+
+
+@pytest.fixture
+def redis_server():
+    """A fresh `redis-server` on a free port for one test (no persistence); killed at teardown.
+    `.url` to connect, `.stop()` / `.start()` to simulate a Redis crash and restart."""
+    from redis_server import RedisServer  # tests/redis_server.py (tests/ is on sys.path)
+
+    server = RedisServer().start()
+    yield server
+    server.stop()

@@ -1,0 +1,265 @@
+"""The HTTP side's client of the fleet queue: admit a request, read its audio back in order.
+
+A worker holding a client's connection calls, per request:
+
+    ticket = await admission.admit([ChunkJob(payload, phonemes), ...], speed)   # or Refused -> 503
+    async for result in admission.results(ticket):                             # chunk 0, 1, ... in order
+        ...encode result.pcm and send it...
+    await admission.release(ticket.request_id)        # or cancel(...) when the client went away
+
+(`admission.session(...)` wraps the admit / release-or-cancel pair.) Any replica in the fleet may
+run the chunk jobs; this side never needs to know which. Every Redis failure surfaces as
+`QueueUnavailable`, so the caller can serve the request locally instead. Independent of FastAPI
+and of torch: the payload of a job is opaque bytes that the replica's job runner understands.
+See queue/PROTOCOL.md for the keys and scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from worker.queue_client import (
+    DEFAULT_PREFIX,
+    QueueStats,
+    QueueUnavailable,
+    Scripts,
+    read_stats,
+    unavailable_as_error,
+)
+
+__all__ = [
+    "AdmissionBounds", "AdmissionClient", "ChunkJob", "ChunkResult", "QueueUnavailable", "Refused",
+    "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "retry_after",
+]
+
+# Kokoro speaks roughly 12-14 phonemes a second at speed 1; the queue replaces this prior with
+# the measured figure after the first completed chunk.
+DEFAULT_MS_PER_PHONEME = 75.0
+# Audio seconds per busy second of one replica, assumed until a completion has measured it.
+# Deliberately low (CPU-like), so the first Retry-After errs on the side of waiting.
+DEFAULT_RATE_PRIOR = 1.0
+RETRY_AFTER_MIN_MS = 100
+RETRY_AFTER_MAX_MS = 300_000
+
+
+@dataclass(frozen=True)
+class AdmissionBounds:
+    """How much the fleet accepts before answering 503 (<= 0 means unbounded)."""
+
+    max_requests: int            # admitted requests, queued or streaming
+    max_queued_seconds: float    # estimated audio seconds of chunk jobs waiting for a replica
+
+    @classmethod
+    def for_replicas(cls, replicas: int, max_requests: int = 0, max_queued_seconds: float = 0.0) -> "AdmissionBounds":
+        """Defaults derived from the replica count: two requests per replica (one running, one
+        waiting), and 20 s of queued audio per replica; explicit non-zero values win."""
+        replicas = max(1, replicas)
+        return cls(max_requests or 2 * replicas, max_queued_seconds or 20.0 * replicas)
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    payload: bytes   # what the replica's job runner needs (opaque to the queue)
+    phonemes: int    # for the audio-duration estimate that orders the queue and bounds admission
+
+
+@dataclass(frozen=True)
+class Ticket:
+    request_id: str
+    chunks: int
+    arrival_ms: int             # Redis server time
+    estimated_seconds: float    # estimated audio duration of the whole request
+    live_replicas: int
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    index: int
+    pcm: bytes                  # as the replica's job runner produced it
+    durations: np.ndarray       # int64 frames per token
+
+
+class Refused(Exception):
+    """The fleet is full: answer 503 with `Retry-After: retry_after_s` and `retry-after-ms`."""
+
+    def __init__(self, reason: str, retry_after_s: int, retry_after_ms: int, work_ahead_s: float,
+                 admitted: int, live_replicas: int, rate: float | None):
+        self.reason = reason                  # "requests" (too many admitted) or "work" (queue too long)
+        self.retry_after_s = retry_after_s
+        self.retry_after_ms = retry_after_ms
+        self.work_ahead_s = work_ahead_s
+        self.admitted = admitted
+        self.live_replicas = live_replicas
+        self.rate = rate
+        what = "too many requests in progress" if reason == "requests" else "too much audio queued"
+        super().__init__(f"The server is at capacity ({what}); retry in about {retry_after_s} s.")
+
+
+class RequestFailed(RuntimeError):
+    """The queue ended the request with an error (e.g. a chunk's replica died twice)."""
+
+
+class RequestLost(RequestFailed):
+    """The request disappeared from Redis (a Redis restart, or the reaper released it)."""
+
+
+class ResultTimeout(RequestFailed):
+    """No result for a chunk within the caller's time limit."""
+
+
+def retry_after(work_s: float, replicas: int, rate: float | None) -> tuple[int, int]:
+    """(Retry-After seconds, retry-after-ms) for `work_s` audio seconds that must drain first, at
+    `rate` audio seconds per second on each of `replicas` replicas. Seconds are an integer >= 1
+    (the header's grammar); milliseconds are the finer figure the OpenAI client prefers."""
+    capacity = max(1, replicas) * (rate if rate and rate > 0 else DEFAULT_RATE_PRIOR)
+    ms = 1000.0 * max(0.0, work_s) / capacity
+    ms = int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(ms))))
+    return max(1, math.ceil(ms / 1000)), ms
+
+
+class AdmissionClient:
+    """One worker's admission client. `worker_id` names this process; the reaper frees the
+    requests of a worker whose alive key (refreshed by `start()`'s heartbeat and by every
+    read) expires."""
+
+    def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
+                 prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0,
+                 ms_per_phoneme: float = DEFAULT_MS_PER_PHONEME, poll_s: float = 1.0):
+        self.client = client
+        self.worker_id = worker_id
+        self.bounds = bounds
+        self.prefix = prefix
+        self.owner_ttl_ms = int(owner_ttl_s * 1000)
+        self.ms_per_phoneme = ms_per_phoneme
+        self.poll_s = poll_s  # longest single blocking read; must stay below the socket timeout
+        self.scripts = Scripts(client)
+        self._heartbeat: asyncio.Task | None = None
+        self.degraded = False  # the last Redis call failed
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the owner heartbeat (keeps this worker's requests from being reaped)."""
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._beat(), name=f"owner-heartbeat-{self.worker_id}")
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+
+    async def _beat(self) -> None:
+        key = f"{self.prefix}:alive:{self.worker_id}"
+        while True:
+            try:
+                with unavailable_as_error("owner heartbeat"):
+                    await self.client.set(key, b"1", px=self.owner_ttl_ms)
+                self.degraded = False
+            except QueueUnavailable:
+                self.degraded = True
+            await asyncio.sleep(self.owner_ttl_ms / 3000)
+
+    # --- the request's life ----------------------------------------------------------------
+    async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None) -> Ticket:
+        """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`."""
+        if not jobs:
+            raise ValueError("a request needs at least one chunk job")
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        rid = request_id or uuid.uuid4().hex
+        args: list = [self.prefix, rid, self.worker_id, self.owner_ttl_ms, self.bounds.max_requests,
+                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs)]
+        for job in jobs:
+            args += [int(job.phonemes), job.payload]
+        reply = await self._call("admission", self.scripts.admit, *args)
+        if reply[0] == 1:
+            _, arrival_ms, total_est_ms, live = reply
+            return Ticket(rid, len(jobs), int(arrival_ms), total_est_ms / 1000, int(live))
+        _, reason, admitted, queued_ms, inflight_ms, new_ms, live, rate = reply
+        reason = reason.decode()
+        rate = float(rate) if rate else None
+        work_ahead_ms = queued_ms + inflight_ms
+        if reason == "work":
+            # Enough queued work must drain for this request to fit under the bound.
+            must_drain_ms = queued_ms + new_ms - self.bounds.max_queued_seconds * 1000
+        else:
+            # A slot frees when one admitted request finishes: about the average work per request.
+            must_drain_ms = work_ahead_ms / max(1, admitted)
+        seconds, ms = retry_after(must_drain_ms / 1000, int(live), rate)
+        raise Refused(reason, seconds, ms, work_ahead_ms / 1000, int(admitted), int(live), rate)
+
+    async def results(self, ticket: Ticket, timeout_s: float | None = None) -> AsyncIterator[ChunkResult]:
+        """The request's chunk results in order, each as soon as it exists. `timeout_s` bounds the
+        wait for any one chunk. Raises `RequestFailed` (with the queue's message), `RequestLost`,
+        `ResultTimeout` or `QueueUnavailable`; it never waits forever."""
+        wake = f"{self.prefix}:wake:{ticket.request_id}"
+        for index in range(ticket.chunks):
+            give_up = None if timeout_s is None else time.monotonic() + timeout_s
+            while True:
+                reply = await self._call("result read", self.scripts.fetch, self.prefix, ticket.request_id,
+                                         index, self.worker_id, self.owner_ttl_ms)
+                status = reply[0]
+                if status == b"ok":
+                    yield ChunkResult(index, reply[1], np.frombuffer(reply[2], dtype="<i8").astype(np.int64))
+                    break
+                if status == b"error":
+                    raise RequestFailed(reply[1].decode(errors="replace"))
+                if status == b"gone":
+                    raise RequestLost(f"request {ticket.request_id} is no longer in the queue "
+                                      "(Redis restarted, or the request was released)")
+                wait = self.poll_s
+                if give_up is not None:
+                    wait = min(wait, give_up - time.monotonic())
+                    if wait <= 0:
+                        raise ResultTimeout(f"no audio for chunk {index} of request {ticket.request_id} "
+                                            f"within {timeout_s:g} s")
+                # Completions push to the wake list, so nothing is missed between fetch and wait.
+                await self._call("result wait", self.client.blpop, [wake], max(0.01, wait))
+
+    async def cancel(self, request_id: str) -> bool:
+        """The client went away: drop the request's queued jobs and free its slot."""
+        return bool(await self._call("cancel", self.scripts.cancel, self.prefix, request_id))
+
+    async def release(self, request_id: str) -> bool:
+        """The last chunk has been streamed (or the error read): free the slot."""
+        return bool(await self._call("release", self.scripts.release, self.prefix, request_id))
+
+    @contextlib.asynccontextmanager
+    async def session(self, jobs: Sequence[ChunkJob], speed: float = 1.0,
+                      request_id: str | None = None) -> AsyncIterator[Ticket]:
+        """Admit, yield the ticket, then release (finished normally) or cancel (an exception or
+        cancellation left the body early). A failure to reach Redis at exit is left to the reaper."""
+        ticket = await self.admit(jobs, speed, request_id)
+        finished = False
+        try:
+            yield ticket
+            finished = True
+        finally:
+            with contextlib.suppress(QueueUnavailable):
+                if finished:
+                    await self.release(ticket.request_id)
+                else:
+                    await asyncio.shield(self.cancel(ticket.request_id))
+
+    async def stats(self) -> QueueStats:
+        return await read_stats(self.client, self.prefix)
+
+    async def _call(self, what: str, fn, *args):
+        try:
+            with unavailable_as_error(what):
+                reply = await fn(*args)
+        except QueueUnavailable:
+            self.degraded = True
+            raise
+        self.degraded = False
+        return reply

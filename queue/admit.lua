@@ -1,0 +1,73 @@
+-- admit.lua: admit one request and enqueue its chunk jobs, or refuse it, atomically.
+-- ARGV: prefix, request_id, owner_id, owner_ttl_ms, max_requests, max_queued_work_ms,
+--       default_ms_per_phoneme, speed, n, then n pairs (phonemes_i, payload_i).
+-- A bound <= 0 means unbounded. Returns
+--   admitted: {1, arrival_ms, total_est_ms, live_replicas}
+--   refused:  {0, reason ("requests"|"work"), admitted, queued_work_ms, inflight_work_ms,
+--              new_work_ms, live_replicas, rate ("" until measured: audio s per busy s per replica)}
+local rid, owner = ARGV[2], ARGV[3]
+local owner_ttl = tonumber(ARGV[4])
+local max_requests, max_work = tonumber(ARGV[5]), tonumber(ARGV[6])
+local speed = tonumber(ARGV[8])
+local n = tonumber(ARGV[9])
+local now = now_ms()
+local rk = req_key(rid)
+
+-- A retried call (the reply was lost on the wire) finds its own request: answer the same.
+local existing = redis.call('HGET', K_REQUESTS, rid)
+if existing then
+  return {1, num(redis.call('HGET', rk, 'arrival'), 0), num(redis.call('HGET', rk, 'total_est'), 0),
+          live_replicas(now)}
+end
+
+-- Until a completion has measured it, the audio per phoneme is the caller's prior.
+local mpp = num(redis.call('HGET', K_STATS, 'ms_per_phoneme'), tonumber(ARGV[7]))
+local est = {}
+local new_work = 0
+for i = 0, n - 1 do
+  local phonemes = tonumber(ARGV[10 + 2 * i])
+  est[i] = math.floor(phonemes * mpp / speed + 0.5)
+  new_work = new_work + est[i]
+end
+
+local admitted = num(redis.call('HGET', K_STATS, 'admitted'), 0)
+local queued_work = num(redis.call('HGET', K_STATS, 'queued_work_ms'), 0)
+local reason = nil
+if max_requests > 0 and admitted >= max_requests then
+  reason = 'requests'
+elseif max_work > 0 and queued_work > 0 and queued_work + new_work > max_work then
+  -- An empty queue admits any single request, however long: otherwise it could never run.
+  reason = 'work'
+end
+if reason then
+  redis.call('HINCRBY', K_STATS, 'refused_total', 1)
+  return {0, reason, admitted, queued_work, num(redis.call('HGET', K_STATS, 'inflight_work_ms'), 0),
+          new_work, live_replicas(now), redis.call('HGET', K_STATS, 'rate') or ''}
+end
+
+-- Register the request and its owner, who must keep alive:<owner> fresh or the reaper frees it.
+redis.call('HSET', K_REQUESTS, rid, owner .. '|' .. now)
+redis.call('SET', alive_key(owner), '1', 'PX', owner_ttl)
+redis.call('HSET', rk, 'owner', owner, 'arrival', now, 'n', n, 'state', 'active', 'speed', ARGV[8],
+           'total_est', new_work)
+redis.call('HINCRBY', K_STATS, 'admitted', 1)
+redis.call('HINCRBY', K_STATS, 'admitted_total', 1)
+
+-- Chunk i's deadline: arrival plus the (estimated) audio of chunks 0..i-1, i.e. when a listener
+-- who started at arrival needs it. Earliest deadline first puts every first chunk up front.
+local deadline = now
+for i = 0, n - 1 do
+  local job = job_id(rid, i)
+  redis.call('HSET', rk, 'est:' .. i, est[i], 'dl:' .. i, deadline, 'ph:' .. i, ARGV[10 + 2 * i])
+  redis.call('HSET', payload_key(rid), i, ARGV[11 + 2 * i])
+  redis.call('ZADD', K_QUEUE, deadline, job)
+  redis.call('RPUSH', K_READY, '1')
+  deadline = deadline + est[i]
+end
+redis.call('HINCRBY', K_STATS, 'queued_jobs', n)
+redis.call('HINCRBY', K_STATS, 'queued_work_ms', new_work)
+-- Wake-up tokens only need to cover the queued jobs; stale ones (a busy replica took the job
+-- directly) would only cause empty leases, but keep the list short anyway.
+local queued_jobs = num(redis.call('HGET', K_STATS, 'queued_jobs'), 0)
+redis.call('LTRIM', K_READY, -math.max(queued_jobs, 1), -1)
+return {1, now, new_work, live_replicas(now)}

@@ -1,0 +1,107 @@
+-- lib.lua: the prelude every script starts with. The Python loader (worker/queue_client.py)
+-- prepends this file to each script body before SCRIPT LOAD, so key names and the few shared
+-- steps (unqueue, fail, drop) exist once. ARGV[1] is always the key prefix (default "{kf}": the
+-- braces are a cluster hash tag, so every key of one fleet lives in one slot).
+-- All times are Redis server time in milliseconds (redis.call('TIME')), never a client's clock.
+
+local P = ARGV[1]
+local K_STATS = P .. ':stats'        -- hash: gauges and counters (see PROTOCOL.md)
+local K_QUEUE = P .. ':queue'        -- zset: job id -> deadline (ms)
+local K_LEASES = P .. ':leases'      -- zset: job id -> lease expiry (ms)
+local K_HOLDERS = P .. ':holders'    -- hash: job id -> "token|est_ms" of its current lease
+local K_REQUESTS = P .. ':requests'  -- hash: request id -> "owner|arrival_ms" (one field per admitted request)
+local K_READY = P .. ':ready'        -- list: wake-up tokens for idle replicas
+local K_REPLICAS = P .. ':replicas'  -- zset: replica id -> liveness expiry (ms)
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function req_key(rid) return P .. ':req:' .. rid end        -- hash: request meta
+local function payload_key(rid) return P .. ':job:' .. rid end    -- hash: chunk index -> job payload
+local function result_key(rid) return P .. ':res:' .. rid end     -- hash: pcm:<i>, dur:<i>, error
+local function wake_key(rid) return P .. ':wake:' .. rid end      -- list: wake-ups for the owner
+local function alive_key(wid) return P .. ':alive:' .. wid end    -- string with TTL: owner is alive
+local function replica_key(id) return P .. ':replica:' .. id end  -- hash: per-replica figures
+local function job_id(rid, idx) return rid .. '#' .. idx end
+local function split_job(job)
+  local rid, idx = string.match(job, '^(.*)#(%d+)$')
+  return rid, tonumber(idx)
+end
+local function num(v, default)
+  if v == false or v == nil then return default end
+  return tonumber(v)
+end
+-- "token|est_ms" -> token, est_ms
+local function split_holder(v)
+  local token, est = string.match(v, '^(.*)|(%-?%d+)$')
+  return token, tonumber(est)
+end
+
+-- Take every still-queued job of a request out of the queue, keeping the gauges in step.
+local function unqueue_request(rid)
+  local rk = req_key(rid)
+  local n = num(redis.call('HGET', rk, 'n'), 0)
+  local removed, work = 0, 0
+  for i = 0, n - 1 do
+    if redis.call('ZREM', K_QUEUE, job_id(rid, i)) == 1 then
+      removed = removed + 1
+      work = work + num(redis.call('HGET', rk, 'est:' .. i), 0)
+    end
+  end
+  if removed > 0 then
+    redis.call('HINCRBY', K_STATS, 'queued_jobs', -removed)
+    redis.call('HINCRBY', K_STATS, 'queued_work_ms', -work)
+  end
+  return removed
+end
+
+-- End a request with an error its owner will read; its slot stays held until the owner releases
+-- it (or the reaper does, if the owner died). Jobs still in flight finish and are dropped.
+local function fail_request(rid, message)
+  local rk = req_key(rid)
+  if redis.call('HGET', rk, 'state') ~= 'active' then return 0 end
+  redis.call('HSET', rk, 'state', 'failed')
+  unqueue_request(rid)
+  redis.call('HSET', result_key(rid), 'error', message)
+  redis.call('RPUSH', wake_key(rid), 'e')
+  redis.call('HINCRBY', K_STATS, 'failed_total', 1)
+  return 1
+end
+
+-- Forget a request entirely and free its admission slot. Idempotent: 0 if it was already gone.
+-- Leases of its in-flight jobs stay (the inflight gauge belongs to them); their results are
+-- dropped on completion because the request no longer exists.
+local function drop_request(rid)
+  if redis.call('HDEL', K_REQUESTS, rid) == 0 then return 0 end
+  unqueue_request(rid)
+  redis.call('DEL', req_key(rid), payload_key(rid), result_key(rid), wake_key(rid))
+  redis.call('HINCRBY', K_STATS, 'admitted', -1)
+  return 1
+end
+
+-- Remove a lease, keeping the in-flight gauges in step; returns its token and estimate, or nil.
+local function drop_lease(job)
+  local holder = redis.call('HGET', K_HOLDERS, job)
+  if not holder then return nil end
+  redis.call('HDEL', K_HOLDERS, job)
+  redis.call('ZREM', K_LEASES, job)
+  local token, est = split_holder(holder)
+  redis.call('HINCRBY', K_STATS, 'inflight_jobs', -1)
+  redis.call('HINCRBY', K_STATS, 'inflight_work_ms', -est)
+  return token, est
+end
+
+-- Put a job back in the shared queue at its original deadline and wake one idle replica.
+local function requeue(rid, idx)
+  local rk = req_key(rid)
+  local est = num(redis.call('HGET', rk, 'est:' .. idx), 0)
+  redis.call('ZADD', K_QUEUE, num(redis.call('HGET', rk, 'dl:' .. idx), 0), job_id(rid, idx))
+  redis.call('HINCRBY', K_STATS, 'queued_jobs', 1)
+  redis.call('HINCRBY', K_STATS, 'queued_work_ms', est)
+  redis.call('RPUSH', K_READY, '1')
+end
+
+local function live_replicas(now)
+  return redis.call('ZCOUNT', K_REPLICAS, '(' .. now, '+inf')
+end

@@ -1,0 +1,354 @@
+"""The fleet queue's protocol against a real redis-server, with fake job runners (no model).
+
+Each test starts its own redis-server (the `redis_server` fixture). Replicas are `Dispatcher`s in
+this process, stepped by hand where order matters or looping where load matters; the SIGKILL test
+(test_queue_faults.py) uses real subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import numpy as np
+import pytest
+from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
+
+from api.queue_admission import (
+    AdmissionBounds,
+    AdmissionClient,
+    ChunkJob,
+    Refused,
+    RequestFailed,
+    RequestLost,
+    ResultTimeout,
+    retry_after,
+)
+from worker.dispatch import DELIVERED, DROPPED, STALE, Dispatcher
+from worker.queue_client import GAUGES, connect, read_replicas, read_stats
+
+
+def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:
+    return [ChunkJob(fake_payload(p, work_s), p) for p in phonemes]
+
+
+def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None, **kw) -> AdmissionClient:
+    return AdmissionClient(connect(url), worker_id, bounds or AdmissionBounds(0, 0),
+                           ms_per_phoneme=MS_PER_PHONEME, **kw)
+
+
+def replica(url: str, name: str, run_job=fake_run_job, **kw) -> Dispatcher:
+    return Dispatcher(connect(url), name, run_job, **kw)
+
+
+async def assert_idle(client: AdmissionClient) -> None:
+    stats = await client.stats()
+    assert stats.gauges() == {g: 0 for g in GAUGES}, stats
+    assert stats.consistent(), stats
+
+
+async def collect(client: AdmissionClient, ticket, timeout_s: float = 10.0):
+    return [r async for r in client.results(ticket, timeout_s=timeout_s)]
+
+
+# --- Retry-After arithmetic ---------------------------------------------------------------------
+
+def test_retry_after_is_whole_seconds_at_least_one_and_scales_with_work_and_capacity():
+    assert retry_after(0.0, 4, 10.0) == (1, 100)  # nothing to drain: the floor, never 0
+    s, ms = retry_after(30.0, 2, 5.0)             # 30 audio-s over 2 replicas at 5x: 3 s
+    assert (s, ms) == (3, 3000)
+    s_more, ms_more = retry_after(60.0, 2, 5.0)
+    s_wider, ms_wider = retry_after(30.0, 4, 5.0)
+    assert ms_more == 2 * ms and ms_wider == ms // 2
+    assert retry_after(3.3, 1, 1.0)[0] == 4        # rounded up: a client retrying early is refused again
+    assert retry_after(1e9, 1, 1.0)[1] == 300_000  # clamped: a sane upper bound
+
+
+# --- Admission ----------------------------------------------------------------------------------
+
+def test_request_bound_refuses_with_a_retry_estimate_from_the_measured_rate(redis_server):
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=2, max_queued_seconds=0))
+        rep = replica(redis_server.url, "r0")
+        # Measure the service rate first: one chunk of 40 phonemes (42 tokens of 3 frames: 3.15 s)
+        # in a little over 0.1 s.
+        t0 = await client.admit(jobs(40, work_s=0.1))
+        assert await rep.step()
+        await collect(client, t0)
+        await client.release(t0.request_id)
+        measured_rate = (await client.stats()).rate
+        assert 20 < measured_rate < 31.5  # 3.15 s of audio in 0.1 s plus Redis/loop overhead
+
+        a = await client.admit(jobs(100, 100))
+        b = await client.admit(jobs(100))
+        with pytest.raises(Refused) as refused:
+            await client.admit(jobs(10))
+        r = refused.value
+        assert r.reason == "requests" and r.admitted == 2 and r.live_replicas == 1
+        # Work ahead: three chunks of 100 phonemes, at the learnt audio per phoneme.
+        per_phoneme_s = (await client.stats())["ms_per_phoneme"] / 1000
+        assert r.work_ahead_s == pytest.approx(300 * per_phoneme_s, rel=0.01)
+        # One slot frees when an average request (half the work) has run on the one replica.
+        expected_s = (r.work_ahead_s / 2) / measured_rate
+        assert r.retry_after_ms == pytest.approx(expected_s * 1000, rel=0.05)
+        assert r.retry_after_s == max(1, int(np.ceil(r.retry_after_ms / 1000)))
+        assert "capacity" in str(r)
+
+        await client.release(a.request_id)
+        await client.admit(jobs(10))  # a slot is free again
+        stats = await client.stats()
+        assert stats["refused_total"] == 1 and stats["admitted"] == 2
+        await client.release(b.request_id)
+    asyncio.run(go())
+
+
+def test_work_bound_refuses_beyond_queued_audio_but_an_empty_queue_admits_anything(redis_server):
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=0, max_queued_seconds=10))
+        big = await client.admit(jobs(200))          # 15 s estimated > 10 s bound, but the queue was empty
+        assert big.estimated_seconds == pytest.approx(200 * MS_PER_PHONEME / 1000)
+        with pytest.raises(Refused) as refused:
+            await client.admit(jobs(20))
+        assert refused.value.reason == "work"
+        assert refused.value.retry_after_s >= 1
+        # Speed scales the estimate: at 2x, audio is half as long.
+        rep = replica(redis_server.url, "r0")
+        job = await rep.lease()                      # the big job leaves the queue (now in flight)
+        assert job is not None and job.estimated_seconds == pytest.approx(15.0)
+        fast = await client.admit(jobs(100), speed=2.0)
+        assert fast.estimated_seconds == pytest.approx(100 * MS_PER_PHONEME / 2000)
+        for t in (big, fast):
+            await client.cancel(t.request_id)
+        assert await rep.run_one(job) == DROPPED
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+# --- Dispatch order and results -----------------------------------------------------------------
+
+def test_earliest_deadline_first_puts_a_new_first_chunk_before_older_later_chunks(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        rep = replica(redis_server.url, "r0")
+        a = await client.admit(jobs(80, 80, 80))       # deadlines: arrival, +6 s, +12 s
+        first = await rep.lease()
+        assert (first.request_id, first.index) == (a.request_id, 0)
+        await asyncio.sleep(0.05)
+        b = await client.admit(jobs(80))               # arrives later, but needs its audio now
+        order = [first]
+        while (job := await rep.lease()) is not None:
+            order.append(job)
+        assert [(j.request_id, j.index) for j in order] == [
+            (a.request_id, 0), (b.request_id, 0), (a.request_id, 1), (a.request_id, 2)]
+        assert order[2].deadline_ms - order[0].deadline_ms == round(80 * MS_PER_PHONEME)
+        for j in order:
+            assert await rep.run_one(j) == DELIVERED
+        assert [r.index for r in await collect(client, a)] == [0, 1, 2]
+        await client.release(a.request_id)
+        await client.release(b.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_measured_audio_moves_later_deadlines(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        rep = replica(redis_server.url, "r0")
+        t = await client.admit(jobs(40, 40, 40))
+        job0 = await rep.lease()
+        before = await rep.client.zscore("{kf}:queue", f"{t.request_id}#2")
+        await rep.run_one(job0)  # 42 tokens * 3 frames * 25 ms = 3150 ms measured vs 3000 ms estimated
+        after = await rep.client.zscore("{kf}:queue", f"{t.request_id}#2")
+        assert after - before == 3150 - 40 * MS_PER_PHONEME
+        await client.cancel(t.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_results_come_back_in_chunk_order_when_replicas_finish_out_of_order(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        replicas = [replica(redis_server.url, f"r{i}") for i in range(4)]
+        for r in replicas:
+            r.start()
+        # Chunk 0 takes longest, so chunks 1..3 finish first on the other replicas.
+        work = [0.4, 0.05, 0.1, 0.02]
+        t = await client.admit([ChunkJob(fake_payload(30 + i, w), 30 + i) for i, w in enumerate(work)])
+        results = await collect(client, t)
+        assert [r.index for r in results] == [0, 1, 2, 3]
+        for r in results:
+            pcm = np.frombuffer(r.pcm, dtype=np.int16)
+            assert len(pcm) == (30 + r.index + 2) * 3 * 600 and (pcm == r.index).all()
+            assert r.durations.dtype == np.int64 and len(r.durations) == 30 + r.index + 2
+        await client.release(t.request_id)
+        assert sum(r.jobs_done for r in replicas) == 4
+        assert sum(1 for r in replicas if r.jobs_done) >= 3  # the chunks fanned out over idle replicas
+        table = await read_replicas(client.client)
+        assert sorted(row.replica for row in table) == ["r0", "r1", "r2", "r3"]
+        assert sum(row.jobs_done for row in table) == 4 and all(row.alive for row in table)
+        for r in replicas:
+            await r.close()
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_many_requests_on_several_replicas_all_complete_and_counters_return_to_zero(redis_server):
+    async def go():
+        rng = random.Random(5)
+        owners = [owner(redis_server.url, f"w{i}") for i in range(2)]
+        replicas = [replica(redis_server.url, f"r{i}") for i in range(3)]
+        for r in replicas:
+            r.start()
+
+        async def one_request(client: AdmissionClient):
+            sizes = [rng.randint(5, 60) for _ in range(rng.randint(1, 4))]
+            async with client.session([ChunkJob(fake_payload(p, p / 2000), p) for p in sizes]) as t:
+                got = await collect(client, t)
+            assert [len(r.durations) for r in got] == [p + 2 for p in sizes]
+
+        await asyncio.gather(*(one_request(owners[i % 2]) for i in range(24)))
+        stats = await owners[0].stats()
+        assert stats["completed_total"] == sum(r.jobs_done for r in replicas)
+        assert stats["released_total"] == 24
+        for r in replicas:
+            await r.close()
+        await assert_idle(owners[0])
+    asyncio.run(go())
+
+
+# --- Leases, failures, cancellation -------------------------------------------------------------
+
+def test_lease_expiry_requeues_once_then_fails_the_request_with_a_clear_error(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        dying = replica(redis_server.url, "dying", lease_s=0.2)
+        also_dying = replica(redis_server.url, "also-dying", lease_s=0.2)
+        t = await client.admit(jobs(20, 20))
+        first = await dying.lease()                   # ...and never heartbeats or completes
+        assert first.attempt == 1 and first.index == 0
+        await asyncio.sleep(0.3)
+        report = await also_dying.reap()
+        assert (report.expired, report.requeued, report.failed) == (1, 1, 0)
+        again = await also_dying.lease()              # the same chunk, before chunk 1 (earlier deadline)
+        assert (again.job_id, again.attempt) == (first.job_id, 2)
+        await asyncio.sleep(0.3)
+        report = await dying.reap()
+        assert (report.expired, report.requeued, report.failed) == (1, 0, 1)
+        with pytest.raises(RequestFailed, match=r"chunk 0 .* lost 2 times.*also-dying"):
+            await collect(client, t)
+        # A replica that comes back late finds its lease gone: its result is discarded.
+        assert await dying.run_one(first) == STALE
+        stats = await client.stats()
+        assert stats["failed_total"] == 1 and stats["queued_jobs"] == 0  # chunk 1 left the queue with the failure
+        await client.release(t.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_heartbeats_keep_a_long_job_leased(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        rep = replica(redis_server.url, "slow", lease_s=0.3, heartbeat_s=0.05)
+        other = replica(redis_server.url, "other", lease_s=0.3)
+        t = await client.admit([ChunkJob(fake_payload(10, 1.0), 10)])  # runs 3x longer than a lease
+        job = await rep.lease()
+        running = asyncio.create_task(rep.run_one(job))
+        for _ in range(8):
+            await asyncio.sleep(0.1)
+            assert (await other.reap()).expired == 0
+        assert await running == DELIVERED
+        assert len(await collect(client, t)) == 1
+        await client.release(t.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_a_failing_job_fails_its_request_with_the_reason(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        rep = replica(redis_server.url, "r0")
+        t = await client.admit([ChunkJob(fake_payload(10, 0), 10), ChunkJob(fake_payload(10, 0, fail=True), 10),
+                                ChunkJob(fake_payload(10, 0), 10)])
+        assert await rep.step() and await rep.step()
+        got = []
+        with pytest.raises(RequestFailed, match="chunk 1 failed on replica r0: RuntimeError: the fake model refused"):
+            async for r in client.results(t, timeout_s=5):
+                got.append(r.index)
+        assert got == [0]                             # what was made before the failure still streams
+        assert not await rep.step()                   # chunk 2 left the queue with the failure
+        await client.release(t.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_cancel_removes_queued_jobs_frees_the_slot_and_drops_in_flight_results(redis_server):
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))
+        rep = replica(redis_server.url, "r0")
+        t = await client.admit(jobs(30, 30, 30))
+        in_flight = await rep.lease()
+        with pytest.raises(Refused):
+            await client.admit(jobs(5))
+        assert await client.cancel(t.request_id)
+        stats = await client.stats()
+        assert (stats["admitted"], stats["queued_jobs"], stats["queued_work_ms"]) == (0, 0, 0)
+        assert stats["inflight_jobs"] == 1 and stats["cancelled_total"] == 1
+        other = await client.admit(jobs(5))           # the slot is free at once
+        assert await rep.run_one(in_flight) == DROPPED
+        with pytest.raises(RequestLost):
+            await collect(client, t)
+        assert not await client.cancel(t.request_id)  # idempotent
+        await client.release(other.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_session_cancels_when_the_reader_goes_away(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        rep = replica(redis_server.url, "r0")
+        rep.start()
+        with pytest.raises(asyncio.TimeoutError):
+            async with client.session(jobs(10, 10, 10, 10, work_s=0.2)) as t:
+                async with asyncio.timeout(0.3):      # the client disconnects mid-stream
+                    await collect(client, t)
+        stats = await client.stats()
+        assert stats["cancelled_total"] == 1 and stats["admitted"] == 0
+        await rep.close()
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_requests_of_a_dead_owner_are_released_by_the_reaper(redis_server):
+    async def go():
+        dead = owner(redis_server.url, "dead-worker", owner_ttl_s=0.3)  # never starts its heartbeat
+        alive = owner(redis_server.url, "live-worker", owner_ttl_s=0.3)
+        await alive.start()
+        rep = replica(redis_server.url, "r0")
+        await dead.admit(jobs(10, 10))
+        kept = await alive.admit(jobs(10))
+        assert (await rep.reap()).orphaned == 0
+        await asyncio.sleep(0.5)
+        assert (await rep.reap()).orphaned == 1
+        stats = await alive.stats()
+        assert stats["admitted"] == 1 and stats["queued_jobs"] == 1  # only the live owner's request is left
+        await rep.step()
+        assert len(await collect(alive, kept)) == 1
+        await alive.release(kept.request_id)
+        await alive.close()
+        await assert_idle(alive)
+    asyncio.run(go())
+
+
+def test_a_missing_result_times_out_instead_of_hanging(redis_server):
+    async def go():
+        client = owner(redis_server.url, poll_s=0.1)
+        t = await client.admit(jobs(10))             # no replica anywhere
+        started = time.monotonic()
+        with pytest.raises(ResultTimeout, match="chunk 0"):
+            await collect(client, t, timeout_s=0.5)
+        assert time.monotonic() - started < 1.5
+        await client.cancel(t.request_id)
+        await assert_idle(client)
+    asyncio.run(go())

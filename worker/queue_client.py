@@ -1,0 +1,149 @@
+"""What both halves of the fleet's Redis protocol share: scripts, connection, errors, figures.
+
+The protocol itself (keys, scripts, their atomic steps) lives in `queue/` as Lua plus
+`queue/PROTOCOL.md`; `api/queue_admission.py` (the side holding the HTTP connection) and
+`worker/dispatch.py` (the side running the model) are its two Python clients. This module loads the
+scripts (each is `queue/lib.lua` followed by its body, registered with EVALSHA and re-loaded
+transparently after a Redis restart), opens connections that fail fast, and turns every way Redis
+can be unreachable into one exception, `QueueUnavailable`, so callers can fall back to local
+serving. It imports neither torch nor FastAPI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ConstantBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+QUEUE_DIR = Path(__file__).resolve().parents[1] / "queue"
+SCRIPT_NAMES = ("admit", "lease", "heartbeat", "complete", "fetch", "cancel", "release", "reap")
+DEFAULT_PREFIX = "{kf}"  # braces: a Redis Cluster hash tag, so all of one fleet's keys share a slot
+
+# The gauges that must return to zero when the fleet is idle (what the fault tests check).
+GAUGES = ("admitted", "queued_jobs", "queued_work_ms", "inflight_jobs", "inflight_work_ms")
+
+
+class QueueUnavailable(RuntimeError):
+    """Redis cannot be reached (down, restarting, network): the caller should serve locally."""
+
+
+@contextlib.contextmanager
+def unavailable_as_error(what: str) -> Iterator[None]:
+    """Re-raise every 'Redis is unreachable' failure as `QueueUnavailable`, saying what failed."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+        raise QueueUnavailable(f"Redis unavailable during {what}: {e}") from e
+
+
+def connect(url: str = "redis://127.0.0.1:6379/0", *, connect_timeout_s: float = 1.0,
+            socket_timeout_s: float = 5.0) -> aioredis.Redis:
+    """An asyncio Redis client that fails fast: one immediate retry (a pooled connection that a
+    Redis restart broke), then `ConnectionError`. redis-py's default retries back off for seconds,
+    which would hold a request instead of letting its worker fall back. `rediss://` URLs and
+    passwords in the URL work as redis-py parses them. `socket_timeout_s` must exceed the longest
+    blocking read (BLPOP) the clients issue."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        retry=Retry(ConstantBackoff(0.05), 1),
+        retry_on_error=[RedisConnectionError],
+        health_check_interval=0,
+    )
+
+
+def script_source(name: str) -> str:
+    """The text Redis runs for script `name`: the shared prelude, then the script's body."""
+    return (QUEUE_DIR / "lib.lua").read_text() + "\n" + (QUEUE_DIR / f"{name}.lua").read_text()
+
+
+class Scripts:
+    """The protocol's scripts registered on one client; `await scripts.admit(prefix, ...)`."""
+
+    def __init__(self, client: aioredis.Redis):
+        for name in SCRIPT_NAMES:
+            setattr(self, name, _Bound(client.register_script(script_source(name))))
+
+
+class _Bound:
+    def __init__(self, script):
+        self._script = script
+
+    async def __call__(self, *args):
+        return await self._script(keys=[], args=list(args))
+
+
+@dataclass
+class QueueStats:
+    """One consistent snapshot of the queue's gauges and counters (see queue/PROTOCOL.md)."""
+
+    fields: dict[str, float]
+    queue_len: int        # ZCARD queue: must equal queued_jobs
+    leases: int           # ZCARD leases: must equal inflight_jobs
+    requests: int         # HLEN requests: must equal admitted
+    live_replicas: int
+
+    def __getitem__(self, name: str) -> float:
+        return self.fields.get(name, 0)
+
+    @property
+    def rate(self) -> float | None:
+        """Measured audio seconds per busy second of one replica (None until a job completed)."""
+        return self.fields.get("rate")
+
+    def gauges(self) -> dict[str, float]:
+        return {g: self[g] for g in GAUGES}
+
+    def consistent(self) -> bool:
+        """The counters agree with the structures they count."""
+        return (self["queued_jobs"] == self.queue_len and self["inflight_jobs"] == self.leases
+                and self["admitted"] == self.requests)
+
+
+async def read_stats(client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> QueueStats:
+    with unavailable_as_error("reading queue stats"):
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(f"{prefix}:stats")
+            pipe.zcard(f"{prefix}:queue")
+            pipe.zcard(f"{prefix}:leases")
+            pipe.hlen(f"{prefix}:requests")
+            pipe.time()
+            pipe.zrange(f"{prefix}:replicas", 0, -1, withscores=True)
+            raw, queue_len, leases, requests, (sec, usec), replicas = await pipe.execute()
+    now_ms = sec * 1000 + usec // 1000
+    fields = {k.decode(): float(v) for k, v in raw.items()}
+    live = sum(1 for _, expiry in replicas if expiry > now_ms)
+    return QueueStats(fields, queue_len, leases, requests, live)
+
+
+@dataclass
+class ReplicaStatus:
+    replica: str
+    alive: bool
+    busy: bool
+    jobs_done: int
+    busy_seconds: float
+    audio_seconds: float
+
+
+async def read_replicas(client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> list[ReplicaStatus]:
+    """Every replica Redis knows of, for `kokoro-fleet status` and /metrics."""
+    with unavailable_as_error("reading replica table"):
+        (sec, usec) = await client.time()
+        now_ms = sec * 1000 + usec // 1000
+        rows = []
+        for name, expiry in await client.zrange(f"{prefix}:replicas", 0, -1, withscores=True):
+            h = {k.decode(): v.decode() for k, v in (await client.hgetall(f"{prefix}:replica:{name.decode()}")).items()}
+            rows.append(ReplicaStatus(
+                replica=name.decode(), alive=expiry > now_ms, busy=h.get("busy") == "1",
+                jobs_done=int(h.get("jobs_done", 0)), busy_seconds=int(h.get("busy_ms", 0)) / 1000,
+                audio_seconds=int(h.get("audio_ms", 0)) / 1000))
+    return rows
