@@ -1,0 +1,16 @@
+"""The text frontend: raw request text -> normalized text -> phonemes -> chunks of model ids.
+
+    text_to_chunks(text, lang_code="a", options=None, first_chunk_phonemes=100, chunk_phonemes=400)
+
+is the one entry point the speech service calls; the pieces (normalize, g2p, chunks) are importable
+for the CLI and tests.
+"""
+
+from worker.text.chunks import MAX_PHONEMES, Chunk, WordSpan, split_tokens, text_to_chunks
+from worker.text.errors import TextError
+from worker.text.normalize import NormalizationOptions, normalize_text
+
+__all__ = [
+    "MAX_PHONEMES", "Chunk", "NormalizationOptions", "TextError", "WordSpan", "normalize_text",
+    "split_tokens", "text_to_chunks",
+]

@@ -1,0 +1,238 @@
+"""From a request's text to chunks the model can take: at most 510 phonemes each.
+
+Where to cut, in order of preference: the end of a sentence, the end of a clause (`;` `:` `—`), a
+comma, any word boundary, and only for a single "word" longer than the limit (a hash, a URL-length
+string) inside that word. Every token lands in exactly one chunk, so no text is lost and no chunk
+exceeds the limit whatever the input.
+
+The first chunk aims at `first_chunk_phonemes` (a clause or a short sentence) so the first audio
+comes fast; later chunks aim at `chunk_phonemes`, packing whole sentences, for throughput. A
+`[pause:0.5s]` tag ends the chunk before it and becomes that chunk's `pause_after`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, resolve_language, text_to_tokens
+from worker.text.normalize import NormalizationOptions, normalize_text
+from worker.text.vocab import to_ids, to_phonemes, vocab
+
+MAX_PHONEMES = 510  # the model's context is 512 ids, two of them the boundary pads
+
+# Boundary strengths after a token.
+WORD, COMMA, CLAUSE, SENTENCE = 0, 1, 2, 3
+_CLOSERS = frozenset("”)")
+
+
+@dataclass
+class WordSpan:
+    text: str
+    start: int  # [start, end): indices into Chunk.ids
+    end: int
+
+
+@dataclass
+class Chunk:
+    text: str
+    phonemes: str
+    ids: list[int]
+    words: list[WordSpan] = field(default_factory=list)
+    pause_after: float = 0.0  # seconds of silence after this chunk
+
+
+def text_to_chunks(
+    text: str,
+    lang_code: str = "a",
+    options: NormalizationOptions | None = None,
+    first_chunk_phonemes: int = 100,
+    chunk_phonemes: int = 400,
+) -> list[Chunk]:
+    """Normalize, phonemize and split `text`. Raises TextError for an unsupported language.
+
+    Returns at least one chunk for non-empty text; a text with nothing pronounceable (only emoji)
+    gives chunks without ids, and the caller decides whether that is an error.
+    """
+    code = resolve_language(lang_code)
+    normalized = normalize_text(text, options, code)
+    tokens = text_to_tokens(normalized, code)
+    return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _token_cost(tok: Token) -> int:
+    """An upper bound of the ids this token adds: its symbols plus one separating space."""
+    return len(tok.phonemes) + 1
+
+
+def _strengths(tokens: list[Token]) -> list[int]:
+    """The strength of the boundary after each token (a cut is only ever made after a token)."""
+    out = []
+    for i, tok in enumerate(tokens):
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if nxt is not None and not tok.space_after and not tok.newline_after and nxt.kind != "pause" \
+                and tok.kind != "pause":
+            out.append(-1)  # inside a whitespace-delimited word: cut here only when forced
+            continue
+        marks = tok.phonemes if tok.kind == "punct" else ""
+        if tok.newline_after or tok.kind == "pause":
+            strength = SENTENCE
+        elif any(c in SENTENCE_END for c in marks) or (marks and marks[0] in _CLOSERS and i > 0
+                                                        and any(c in SENTENCE_END for c in tokens[i - 1].phonemes)):
+            strength = SENTENCE
+        elif any(c in CLAUSE_END for c in marks):
+            strength = CLAUSE
+        elif "," in marks:
+            strength = COMMA
+        else:
+            strength = WORD
+        out.append(strength)
+    return out
+
+
+def _split_long_tokens(tokens: list[Token], limit: int) -> list[Token]:
+    """A single token whose phonemes exceed the limit is cut into pieces that fit (text on the first)."""
+    out: list[Token] = []
+    for tok in tokens:
+        if _token_cost(tok) <= limit:
+            out.append(tok)
+            continue
+        ps = tok.phonemes
+        pieces = []
+        while len(ps) > limit - 1:
+            cut = ps.rfind(" ", 0, limit - 1)
+            cut = cut if cut > 0 else limit - 1
+            pieces.append(ps[:cut])
+            ps = ps[cut:].lstrip(" ")
+        if ps:
+            pieces.append(ps)
+        for j, piece in enumerate(pieces):
+            last = j == len(pieces) - 1
+            out.append(Token(tok.text if j == 0 else "", piece, space_after=tok.space_after if last else True,
+                             kind=tok.kind, source=tok.source, newline_after=tok.newline_after if last else False))
+    return out
+
+
+def _choose_end(costs: list[int], strengths: list[int], start: int, target: int, is_first: bool) -> int:
+    """Where the chunk that starts at token `start` ends (exclusive)."""
+    n = len(costs)
+    hard: list[int] = []  # candidate ends within the hard limit: (end, length)
+    total = 0
+    lengths = []
+    for j in range(start, n):
+        total += costs[j]
+        if total > MAX_PHONEMES:
+            break
+        hard.append(j + 1)
+        lengths.append(total)
+    if not hard:
+        return start + 1  # cannot happen after _split_long_tokens; never loop forever
+    if hard[-1] == n and lengths[-1] <= target:
+        return n
+    within = [(end, length) for end, length in zip(hard, lengths) if length <= target]
+    minimum = target // 4 if is_first else target // 2
+
+    def latest(candidates, strength, at_least=0):
+        found = [end for end, length in candidates if strengths[end - 1] >= strength and length >= at_least]
+        return found[-1] if found else None
+
+    def earliest(candidates, strength):
+        found = [end for end, _ in candidates if strengths[end - 1] >= strength]
+        return found[0] if found else None
+
+    everything = list(zip(hard, lengths))
+    end = latest(within, SENTENCE)
+    if end is None and not is_first:
+        end = earliest(everything, SENTENCE)        # a whole sentence up to the hard limit
+    if end is None:
+        end = latest(within, CLAUSE, minimum) or latest(within, COMMA, minimum)
+    if end is None:
+        end = earliest(everything, COMMA)           # the first clause, however long (<= 510)
+    if end is None:
+        end = latest(within, WORD) or latest(everything, WORD)
+    if end is None:
+        end = hard[-1]                              # no word boundary fits: cut inside the word
+    if end == n:
+        return n
+    return end
+
+
+def split_tokens(tokens: list[Token], first_chunk_phonemes: int = 100, chunk_phonemes: int = 400) -> list[Chunk]:
+    """Group phonemized tokens into chunks (see the module docstring for the rules)."""
+    first_target = max(1, min(first_chunk_phonemes, MAX_PHONEMES))
+    later_target = max(1, min(chunk_phonemes, MAX_PHONEMES))
+    tokens = _split_long_tokens(tokens, MAX_PHONEMES)
+    chunks: list[Chunk] = []
+    start = 0
+    while start < len(tokens):
+        # A pause tag ends what comes before it; consecutive pauses add up.
+        if tokens[start].kind == "pause":
+            seconds = tokens[start].pause
+            if chunks:
+                chunks[-1].pause_after += seconds
+            else:
+                chunks.append(Chunk("", "", [], [], pause_after=seconds))
+            start += 1
+            continue
+        stop = start
+        while stop < len(tokens) and tokens[stop].kind != "pause":
+            stop += 1
+        segment = tokens[start:stop]
+        costs = [_token_cost(t) for t in segment]
+        strengths = _strengths(segment)
+        pos = 0
+        while pos < len(segment):
+            is_first = not any(c.ids for c in chunks)
+            end = _choose_end(costs, strengths, pos, first_target if is_first else later_target, is_first)
+            chunks.append(_build_chunk(segment[pos:end]))
+            pos = end
+        start = stop
+    return _merge_silent(chunks)
+
+
+def _build_chunk(tokens: list[Token]) -> Chunk:
+    space = vocab()[" "]
+    ids: list[int] = []
+    words: list[WordSpan] = []
+    text_parts: list[str] = []
+    pending_space = False
+    for i, tok in enumerate(tokens):
+        text_parts.append(tok.text + (" " if tok.space_after and i < len(tokens) - 1 else ""))
+        tok_ids = to_ids(tok.phonemes)
+        if tok_ids:
+            is_word = tok.kind == "word"
+            # One space between spoken tokens that whitespace separated, and always between words.
+            prev_word = i > 0 and tokens[i - 1].kind == "word"
+            if ids and (pending_space or (is_word and prev_word and tok_ids[0] != space)):
+                if ids[-1] != space:
+                    ids.append(space)
+            start = len(ids)
+            ids.extend(tok_ids)
+            if is_word:
+                words.append(WordSpan(tok.text, start, len(ids)))
+            pending_space = False
+        if tok.space_after and (tok_ids or ids):
+            pending_space = True
+    while ids and ids[-1] == space:
+        ids.pop()
+    for w in words:  # a trailing space popped above never belongs to a word, but keep spans honest
+        w.end = min(w.end, len(ids))
+    return Chunk("".join(text_parts).strip(), to_phonemes(ids), ids, [w for w in words if w.text])
+
+
+def _merge_silent(chunks: list[Chunk]) -> list[Chunk]:
+    """A chunk with nothing to say (only emoji, say) gives its text and pause to a neighbour."""
+    out: list[Chunk] = []
+    for chunk in chunks:
+        if not chunk.ids and out:
+            prev = out[-1]
+            prev.text = (prev.text + " " + chunk.text).strip() if chunk.text else prev.text
+            prev.pause_after += chunk.pause_after
+            continue
+        if out and not out[-1].ids and chunk.ids and out[-1].pause_after == 0:
+            chunk.text = (out[-1].text + " " + chunk.text).strip()
+            out.pop()
+        out.append(chunk)
+    return out

@@ -1,0 +1,203 @@
+"""Text -> tokens with phonemes: the tokenizer and the per-language G2P.
+
+A token is a word, a punctuation mark or a pause tag, with the phonemes it contributes and whether
+whitespace followed it in the text. Words keep their exact text so chunks can report what they say
+and timestamps can name the words.
+
+English (`a`, `b`) goes word by word through `english.py` (misaki lexicon, espeak-ng fallback),
+right to left, because `the`, `to`, `a` sound different before a vowel. The espeak-ng languages go a
+clause at a time (so cross-word rules such as French liaison apply) and are matched back to words
+when espeak-ng returns one phoneme word per input word, else word by word.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import regex
+
+from worker.text import espeak
+from worker.text.english import CLAUSE_PUNCTUATION, CONSONANTS, VOWELS, Context, english_g2p
+from worker.text.errors import TextError
+
+log = logging.getLogger(__name__)
+
+# lang_code -> espeak-ng language, for the languages Kokoro v1.0 has voices in.
+ESPEAK_LANGUAGES = {"e": "es", "f": "fr-fr", "h": "hi", "i": "it", "p": "pt-br"}
+ENGLISH = {"a": False, "b": True}  # lang_code -> british
+UNSUPPORTED = {"j": "Japanese", "z": "Mandarin Chinese"}
+LANGUAGE_ALIASES = {"en-us": "a", "en": "a", "en-gb": "b", "es": "e", "fr-fr": "f", "fr": "f", "hi": "h",
+                    "it": "i", "pt-br": "p", "pt": "p", "ja": "j", "zh": "z"}
+SUPPORTED_CODES = ("a", "b", "e", "f", "h", "i", "p")
+
+# Punctuation -> the symbol the model's vocabulary has for it ("" = silent).
+_PUNCT = {
+    ".": ".", "!": "!", "?": "?", ",": ",", ";": ";", ":": ":", "…": "…",
+    "—": "—", "–": "—", "―": "—", "-": "—", "(": "(", "[": "(", "{": "(", ")": ")", "]": ")", "}": ")",
+    "“": "“", "”": "”", "«": "“", "»": "”", "„": "“", "‟": "“",
+    "'": "", "‘": "", "’": "", "¡": "", "¿": "", "‚": "", "‹": "", "›": "", "、": ",", "。": ".",
+    "，": ",", "！": "!", "？": "?", "：": ":", "；": ";",
+}
+SENTENCE_END = frozenset(".!?…")
+CLAUSE_END = frozenset(";:—")
+WORD_LIMIT_CHARS = 40  # longer "words" (hashes, keyboard mashing) are read in slices
+
+_TOKEN = regex.compile(
+    r"(?P<pause>\[pause:\s*(?P<secs>\d+(?:\.\d+)?)\s*(?P<unit>m?s)\])"
+    r"|(?P<link>\[(?P<ltext>[^\[\]]+)\]\(/(?P<lps>[^()]*)/\))"
+    r"|(?P<word>[\p{L}\p{M}\p{N}_'’]+(?:[-.'’/_+&@][\p{L}\p{M}\p{N}_'’]+)*)"
+    r"|(?P<dots>\.{2,})"
+    r"|(?P<dash>-{2,})"
+    r"|(?P<space>\s+)"
+    r"|(?P<other>\X)",
+    regex.IGNORECASE,
+)
+
+
+@dataclass
+class Token:
+    text: str                  # the word or mark as written (for a pause: the tag)
+    phonemes: str = ""         # what it contributes to the phoneme string ("" = silent)
+    space_after: bool = False  # whitespace followed it in the text
+    kind: str = "word"         # "word" | "punct" | "pause"
+    source: str = ""           # word: lexicon | espeak | number | custom | silent; punct: punct
+    pause: float = 0.0         # seconds of silence (pause tokens)
+    newline_after: bool = False
+
+
+def resolve_language(lang_code: str) -> str:
+    """A request's lang_code (`a`, `en-us`, ...) -> our one-letter code; TextError if unsupported."""
+    code = (lang_code or "a").strip().lower()
+    code = LANGUAGE_ALIASES.get(code, code)
+    if code in UNSUPPORTED:
+        raise TextError(
+            f"language {lang_code!r} ({UNSUPPORTED[code]}) is not supported yet; supported lang_code values: "
+            + ", ".join(SUPPORTED_CODES))
+    if code not in SUPPORTED_CODES:
+        raise TextError(
+            f"unknown lang_code {lang_code!r}; supported: a (en-us), b (en-gb), e (es), f (fr-fr), h (hi), "
+            "i (it), p (pt-br)")
+    return code
+
+
+def tokenize(text: str) -> list[Token]:
+    """Split normalized text into words, punctuation and pause tags (no phonemes yet)."""
+    tokens: list[Token] = []
+    open_quote = True
+    for m in _TOKEN.finditer(text):
+        kind = m.lastgroup
+        if kind in ("secs", "unit", "ltext", "lps"):
+            kind = next(k for k in ("pause", "link") if m.group(k))
+        if kind == "space":
+            if tokens:
+                tokens[-1].space_after = True
+                if "\n" in m.group(0):
+                    tokens[-1].newline_after = True
+            continue
+        if kind == "pause":
+            seconds = float(m.group("secs")) / (1000.0 if m.group("unit").lower() == "ms" else 1.0)
+            tokens.append(Token(m.group(0), kind="pause", pause=min(seconds, 60.0)))
+        elif kind == "link":
+            tokens.append(Token(m.group("ltext"), m.group("lps"), source="custom"))
+        elif kind == "word":
+            tokens.append(Token(m.group(0)))
+        elif kind == "dots":
+            tokens.append(Token(m.group(0), "…", kind="punct", source="punct"))
+        elif kind == "dash":
+            tokens.append(Token(m.group(0), "—", kind="punct", source="punct"))
+        else:
+            mark = m.group(0)
+            if mark == '"':
+                symbol = "“" if open_quote else "”"
+                open_quote = not open_quote
+                tokens.append(Token(mark, symbol, kind="punct", source="punct"))
+            elif mark in _PUNCT:
+                tokens.append(Token(mark, _PUNCT[mark], kind="punct", source="punct"))
+            else:
+                tokens.append(Token(mark))  # a symbol or emoji: the G2P decides (often silent)
+    return tokens
+
+
+def phonemize_tokens(tokens: list[Token], lang_code: str) -> list[Token]:
+    """Fill in the phonemes of every word token for `lang_code` (already resolved)."""
+    if lang_code in ENGLISH:
+        _english(tokens, ENGLISH[lang_code])
+    else:
+        _espeak_language(tokens, ESPEAK_LANGUAGES[lang_code])
+    return tokens
+
+
+def _english(tokens: list[Token], british: bool) -> None:
+    g2p = english_g2p(british)
+    ctx = Context()
+    for tok in reversed(tokens):
+        if tok.kind == "pause":
+            ctx = Context()
+            continue
+        if tok.kind == "word" and tok.source != "custom":
+            if len(tok.text) > WORD_LIMIT_CHARS:
+                pieces = [tok.text[i:i + WORD_LIMIT_CHARS] for i in range(0, len(tok.text), WORD_LIMIT_CHARS)]
+                results = [g2p.word(p) for p in pieces]
+                tok.phonemes = " ".join(r.phonemes for r in results if r.phonemes)
+                tok.source = "espeak" if any(r.source == "espeak" for r in results) else results[0].source
+            else:
+                result = g2p.word(tok.text, ctx)
+                tok.phonemes, tok.source = result.phonemes, result.source
+        ctx = _context_before(tok, ctx)
+
+
+def _context_before(tok: Token, after: Context) -> Context:
+    """What the word before `tok` sees next: a vowel, a consonant, or the end of a clause."""
+    for ch in tok.phonemes:
+        if ch in VOWELS:
+            return Context(True, _is_to(tok))
+        if ch in CONSONANTS:
+            return Context(False, _is_to(tok))
+        if ch in CLAUSE_PUNCTUATION:
+            return Context(None, False)
+    return after if not tok.phonemes else Context(after.next_vowel, _is_to(tok))
+
+
+def _is_to(tok: Token) -> bool:
+    return tok.kind == "word" and tok.text in ("to", "To", "TO")
+
+
+def _espeak_language(tokens: list[Token], voice: str) -> None:
+    """Phonemize each run of words between punctuation as one clause, matched back to its words."""
+    run: list[Token] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        spoken = [t for t in run if t.source != "custom"]
+        if spoken:
+            clause = espeak.other_language(" ".join(t.text for t in spoken), voice).split()
+            if len(clause) == len(spoken):
+                for tok, ps in zip(spoken, clause):
+                    tok.phonemes, tok.source = ps, "espeak"
+            else:  # numbers or merges changed the word count: word by word keeps the alignment
+                for tok in spoken:
+                    tok.phonemes, tok.source = espeak.other_language(tok.text, voice).replace(" ", ""), "espeak"
+                    if not tok.phonemes:
+                        tok.source = "silent"
+        run.clear()
+
+    for tok in tokens:
+        if tok.kind == "word" and tok.source != "custom" and not regex.search(r"[\p{L}\p{N}]", tok.text):
+            tok.source = "silent"  # emoji and symbols: espeak-ng would read their Unicode names
+            continue
+        if tok.kind == "word" and len(tok.text) <= WORD_LIMIT_CHARS and tok.source != "custom":
+            run.append(tok)
+        else:
+            flush()
+            if tok.kind == "word" and tok.source != "custom":
+                pieces = [tok.text[i:i + WORD_LIMIT_CHARS] for i in range(0, len(tok.text), WORD_LIMIT_CHARS)]
+                tok.phonemes = " ".join(espeak.other_language(p, voice) for p in pieces).strip()
+                tok.source = "espeak" if tok.phonemes else "silent"
+    flush()
+
+
+def text_to_tokens(text: str, lang_code: str) -> list[Token]:
+    """Tokenize and phonemize already-normalized text."""
+    return phonemize_tokens(tokenize(text), resolve_language(lang_code))

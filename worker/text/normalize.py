@@ -1,0 +1,510 @@
+"""English text normalization: what users type -> words Kokoro can say.
+
+Each rule is one regex with one small function, applied in a fixed order (the order matters: an
+email must be read before its dots become "dot", a phone number before its digits become a range).
+Anything no rule matches passes through unchanged, so normalization never deletes a word; the G2P
+reads what is left (acronyms, unknown words via espeak-ng).
+
+Options follow Kokoro-FastAPI's `normalization_options` field for field, so its clients work as is.
+Markup that is not text (custom pronunciations `[word](/phonemes/)`, pause tags `[pause:0.5s]`) is
+kept out of normalization by `normalize_text`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Callable
+
+from worker.text import numbers as num
+
+
+@dataclass
+class NormalizationOptions:
+    """Per-request switches, the same fields and defaults as Kokoro-FastAPI's."""
+
+    normalize: bool = True                              # master switch: False passes the text as is
+    unit_normalization: bool = False                    # 10KB -> ten kilobytes, 5 km -> five kilometers
+    url_normalization: bool = True                      # example.com/docs -> example dot com slash docs
+    email_normalization: bool = True                    # a@b.org -> a at b dot org
+    optional_pluralization_normalization: bool = True   # word(s) -> words
+    phone_normalization: bool = True                    # 555-123-4567 read digit by digit in groups
+    replace_remaining_symbols: bool = True              # & @ + = # % ... -> words
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "NormalizationOptions":
+        if not data:
+            return cls()
+        known = {k: bool(v) for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+# Markup kept out of normalization: custom pronunciation links and pause tags.
+MARKUP = re.compile(r"\[[^\[\]]+\]\(/[^()]*/\)|\[pause:\s*\d+(?:\.\d+)?\s*m?s\]", re.IGNORECASE)
+
+
+def clean_text(text: str) -> str:
+    """Always applied, even with normalization off: control characters become spaces, invisible
+    format characters (zero-width joiners, soft hyphens, BOM) go, whitespace runs collapse. Newlines
+    survive (they mark paragraph ends for the splitter)."""
+    out = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if ch == "\n":
+            out.append("\n")
+        elif cat == "Cc" or cat in ("Zl", "Zp") or ch in "\u2028\u2029":
+            out.append(" " if ch not in "\r\u2028\u2029" else "\n")
+        elif cat in ("Cf", "Cs", "Co", "Cn") and not ch.isspace():
+            continue
+        else:
+            out.append(ch)
+    cleaned = "".join(out)
+    cleaned = re.sub(r"[^\S\n]+", " ", cleaned)
+    cleaned = re.sub(r" *\n[\s]*", "\n", cleaned)
+    return cleaned.strip()
+
+
+def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a") -> str:
+    """Normalize `text` for `lang_code` (English rules for `a` and `b`; other languages get only
+    `clean_text`, since espeak-ng reads their numbers itself). Markup passes through untouched."""
+    options = options or NormalizationOptions()
+    text = clean_text(text)
+    if not options.normalize or lang_code not in ("a", "b"):
+        return text
+    british = lang_code == "b"
+    pieces, last = [], 0
+    for m in MARKUP.finditer(text):
+        pieces.append(_normalize_english(text[last:m.start()], options, british))
+        pieces.append(m.group(0))
+        last = m.end()
+    pieces.append(_normalize_english(text[last:], options, british))
+    joined = "".join(pieces)
+    return re.sub(r"[^\S\n]+", " ", joined).strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules. Each returns replacement text; `british` selects "and" in numbers and date order.
+
+_Rule = Callable[[re.Match, bool], str]
+
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December")
+_MONTH_ABBR = {m[:3].lower(): m for m in MONTHS} | {"sept": "September"}
+_DAYS = {"mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
+         "thur": "Thursday", "thurs": "Thursday", "fri": "Friday", "sat": "Saturday", "sun": "Sunday"}
+_CURRENCIES = {  # symbol or code -> (singular, plural, cent singular, cent plural)
+    "$": ("dollar", "dollars", "cent", "cents"), "US$": ("dollar", "dollars", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"), "€": ("euro", "euros", "cent", "cents"),
+    "¥": ("yen", "yen", "", ""), "₹": ("rupee", "rupees", "paisa", "paise"),
+    "₩": ("won", "won", "", ""), "₽": ("ruble", "rubles", "kopek", "kopeks"),
+    "USD": ("dollar", "dollars", "cent", "cents"), "EUR": ("euro", "euros", "cent", "cents"),
+    "GBP": ("pound", "pounds", "penny", "pence"), "JPY": ("yen", "yen", "", ""),
+}
+_SCALES = {"k": "thousand", "K": "thousand", "m": "million", "M": "million", "mm": "million",
+           "b": "billion", "B": "billion", "bn": "billion", "t": "trillion", "T": "trillion",
+           "thousand": "thousand", "million": "million", "billion": "billion", "trillion": "trillion"}
+_UNITS = {  # written unit -> (singular, plural); used after a number only
+    "km": ("kilometer", "kilometers"), "m": ("meter", "meters"), "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"),
+    "in": ("inch", "inches"), "kg": ("kilogram", "kilograms"), "g": ("gram", "grams"),
+    "mg": ("milligram", "milligrams"), "lb": ("pound", "pounds"), "lbs": ("pound", "pounds"),
+    "oz": ("ounce", "ounces"), "l": ("liter", "liters"), "L": ("liter", "liters"),
+    "ml": ("milliliter", "milliliters"), "mL": ("milliliter", "milliliters"),
+    "km/h": ("kilometer per hour", "kilometers per hour"), "kph": ("kilometer per hour", "kilometers per hour"),
+    "mph": ("mile per hour", "miles per hour"), "m/s": ("meter per second", "meters per second"),
+    "B": ("byte", "bytes"), "KB": ("kilobyte", "kilobytes"), "MB": ("megabyte", "megabytes"),
+    "GB": ("gigabyte", "gigabytes"), "TB": ("terabyte", "terabytes"), "kB": ("kilobyte", "kilobytes"),
+    "Kb": ("kilobit", "kilobits"), "Mb": ("megabit", "megabits"), "Gb": ("gigabit", "gigabits"),
+    "Mbps": ("megabit per second", "megabits per second"), "Gbps": ("gigabit per second", "gigabits per second"),
+    "Hz": ("hertz", "hertz"), "kHz": ("kilohertz", "kilohertz"), "MHz": ("megahertz", "megahertz"),
+    "GHz": ("gigahertz", "gigahertz"), "W": ("watt", "watts"), "kW": ("kilowatt", "kilowatts"),
+    "kWh": ("kilowatt hour", "kilowatt hours"), "V": ("volt", "volts"), "mAh": ("milliamp hour", "milliamp hours"),
+    "ms": ("millisecond", "milliseconds"), "s": ("second", "seconds"), "sec": ("second", "seconds"),
+    "min": ("minute", "minutes"), "h": ("hour", "hours"), "hr": ("hour", "hours"), "hrs": ("hour", "hours"),
+    "px": ("pixel", "pixels"),
+}
+# Abbreviations that are always the same word. Title-like ones (followed by a name) need no period.
+_ABBREVIATIONS = {
+    "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "Jr.": "Junior",
+    "Sr.": "Senior", "Gov.": "Governor", "Sen.": "Senator", "Rep.": "Representative", "Gen.": "General",
+    "Capt.": "Captain", "Lt.": "Lieutenant", "Sgt.": "Sergeant", "Rev.": "Reverend", "Hon.": "Honorable",
+    "Ave.": "Avenue", "Blvd.": "Boulevard", "Rd.": "Road", "Ln.": "Lane", "Hwy.": "Highway",
+    "Apt.": "Apartment", "Ste.": "Suite", "Mt.": "Mount", "Ft.": "Fort",
+    "Inc.": "Incorporated", "Ltd.": "Limited", "Corp.": "Corporation", "Co.": "Company",
+    "Dept.": "Department", "Univ.": "University", "Est.": "Established",
+    "approx.": "approximately", "dept.": "department", "est.": "estimated", "min.": "minimum",
+    "max.": "maximum", "misc.": "miscellaneous", "avg.": "average", "incl.": "including",
+    "fig.": "figure", "Fig.": "Figure", "vol.": "volume", "Vol.": "Volume", "ch.": "chapter",
+    "pp.": "pages", "p.": "page", "ext.": "extension", "tel.": "telephone", "Tel.": "Telephone",
+    "e.g.": "for example", "i.e.": "that is", "etc.": "et cetera", "vs.": "versus", "vs": "versus",
+    "a.k.a.": "also known as", "aka": "also known as", "w/": "with", "w/o": "without",
+}
+
+
+def _sentence_end_kept(m: re.Match, spoken: str) -> str:
+    """An abbreviation's period can also end the sentence: keep one when a capital or the end follows."""
+    after = m.string[m.end():]
+    if m.group(0).endswith(".") and (not after.strip() or re.match(r"\s+[\"“(]?[A-Z]", after)) \
+            and spoken not in ("Mister", "Missus", "Miz", "Doctor", "Saint", "Professor"):
+        return spoken + "."
+    return spoken
+
+
+def _money(m: re.Match, british: bool) -> str:
+    symbol = m.group("cur") or m.group("cur2")
+    amount = m.group("amount").replace(",", "")
+    scale = m.group("scale")
+    names = _CURRENCIES.get(symbol, _CURRENCIES["$"])
+    singular, plural, cent, cents = names
+    if scale:
+        scale_word = _SCALES.get(scale, _SCALES.get(scale.lower(), scale))
+        return f"{num.number(amount, british)} {scale_word} {plural}"
+    whole, _, fraction = amount.partition(".")
+    whole_n = int(whole) if whole else 0
+    parts = []
+    if fraction and len(fraction) > 2:  # $0.125: not a cents amount, read as a decimal
+        return f"{num.decimal(amount, british)} {plural}"
+    cents_n = int(fraction.ljust(2, "0")) if fraction else 0
+    if whole_n or not cents_n:
+        parts.append(f"{num.cardinal(whole_n, british)} {singular if whole_n == 1 else plural}")
+    if cents_n and cent:
+        parts.append(f"{num.cardinal(cents_n, british)} {cent if cents_n == 1 else cents}")
+    elif cents_n:
+        return f"{num.decimal(amount, british)} {plural}"
+    return " and ".join(parts)
+
+
+def _time(m: re.Match, british: bool) -> str:
+    hour, minute = int(m.group("h")), int(m.group("m"))
+    ampm = m.group("ampm")
+    if hour > 24 or minute > 59:
+        return m.group(0)
+    if minute == 0:
+        spoken = f"{num.cardinal(hour)} o'clock" if not ampm else num.cardinal(hour)
+        if hour in (0, 24) or hour > 12:
+            spoken = f"{num.cardinal(hour)} hundred"
+    elif minute < 10:
+        spoken = f"{num.cardinal(hour)} oh {num.cardinal(minute)}"
+    else:
+        spoken = f"{num.cardinal(hour)} {num.cardinal(minute)}"
+    if m.group("sec"):
+        spoken += f" and {num.cardinal(int(m.group('sec')))} seconds"
+    return spoken + _ampm(ampm, m)
+
+
+def _ampm(ampm: str | None, m: re.Match) -> str:
+    if not ampm:
+        return ""
+    letters = "AM" if ampm.lower().startswith("a") else "PM"
+    # "9 p.m." at a sentence end: the period is also the full stop.
+    if ampm.endswith(".") and re.match(r"\s*$|\s+[A-Z]", m.string[m.end():]):
+        return f" {letters}."
+    return f" {letters}"
+
+
+def _hour_ampm(m: re.Match, british: bool) -> str:
+    hour = int(m.group("h"))
+    if hour > 12:
+        return m.group(0)
+    return num.cardinal(hour) + _ampm(m.group("ampm"), m)
+
+
+def _iso_date(m: re.Match, british: bool) -> str:
+    y, mo, d = int(m.group("y")), int(m.group("mo")), int(m.group("d"))
+    if not (1 <= mo <= 12 and 1 <= d <= 31):
+        return m.group(0)
+    return _say_date(y, mo, d, british)
+
+
+def _say_date(y: int | None, mo: int, d: int, british: bool) -> str:
+    if british:
+        spoken = f"the {num.ordinal(d)} of {MONTHS[mo - 1]}"
+    else:
+        spoken = f"{MONTHS[mo - 1]} {num.ordinal(d)}"
+    if y is not None:
+        spoken += f", {num.year(y, british)}" if not british else f" {num.year(y, british)}"
+    return spoken
+
+
+def _slash_date(m: re.Match, british: bool) -> str:
+    a, b, y = int(m.group("a")), int(m.group("b")), m.group("y")
+    mo, d = (b, a) if british else (a, b)
+    if not (1 <= mo <= 12 and 1 <= d <= 31):
+        mo, d = d, mo  # 15/03/2024 in a US request: only one reading is a date
+        if not (1 <= mo <= 12 and 1 <= d <= 31):
+            return m.group(0)
+    year = int(y) if y else None
+    if year is not None and len(y) == 2:
+        year += 2000 if year < 50 else 1900
+    return _say_date(year, mo, d, british)
+
+
+def _month_day(m: re.Match, british: bool) -> str:
+    month = _MONTH_ABBR[m.group("mon").lower()[:4].rstrip(".")] if m.group("mon").lower()[:4].rstrip(".") in _MONTH_ABBR \
+        else _MONTH_ABBR[m.group("mon").lower()[:3]]
+    d = int(m.group("d"))
+    if not 1 <= d <= 31:
+        return m.group(0)
+    spoken = f"{month} {num.ordinal(d)}"
+    if m.group("y"):
+        spoken += f", {num.year(int(m.group('y')), british)}"
+    return spoken
+
+
+def _day_month(m: re.Match, british: bool) -> str:
+    month = _MONTH_ABBR[m.group("mon").lower()[:3]]
+    d = int(m.group("d"))
+    if not 1 <= d <= 31:
+        return m.group(0)
+    spoken = f"{num.ordinal(d)} {month}" if british else f"the {num.ordinal(d)} of {month}"
+    if british:
+        spoken = f"the {num.ordinal(d)} of {month}"
+    if m.group("y"):
+        spoken += f" {num.year(int(m.group('y')), british)}"
+    return spoken
+
+
+def _email(m: re.Match, british: bool) -> str:
+    user, domain = m.group("user"), m.group("domain")
+    return f"{_spell_address(user)} at {_spell_address(domain)}"
+
+
+def _spell_address(part: str) -> str:
+    """Dots, dashes and underscores of an address said aloud; numbers inside read as digits."""
+    out = part.replace(".", " dot ").replace("_", " underscore ").replace("-", " dash ")
+    out = re.sub(r"\d+", lambda d: " " + (num.digits(d.group(0)) if len(d.group(0)) > 2 else num.cardinal(int(d.group(0)))) + " ", out)
+    return " ".join(out.split())
+
+
+def _url(m: re.Match, british: bool) -> str:
+    url = m.group(0)
+    trailing = ""
+    while url and url[-1] in ".,;:!?)":
+        trailing = url[-1] + trailing
+        url = url[:-1]
+    url = re.sub(r"^(?:https?|ftp)://", "", url, flags=re.IGNORECASE)
+    host, sep, path = url.partition("/")
+    spoken = _spell_address(re.sub(r"^www\.", "w w w.", host, flags=re.IGNORECASE))
+    if sep:
+        path_words = ["slash"]
+        for piece in re.split(r"(/|\?|=|&|#)", path):
+            if piece == "/":
+                path_words.append("slash")
+            elif piece in ("?", "=", "&", "#"):
+                path_words.append({"?": "question mark", "=": "equals", "&": "and", "#": "hash"}[piece])
+            elif piece:
+                path_words.append(_spell_address(piece))
+        if path_words and path_words[-1] == "slash":
+            path_words.pop()
+        spoken = " ".join([spoken, *path_words])
+    # Keep a sentence-ending mark so the splitter still sees the sentence end.
+    return spoken + trailing
+
+
+def _phone(m: re.Match, british: bool) -> str:
+    groups = [g for g in re.split(r"[^\d+]+", m.group(0)) if g]
+    spoken = []
+    for g in groups:
+        plus = g.startswith("+")
+        digits = num.digits(g)
+        spoken.append(("plus " if plus else "") + digits)
+    return ", ".join(spoken)
+
+
+def _percent(m: re.Match, british: bool) -> str:
+    return f"{num.number(m.group('n'), british)} percent"
+
+
+def _temperature(m: re.Match, british: bool) -> str:
+    scale = {"c": " Celsius", "f": " Fahrenheit", "k": " Kelvin"}.get((m.group("scale") or "").lower(), "")
+    n = m.group("n")
+    unit = "degree" if n.lstrip("-\u2212") in ("1", "1.0") else "degrees"
+    return f"{num.number(n, british)} {unit}{scale}"
+
+
+def _ordinal(m: re.Match, british: bool) -> str:
+    return num.ordinal(int(m.group("n").replace(",", "")), british)
+
+
+def _version(m: re.Match, british: bool) -> str:
+    prefix = "version " if m.group("v") else ""
+    parts = m.group("ver").split(".")
+    return prefix + " point ".join(num.number(p, british) if not (len(p) > 1 and p.startswith("0")) else num.digits(p)
+                                   for p in parts)
+
+
+def _range(m: re.Match, british: bool) -> str:
+    return f"{num.number(m.group('a'), british)} to {num.number(m.group('b'), british)}"
+
+
+def _unit(m: re.Match, british: bool) -> str:
+    n, unit = m.group("n"), m.group("unit")
+    singular, plural = _UNITS[unit]
+    one = n.replace(",", "") in ("1", "1.0")
+    return f"{num.number(n, british)} {singular if one else plural}"
+
+
+def _fraction(m: re.Match, british: bool) -> str:
+    """1/2 and 3/4 are fractions; 12/25 is a date; 24/7 and 50/50 are read as two numbers."""
+    a, b = int(m.group("a")), int(m.group("b"))
+    names = {2: ("half", "halves"), 3: ("third", "thirds"), 4: ("quarter", "quarters")}
+    if 0 < a < b <= 10:
+        if b in names:
+            word = names[b][0] if a == 1 else names[b][1]
+            return f"{num.cardinal(a)} {word}"
+        return f"{num.cardinal(a)} over {num.cardinal(b)}"
+    month, day = (b, a) if british else (a, b)
+    if 1 <= month <= 12 and 1 <= day <= 31:
+        return _say_date(None, month, day, british)
+    return f"{num.cardinal(a)} {num.cardinal(b)}"
+
+
+_UNICODE_FRACTIONS = {"½": "one half", "⅓": "one third", "⅔": "two thirds", "¼": "one quarter",
+                      "¾": "three quarters", "⅛": "one eighth", "⅜": "three eighths", "⅝": "five eighths",
+                      "⅞": "seven eighths", "⅕": "one fifth"}
+
+
+def _plain_number(m: re.Match, british: bool) -> str:
+    text = m.group(0)
+    plain = text.replace(",", "")
+    if re.fullmatch(r"\d{4}", plain) and 1100 <= int(plain) <= 2099 and "," not in text:
+        return num.year(int(plain), british)
+    return num.number(text, british)
+
+
+def _abbreviation(m: re.Match, british: bool) -> str:
+    return _sentence_end_kept(m, _ABBREVIATIONS[m.group(0)])
+
+
+def _doctor_or_drive(m: re.Match, british: bool) -> str:
+    word = m.group(0)
+    after = m.string[m.end():]
+    before = m.string[:m.start()]
+    if re.match(r"\s+[A-Z]", after) and not re.search(r"[A-Z][a-z]+\s+$", before):
+        return "Doctor" if word.startswith("D") else "Saint"
+    if re.search(r"[A-Z][a-z]*\s+$", before) or re.search(r"\d\s*$", before):
+        return _sentence_end_kept(m, "Drive" if word.startswith("D") else "Street")
+    return "Doctor" if word.startswith("D") else "Saint"
+
+
+def _day_range(m: re.Match, british: bool) -> str:
+    return f"{_DAYS[m.group('a').lower()]} to {_DAYS[m.group('b').lower()]}"
+
+
+def _day_abbr(m: re.Match, british: bool) -> str:
+    return _sentence_end_kept(m, _DAYS[m.group("d").lower()])
+
+
+def _symbol_words(m: re.Match, british: bool) -> str:
+    return {"&": " and ", "@": " at ", "+": " plus ", "=": " equals ", "%": " percent ", "×": " times ",
+            "÷": " divided by ", "°": " degrees ", "§": " section ", "¶": " paragraph ", "~": " about ",
+            "<": " less than ", ">": " greater than ", "≤": " at most ", "≥": " at least ", "≈": " about ",
+            "±": " plus or minus ", "→": " to ", "←": " from ", "#": " number ", "™": " ", "®": " ",
+            "©": " copyright ", "|": " ", "\\": " ", "^": " ", "*": " ", "_": " ", "`": " ", "{": " ",
+            "}": " ", "•": ", ", "·": " "}[m.group(0)]
+
+
+_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
+
+# (name, pattern, function, option that enables it or None). Order matters.
+RULES: list[tuple[str, re.Pattern, _Rule, str | None]] = []
+
+
+def _rule(name: str, pattern: str, fn: _Rule, option: str | None = None, flags: int = 0) -> None:
+    RULES.append((name, re.compile(pattern, flags), fn, option))
+
+
+_rule("email", r"(?<![\w.@])(?P<user>[A-Za-z0-9._%+-]+)@(?P<domain>[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})\b",
+      _email, "email_normalization")
+_rule("url", r"(?:(?:https?|ftp)://|www\.)[^\s<>\"]+|\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|app|info)(?:/[^\s<>\"]*)?(?![\w@])",
+      _url, "url_normalization")
+_rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
+      _phone, "phone_normalization")
+_rule("plural", r"\b(?P<w>[A-Za-z]+)\(s\)", lambda m, b: m.group("w") + "s", "optional_pluralization_normalization")
+_rule("iso date", r"\b(?P<y>\d{4})-(?P<mo>\d{1,2})-(?P<d>\d{1,2})\b", _iso_date)
+_rule("slash date", r"\b(?P<a>\d{1,2})/(?P<b>\d{1,2})/(?P<y>\d{4}|\d{2})\b", _slash_date)
+_rule("month day", r"\b(?P<mon>Jan(?:uary|\.)?|Feb(?:ruary|\.)?|Mar(?:ch|\.)?|Apr(?:il|\.)?|May|June?|July?|Aug(?:ust|\.)?|Sep(?:t|tember)?\.?|Oct(?:ober|\.)?|Nov(?:ember|\.)?|Dec(?:ember|\.)?)\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?:,?\s+(?P<y>\d{4})\b)?",
+      _month_day)
+_rule("day month", r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>January|February|March|April|May|June|July|August|September|October|November|December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\b\.?(?:,?\s+(?P<y>\d{4})\b)?",
+      _day_month)
+_rule("time", r"\b(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<sec>\d{2}))?(?:\s?(?P<ampm>[AaPp]\.?[Mm]\.?(?![A-Za-z])))?", _time)
+_rule("hour am/pm", r"\b(?P<h>\d{1,2})\s?(?P<ampm>[AaPp]\.[Mm]\.|[AaPp][Mm]\b)", _hour_ampm)
+_rule("money", r"(?P<cur>US\$|[$£€¥₹₩₽])\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|bn|mm|[kKmMbBtT])\b)?"
+      r"|(?P<cur2>USD|EUR|GBP|JPY)\s?(?P<amount2>" + _NUM + r")", lambda m, b: _money_any(m, b))
+_rule("money after", r"\b(?P<amount>" + _NUM + r")\s?(?P<cur>USD|EUR|GBP|JPY|€|£)(?![\w])", lambda m, b: _money_after(m, b))
+_rule("cents", r"\b(?P<n>\d+)\s?¢", lambda m, b: f"{num.cardinal(int(m.group('n')), b)} {'cent' if m.group('n') == '1' else 'cents'}")
+_rule("percent", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?%", _percent)
+_rule("temperature", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?°\s?(?P<scale>[CFK](?![A-Za-z]))?", _temperature)
+_rule("version", r"(?:\b(?P<v>[vV])(?=\d)|(?<![\w.]))(?P<ver>\d+(?:\.\d+){2,})(?![\w.]\d)|\b(?P<v2>[vV])(?P<ver2>\d+\.\d+)\b",
+      lambda m, b: _version_any(m, b))
+_rule("ordinal", r"\b(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?:st|nd|rd|th)\b", _ordinal)
+_rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
+      lambda m, b: (f"{num.cardinal(int(m.group('w')), b)} and " if m.group("w") else "") + _UNICODE_FRACTIONS[m.group("f")])
+_rule("fraction", r"(?<![\d/])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
+_rule("unit", r"(?P<n>" + _NUM + r")\s?(?P<unit>" + "|".join(sorted((re.escape(u) for u in _UNITS), key=len, reverse=True)) + r")(?![\w/])",
+      _unit, "unit_normalization")
+_rule("range", r"(?<![\w.,-])(?P<a>" + _NUM + r")\s?[-–]\s?(?P<b>" + _NUM + r")(?![\w.,]\d|-)", _range)
+_rule("negative", r"(?<![\w.,])[-\u2212](?P<n>" + _NUM + r")\b", lambda m, b: "minus " + num.number(m.group("n"), b))
+_rule("day range", r"\b(?P<a>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\s?[-–]\s?(?P<b>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b",
+      _day_range)
+_rule("day abbreviation", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat)\.", _day_abbr)
+_rule("doctor / saint", r"\b(?:Dr|St)\.(?=\s|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
+_rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in _ABBREVIATIONS), key=len, reverse=True))
+      + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
+_rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
+_rule("dotted name", r"\b[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
+      lambda m, b: m.group(0) if all(len(p) == 1 for p in m.group(0).split(".")) else m.group(0).replace(".", " dot "))
+_rule("number", _NUM, _plain_number)
+_rule("slash between words", r"(?<=[A-Za-z])/(?=[A-Za-z])", lambda m, b: " ")
+_rule("symbols", r"[&@+=%×÷°§¶~<>≤≥≈±→←#™®©|\\^*_`{}•·]", _symbol_words, "replace_remaining_symbols")
+
+
+def _money_any(m: re.Match, british: bool) -> str:
+    if m.group("cur2"):
+        return _money(_Groups(cur=None, cur2=m.group("cur2"), amount=m.group("amount2"), scale=None), british)
+    return _money(m, british)
+
+
+def _money_after(m: re.Match, british: bool) -> str:
+    return _money(_Groups(cur=m.group("cur"), cur2=None, amount=m.group("amount"), scale=None), british)
+
+
+def _version_any(m: re.Match, british: bool) -> str:
+    if m.group("ver2"):
+        return _version(_Groups(v=m.group("v2"), ver=m.group("ver2")), british)
+    return _version(m, british)
+
+
+class _Groups:
+    """A stand-in for re.Match when a rule reuses another rule's function with other groups."""
+
+    def __init__(self, **groups):
+        self._groups = groups
+
+    def group(self, name):
+        return self._groups[name]
+
+
+def _spaced(m: re.Match, spoken: str) -> str:
+    """Keep a replacement from gluing onto a neighbouring word: "B12" -> "B twelve", not "Btwelve"."""
+    if spoken == m.group(0) or not spoken:
+        return spoken
+    source = m.string
+    if m.start() > 0 and source[m.start() - 1].isalnum() and spoken[0].isalnum():
+        spoken = " " + spoken
+    if m.end() < len(source) and source[m.end()].isalnum() and spoken[-1].isalnum():
+        spoken = spoken + " "
+    return spoken
+
+
+def _normalize_english(text: str, options: NormalizationOptions, british: bool) -> str:
+    if not text.strip():
+        return text
+    for name, pattern, fn, option in RULES:
+        if option is not None and not getattr(options, option):
+            continue
+        text = pattern.sub(lambda m, fn=fn: _spaced(m, fn(m, british)), text)
+    text = re.sub(r"\b(AM|PM)\s?[-–]\s?(?=[a-z])", r"\1 to ", text)  # 9am-5pm
+    text = text.replace("...", "…")
+    return text
