@@ -19,6 +19,7 @@ from api.queue_admission import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
+    QueueUnavailable,
     Refused,
     RequestFailed,
     RequestLost,
@@ -46,6 +47,8 @@ async def assert_idle(client: AdmissionClient) -> None:
     stats = await client.stats()
     assert stats.gauges() == {g: 0 for g in GAUGES}, stats
     assert stats.consistent(), stats
+    # Every admitted request was freed exactly once.
+    assert stats["admitted_total"] == stats["released_total"] + stats["cancelled_total"] + stats["orphaned_total"]
 
 
 async def collect(client: AdmissionClient, ticket, timeout_s: float = 10.0):
@@ -351,4 +354,22 @@ def test_a_missing_result_times_out_instead_of_hanging(redis_server):
         assert time.monotonic() - started < 1.5
         await client.cancel(t.request_id)
         await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_no_redis_at_start_raises_queue_unavailable_promptly():
+    from redis_server import free_port
+
+    async def go():
+        client = owner(f"redis://127.0.0.1:{free_port()}/0")   # nothing listens there
+        started = time.monotonic()
+        with pytest.raises(QueueUnavailable, match="admission"):
+            await client.admit(jobs(10))
+        assert time.monotonic() - started < 1.0 and client.degraded
+        rep = replica(f"redis://127.0.0.1:{free_port()}/0", "r0",
+                      retry_backoff_s=0.05, reap_interval_s=0.05)
+        rep.start()                                             # the loop survives, marked degraded
+        await asyncio.sleep(0.3)
+        assert rep.degraded and not rep._tasks[0].done()
+        await asyncio.wait_for(rep.close(), 2)
     asyncio.run(go())

@@ -98,6 +98,7 @@ class Dispatcher:
         self.audio_seconds = 0.0
         self.lease_losses = 0       # completions refused because the lease had expired
         self.degraded = False       # the last Redis call failed
+        self._idle = False          # in the ready-list wait (safe to cancel: holds no lease)
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -170,7 +171,11 @@ class Dispatcher:
                 try:
                     if not await self.step():
                         # Admissions and re-queues push one token per job onto the ready list.
-                        await self._call("idle wait", self.client.blpop, [f"{self.prefix}:ready"], self.idle_wait_s)
+                        self._idle = True
+                        try:
+                            await self._call("idle wait", self.client.blpop, [f"{self.prefix}:ready"], self.idle_wait_s)
+                        finally:
+                            self._idle = False
                 except QueueUnavailable as e:
                     log.warning("replica %s: %s; retrying in %.1f s", self.replica_id, e, self.retry_backoff_s)
                     await self._sleep_or_stop(self.retry_backoff_s)
@@ -189,9 +194,11 @@ class Dispatcher:
         self._stopping.set()
 
     async def close(self) -> None:
-        """Stop, wait for the loop, and leave the replica table."""
+        """Stop, wait for the job in hand, and leave the replica table."""
         self.stop()
         for task in self._tasks:
+            if self._idle:  # waiting for work holds nothing: no need to sit out the wait
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
