@@ -245,10 +245,10 @@ def create_app(settings: Settings | None = None, service: SpeechServiceLike | No
 async def _load_service(state: AppState) -> None:
     """Build the replica and warm it up without blocking the server: /health answers meanwhile,
     /ready and speech requests say 503 until it is done."""
-    from worker.speech import SpeechService
-
     started = time.perf_counter()
     try:
+        from worker.speech import SpeechService
+
         service = await asyncio.to_thread(SpeechService.from_settings, state.settings)
         replica = getattr(service, "replica", None)
         if replica is not None and hasattr(replica, "warmup"):

@@ -1,0 +1,457 @@
+"""The HTTP layer on its own: a real Uvicorn server (in a thread of this process) in front of a
+scripted speech service whose timing and failures the tests control. What the real engine adds
+(actual speech, voice mixes, first-audio timing) is in tests/test_api.py.
+
+The scripted service makes one 0.4 s tone piece per sentence of the input and spends
+`PIECE_SECONDS` of wall time "synthesizing" each in a worker thread, as the real replica does
+(the thread keeps running when its awaiting task is cancelled: a disconnect test must see the
+replica go idle on its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+import uvicorn
+
+from api.app import create_app
+from worker.settings import Settings
+
+SR = 24000
+PIECE_SECONDS = 0.15
+PIECE_AUDIO_S = 0.4
+
+
+class ScriptedVoiceError(ValueError):
+    param = "voice"
+
+
+@dataclass
+class Piece:
+    pcm: np.ndarray
+    words: list = field(default_factory=list)
+    index: int = 0
+    is_last: bool = False
+
+
+@dataclass
+class Word:
+    word: str
+    start: float
+    end: float
+
+
+@dataclass
+class VoiceInfo:
+    name: str
+    language: str
+    gender: str
+
+
+class ScriptedReplica:
+    def __init__(self):
+        self.busy = False
+        self.jobs_done = 0
+        self.busy_seconds = 0.0
+        self.audio_seconds = 0.0
+        self.lock = threading.Lock()
+        self.overlaps = 0
+
+    def run(self, seconds: float) -> np.ndarray:
+        if not self.lock.acquire(blocking=False):
+            self.overlaps += 1
+            self.lock.acquire()
+        try:
+            self.busy = True
+            time.sleep(seconds)
+            self.jobs_done += 1
+            self.busy_seconds += seconds
+            self.audio_seconds += PIECE_AUDIO_S
+        finally:
+            self.busy = False
+            self.lock.release()
+        t = np.arange(round(PIECE_AUDIO_S * SR)) / SR
+        return (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+
+
+class ScriptedVoices:
+    def list(self):
+        return [VoiceInfo("af_heart", "en-us", "female"), VoiceInfo("bm_george", "en-gb", "male")]
+
+
+class ScriptedService:
+    def __init__(self):
+        self.replica = ScriptedReplica()
+        self.voices = ScriptedVoices()
+        self.semaphore: asyncio.Semaphore | None = None
+        self.fail_after: int | None = None  # raise after this many pieces
+        self.pieces_started = 0
+
+    def plan(self, request):
+        if request.voice not in ("af_heart", "bm_george", "alloy"):
+            raise ScriptedVoiceError(f"unknown voice {request.voice!r}")
+        sentences = [s.strip() for s in request.text.split(".") if s.strip()]
+        return sentences
+
+    @property
+    def phoneme_count(self):
+        return 0
+
+    async def stream(self, plan):
+        if self.semaphore is None:
+            self.semaphore = asyncio.Semaphore(1)
+        offset = 0.0
+        for i, sentence in enumerate(plan):
+            if self.fail_after is not None and i >= self.fail_after:
+                raise RuntimeError("scripted failure")
+            async with self.semaphore:
+                self.pieces_started += 1
+                # shield: like the real replica, the job runs to its end even if we stop waiting
+                pcm = await asyncio.shield(asyncio.to_thread(self.replica.run, PIECE_SECONDS))
+            words = [Word(w, offset + 0.1 * k, offset + 0.1 * (k + 1)) for k, w in enumerate(sentence.split())]
+            offset += len(pcm) / SR
+            yield Piece(pcm, words, i, i == len(plan) - 1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadServer:
+    def __init__(self, app):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def service():
+    return ScriptedService()
+
+
+@pytest.fixture(scope="module")
+def server(service):
+    settings = Settings().replace(max_requests=2, max_input_chars=500)
+    with ThreadServer(create_app(settings, service=service)) as srv:
+        yield srv
+
+
+@pytest.fixture()
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def decode(data: bytes, fmt: str) -> tuple[float, int]:
+    if fmt == "pcm":
+        return len(data) / 2 / SR, SR
+    container = av.open(io.BytesIO(data))
+    n, rate = 0, None
+    for frame in container.decode(container.streams.audio[0]):
+        assert len(frame.layout.channels) == 1
+        n, rate = n + frame.samples, frame.sample_rate
+    return n / rate, rate
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+TEXT = "One two three. Four five. Six."  # three pieces: 1.2 s of audio
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_every_format_streamed_and_whole(client, fmt):
+    whole = client.audio.speech.create(model="tts-1", voice="af_heart", input=TEXT, response_format=fmt,
+                                       extra_body={"stream": False})
+    assert whole.response.headers["content-length"] == str(len(whole.content))
+    with client.audio.speech.with_streaming_response.create(model="kokoro", voice="af_heart", input=TEXT,
+                                                            response_format=fmt) as resp:
+        assert resp.headers["content-type"] == {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac",
+                                                "flac": "audio/flac", "wav": "audio/wav", "pcm": "audio/pcm"}[fmt]
+        assert "content-length" not in resp.headers
+        streamed = b"".join(resp.iter_bytes())
+    for body in (whole.content, streamed):
+        seconds, rate = decode(body, fmt)
+        assert rate == (48000 if fmt == "opus" else SR)
+        assert 1.2 - 0.002 <= seconds <= 1.2 + (0.12 if fmt in ("mp3", "aac") else 0.002), (fmt, seconds)
+
+
+def test_streaming_sends_audio_before_synthesis_ends(http):
+    text = ". ".join(["word"] * 6)  # 6 pieces, ~0.9 s of scripted synthesis
+    t0 = time.perf_counter()
+    with http.stream("POST", "/v1/audio/speech", json={"input": text, "response_format": "pcm"}) as resp:
+        arrivals = [(time.perf_counter() - t0, len(chunk)) for chunk in resp.iter_raw() if chunk]
+    total = arrivals[-1][0]
+    assert sum(n for _, n in arrivals) == round(6 * PIECE_AUDIO_S * SR) * 2
+    assert arrivals[0][0] < 0.5 * total, arrivals
+    assert resp.headers["x-request-id"].startswith("req_")
+
+
+def test_sse_events(http):
+    resp = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "stream_format": "sse"})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in resp.text.split("\n\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(audio) == round(1.2 * SR) * 2
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == round(1.2 * SR / 600) and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_sse_error_event_when_synthesis_fails_midway(http, service):
+    service.fail_after = 1
+    try:
+        resp = http.post("/v1/audio/speech", json={"input": TEXT, "stream_format": "sse", "response_format": "pcm"})
+    finally:
+        service.fail_after = None
+    events = [json.loads(line[6:]) for line in resp.text.split("\n\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "error"]
+    assert events[-1]["error"]["type"] == "server_error" and "Traceback" not in resp.text
+    assert http.get("/health").status_code == 200
+
+
+def test_audio_stream_failing_midway_is_an_incomplete_body(http, service):
+    service.fail_after = 1
+    try:
+        with pytest.raises(httpx.RemoteProtocolError):
+            with http.stream("POST", "/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"}) as resp:
+                b"".join(resp.iter_bytes())
+    finally:
+        service.fail_after = None
+    assert http.get("/ready").status_code == 200
+
+
+def test_captioned_json_and_ndjson(http):
+    for path in ("/v1/audio/speech/captioned", "/dev/captioned_speech"):
+        resp = http.post(path, json={"input": TEXT, "response_format": "wav", "stream": False})
+        body = resp.json()
+        assert decode(base64.b64decode(body["audio"]), "wav")[0] == pytest.approx(1.2, abs=0.002)
+        assert [w["word"] for w in body["timestamps"]] == ["One", "two", "three", "Four", "five", "Six"]
+        assert body["timestamps"][3]["start_time"] == pytest.approx(0.4)  # absolute, not per piece
+    resp = http.post("/v1/audio/speech/captioned", json={"input": TEXT, "response_format": "mp3"})
+    assert resp.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in resp.text.splitlines()]
+    audio = b"".join(base64.b64decode(line["audio"]) for line in lines)
+    assert decode(audio, "mp3")[0] == pytest.approx(1.2, abs=0.12)
+    assert [w["word"] for line in lines for w in line["timestamps"]][-1] == "Six"
+
+
+def test_listings(http, client):
+    voices = http.get("/v1/audio/voices").json()["voices"]
+    assert voices[0] == {"id": "af_heart", "name": "af_heart", "language": "en-us", "gender": "female"}
+    ids = [m.id for m in client.models.list()]
+    assert ids[0] == "kokoro" and {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(ids)
+    assert client.models.retrieve("tts-1").id == "tts-1"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("whisper-1")
+    assert e.value.body["code"] == "model_not_found"
+
+
+def assert_openai_error(resp: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and "Traceback" not in error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+BAD_BODIES = [
+    ({"input": ""}, "input"),
+    ({"input": "   "}, "input"),
+    ({"input": "x" * 501}, "input"),
+    ({"input": "hi", "voice": "nope"}, "voice"),
+    ({"input": "hi", "response_format": "ogg"}, "response_format"),
+    ({"input": "hi", "speed": 0}, "speed"),
+    ({"input": "hi", "speed": 10}, "speed"),
+    ({"input": "hi", "model": "tts-2"}, "model"),
+    ({"input": "a\u0000b"}, "input"),
+    ({"input": "hi", "voices": "af_heart"}, "voices"),
+    ({"input": "hi", "normalization_options": {"no_such_switch": True}}, "normalization_options.no_such_switch"),
+    ({"voice": "af_heart"}, "input"),
+    ({"input": 42}, "input"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD_BODIES, ids=[p + str(i) for i, (_, p) in enumerate(BAD_BODIES)])
+def test_bad_request_bodies(http, body, param):
+    assert_openai_error(http.post("/v1/audio/speech", json=body), 400, param)
+
+
+def test_bad_raw_bodies(http):
+    post = lambda content, **kw: http.post("/v1/audio/speech", content=content,
+                                           headers=kw.get("headers", {"content-type": "application/json"}))
+    assert_openai_error(post(b"{not json"), 400)
+    assert "JSON object" in assert_openai_error(post(b'["input", "hi"]'), 400)["message"]
+    assert_openai_error(post(b'{"input": "lone \\ud800 surrogate"}'), 400, "input")
+    assert_openai_error(post(b'{"input": "bad utf8 \xff"}'), 400)
+    assert_openai_error(post(b""), 400)
+    big = b'{"input": "' + b"a" * (10 << 20) + b'"}'
+    assert assert_openai_error(post(big), 413)["code"] == "request_too_large"
+    assert_openai_error(post(b"input=hi", headers={"content-type": "application/x-www-form-urlencoded"}), 415)
+    assert_openai_error(http.get("/v1/audio/speech"), 405)
+    assert_openai_error(http.get("/v1/nothing/here"), 404)
+    assert http.get("/health").json()["status"] == "ok"
+    # and it still speaks
+    assert http.post("/v1/audio/speech", json={"input": "fine", "response_format": "pcm"}).status_code == 200
+
+
+def test_accepted_extras(http):
+    resp = http.post("/v1/audio/speech", json={
+        "model": "gpt-4o-mini-tts", "input": "Hello.", "voice": {"id": "af_heart"}, "instructions": "whisper",
+        "speed": 4.0, "lang_code": "a", "volume_multiplier": 0.5, "stream": False, "response_format": "pcm"})
+    assert resp.status_code == 200
+    peak = np.abs(np.frombuffer(resp.content, "<i2")).max() / 32768
+    assert peak == pytest.approx(0.15, abs=0.003)
+
+
+def test_capacity_503_then_openai_client_retries(server, http, service):
+    """Two slots: fill both with slow streams, a third request gets 503 + Retry-After; the
+    official client honours it (max_retries) and succeeds once a slot frees."""
+    long_text = ". ".join(["slow"] * 6)
+    holders = []
+    for _ in range(2):
+        h = httpx.Client(base_url=server.url, timeout=30)
+        cm = h.stream("POST", "/v1/audio/speech", json={"input": long_text, "response_format": "pcm"})
+        holders.append((h, cm, cm.__enter__()))
+    try:
+        refused = http.post("/v1/audio/speech", json={"input": "x", "response_format": "pcm"})
+        error = assert_openai_error(refused, 503)
+        assert error["code"] == "overloaded"
+        assert int(refused.headers["retry-after"]) >= 1 and float(refused.headers["retry-after-ms"]) > 0
+
+        retrying = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=8)
+        done = {}
+
+        def call():
+            done["audio"] = retrying.audio.speech.create(model="kokoro", voice="af_heart", input="After.",
+                                                         response_format="pcm")
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.3)
+        assert "audio" not in done  # still being refused
+    finally:
+        for h, cm, resp in holders:
+            b"".join(resp.iter_bytes())
+            cm.__exit__(None, None, None)
+            h.close()
+    t.join(30)
+    assert len(done["audio"].content) == round(PIECE_AUDIO_S * SR) * 2
+
+
+def test_disconnect_stops_synthesis_and_frees_the_slot(server, http, service):
+    text = ". ".join(["many"] * 40)  # 40 pieces, 6 s of scripted synthesis if nobody stopped it
+    before = service.pieces_started
+    jobs_before = metric(http, "kokoro_replica_jobs_total")
+    c = httpx.Client(base_url=server.url, timeout=30)
+    with c.stream("POST", "/v1/audio/speech", json={"input": text, "response_format": "pcm"}) as resp:
+        next(resp.iter_raw())  # the first chunk arrived
+    c.close()  # drop the connection
+    dropped = time.perf_counter()
+    deadline = dropped + PIECE_SECONDS + 1.0
+    while time.perf_counter() < deadline:
+        if metric(http, "kokoro_admitted_requests") == 0 and metric(http, "kokoro_replica_busy") == 0:
+            break
+        time.sleep(0.01)
+    idle_after = time.perf_counter() - dropped
+    assert metric(http, "kokoro_admitted_requests") == 0
+    assert metric(http, "kokoro_replica_busy") == 0
+    assert idle_after < PIECE_SECONDS + 0.5, idle_after
+    time.sleep(3 * PIECE_SECONDS)
+    started = service.pieces_started - before
+    assert started <= 3, f"{started} pieces were synthesized for a client that left after the first"
+    assert metric(http, "kokoro_replica_jobs_total") - jobs_before <= 3
+    assert metric(http, "kokoro_client_disconnects_total") >= 1
+    assert service.replica.overlaps == 0
+    assert http.post("/v1/audio/speech", json={"input": "still here", "response_format": "pcm"}).status_code == 200
+
+
+def test_metrics_exposition(http):
+    http.post("/v1/audio/speech", json={"input": "count me", "response_format": "pcm"})
+    http.post("/v1/audio/speech", json={"input": ""})
+    text = http.get("/metrics").text
+    assert 'kokoro_requests_total{route="/v1/audio/speech",status="200"}' in text
+    assert 'kokoro_requests_total{route="/v1/audio/speech",status="400"}' in text
+    assert "# TYPE kokoro_ttfa_seconds histogram" in text and 'kokoro_e2e_seconds_bucket{le="+Inf"}' in text
+    assert metric(http, "kokoro_audio_seconds_total") > 0
+    assert metric(http, "kokoro_ready") == 1
+
+
+def test_api_keys():
+    settings = Settings().replace(api_keys="k1, k2")
+    app = create_app(settings, service=ScriptedService())
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            missing = await c.get("/v1/models")
+            wrong = await c.get("/v1/models", headers={"Authorization": "Bearer nope"})
+            right = await c.get("/v1/models", headers={"Authorization": "Bearer k2"})
+            health = await c.get("/health")
+            return missing, wrong, right, health
+
+    missing, wrong, right, health = asyncio.run(go())
+    assert assert_openai_error(missing, 401)["code"] == "invalid_api_key"
+    assert_openai_error(wrong, 401)
+    assert right.status_code == 200 and health.status_code == 200
+
+
+def test_not_ready_until_loaded():
+    app = create_app(Settings().replace(weights="/nonexistent/weights/dir"))
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                first = await c.get("/ready")
+                speech = await c.post("/v1/audio/speech", json={"input": "hi"})
+                for _ in range(200):
+                    if app.state.kokoro.load_error:
+                        break
+                    await asyncio.sleep(0.05)
+                return first, speech, await c.get("/ready"), await c.get("/health")
+
+    first, speech, after, health = asyncio.run(go())
+    assert first.status_code == 503 and speech.status_code == 503
+    assert assert_openai_error(after, 503)["code"] == "model_unavailable"
+    assert health.status_code == 200 and health.json()["ready"] is False
