@@ -46,6 +46,8 @@ WORD_LIMIT_CHARS = 40  # longer "words" (hashes, keyboard mashing) are read in s
 _TOKEN = regex.compile(
     r"(?P<pause>\[pause:\s*(?P<secs>\d+(?:\.\d+)?)\s*(?P<unit>m?s)\])"
     r"|(?P<link>\[(?P<ltext>[^\[\]]+)\]\(/(?P<lps>[^()]*)/\))"
+    # An initialism keeps its last period when the sentence goes on ("the U.S. economy").
+    r"|(?P<initialism>(?:[A-Za-z]\.){2,}(?=\s+[a-z0-9]))"
     r"|(?P<word>[\p{L}\p{M}\p{N}_'’]+(?:[-.'’/_+&@][\p{L}\p{M}\p{N}_'’]+)*)"
     r"|(?P<dots>\.{2,})"
     r"|(?P<dash>-{2,})"
@@ -100,7 +102,7 @@ def tokenize(text: str) -> list[Token]:
             tokens.append(Token(m.group(0), kind="pause", pause=min(seconds, 60.0)))
         elif kind == "link":
             tokens.append(Token(m.group("ltext"), m.group("lps"), source="custom"))
-        elif kind == "word":
+        elif kind in ("word", "initialism"):
             tokens.append(Token(m.group(0)))
         elif kind == "dots":
             tokens.append(Token(m.group(0), "…", kind="punct", source="punct"))

@@ -142,11 +142,21 @@ _ABBREVIATIONS = {
 }
 
 
+# Abbreviations that often close a sentence: before a capital their period is also the full stop.
+# Others (titles, street types, "Mount") are followed by names, so a capital says nothing there.
+_ENDS_SENTENCES = {"et cetera", "Incorporated", "Limited", "Corporation", "Company", "Junior", "Senior",
+                   "Department", "Saturday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday"}
+
+
 def _sentence_end_kept(m: re.Match, spoken: str) -> str:
-    """An abbreviation's period can also end the sentence: keep one when a capital or the end follows."""
+    """An abbreviation's period can also end the sentence: keep one at the end of the text or line,
+    or before a capital for the abbreviations that usually close sentences."""
     after = m.string[m.end():]
-    if m.group(0).endswith(".") and (not after.strip() or re.match(r"\s+[\"“(]?[A-Z]", after)) \
-            and spoken not in ("Mister", "Missus", "Miz", "Doctor", "Saint", "Professor"):
+    if not m.group(0).endswith("."):
+        return spoken
+    if not after.strip(" ") or after.startswith("\n") or after.lstrip(" ").startswith("\n"):
+        return spoken + "."
+    if spoken in _ENDS_SENTENCES and re.match(r"\s+[\"“(]?[A-Z]", after):
         return spoken + "."
     return spoken
 
@@ -378,14 +388,13 @@ def _abbreviation(m: re.Match, british: bool) -> str:
 
 
 def _doctor_or_drive(m: re.Match, british: bool) -> str:
+    """Dr. / St. before a name is Doctor / Saint ("Dr. Patel", "St. Louis"); after one, or with no
+    name following, Drive / Street ("Elm Dr.", "Main St. is closed")."""
     word = m.group(0)
     after = m.string[m.end():]
-    before = m.string[:m.start()]
-    if re.match(r"\s+[A-Z]", after) and not re.search(r"[A-Z][a-z]+\s+$", before):
+    if re.match(r"\s+[A-Z]", after):
         return "Doctor" if word.startswith("D") else "Saint"
-    if re.search(r"[A-Z][a-z]*\s+$", before) or re.search(r"\d\s*$", before):
-        return _sentence_end_kept(m, "Drive" if word.startswith("D") else "Street")
-    return "Doctor" if word.startswith("D") else "Saint"
+    return _sentence_end_kept(m, "Drive" if word.startswith("D") else "Street")
 
 
 def _day_range(m: re.Match, british: bool) -> str:
@@ -454,7 +463,8 @@ _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in 
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
 _rule("dotted name", r"\b[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
-      lambda m, b: m.group(0) if all(len(p) == 1 for p in m.group(0).split(".")) else m.group(0).replace(".", " dot "))
+      lambda m, b: m.group(0) if all(len(p) == 1 for p in m.group(0).split(".")) else m.group(0).replace(".", " dot "),
+      "url_normalization")
 _rule("number", _NUM, _plain_number)
 _rule("slash between words", r"(?<=[A-Za-z])/(?=[A-Za-z])", lambda m, b: " ")
 _rule("symbols", r"[&@+=%×÷°§¶~<>≤≥≈±→←#™®©|\\^*_`{}•·]", _symbol_words, "replace_remaining_symbols")

@@ -1,0 +1,217 @@
+"""Normalization, table-driven: what users send -> what Kokoro should say.
+
+Every expected string was written by hand as an English speaker would read the input aloud (US
+English unless the case says `b`). Grouped by where such text comes from: receipts, addresses,
+schedules, code snippets, headlines, chat. The G2P half of the suite is in test_g2p_cases.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.text.normalize import NormalizationOptions, normalize_text
+
+CASES = [
+    # --- receipts and money ---
+    ("Your balance is $1,284.50 as of today.", "Your balance is one thousand two hundred eighty-four dollars and fifty cents as of today."),
+    ("Total: $12.47", "Total: twelve dollars and forty-seven cents"),
+    ("It costs $5.", "It costs five dollars."),
+    ("Only $1 today", "Only one dollar today"),
+    ("A $0.99 app", "A ninety-nine cents app"),
+    ("Tip $0.01", "Tip one cent"),
+    ("Subtotal $10.00", "Subtotal ten dollars"),
+    ("Paid £20 for it", "Paid twenty pounds for it"),
+    ("That is £1.50 please", "That is one pound and fifty pence please"),
+    ("Tickets cost €10.99 each", "Tickets cost ten euros and ninety-nine cents each"),
+    ("The fee is €1", "The fee is one euro"),
+    ("It was ¥500", "It was five hundred yen"),
+    ("Revenue of $48.2 million", "Revenue of forty-eight point two million dollars"),
+    ("Raised $2M in seed money", "Raised two million dollars in seed money"),
+    ("Valued at $3.5B", "Valued at three point five billion dollars"),
+    ("A $5k bonus", "A five thousand dollars bonus"),
+    ("Sales hit $1.2 billion", "Sales hit one point two billion dollars"),
+    ("Price: 20 USD", "Price: twenty dollars"),
+    ("Just 99¢", "Just ninety-nine cents"),
+    ("Tax 8.25%", "Tax eight point two five percent"),
+    ("Save 50% now", "Save fifty percent now"),
+    ("2 x $3.99", "two x three dollars and ninety-nine cents"),
+    ("Qty 3 @ $4.00", "Qty three at four dollars"),
+    ("Change due: $0.25", "Change due: twenty-five cents"),
+    ("Card ending 1234", "Card ending twelve thirty-four"),
+    # --- plain numbers ---
+    ("I have 3 cats.", "I have three cats."),
+    ("There were 173 people.", "There were one hundred seventy-three people."),
+    ("We sold 1,000,000 copies", "We sold one million copies"),
+    ("Population 12,345", "Population twelve thousand three hundred forty-five"),
+    ("Agent 007 reporting", "Agent zero zero seven reporting"),
+    ("Pi is about 3.14159", "Pi is about three point one four one five nine"),
+    ("Add 0.5 cups", "Add zero point five cups"),
+    ("It fell to -5 overnight", "It fell to minus five overnight"),
+    ("A -3.5 reading", "A minus three point five reading"),
+    ("Only .5 left", "Only point five left"),
+    ("Flight 407 to Denver", "Flight four hundred seven to Denver"),
+    ("It scored 0 points", "It scored zero points"),
+    ("Chapter 12 begins", "Chapter twelve begins"),
+    # --- ordinals ---
+    ("Confirmed for May 3rd.", "Confirmed for May third."),
+    ("She finished 1st", "She finished first"),
+    ("The 22nd time", "The twenty-second time"),
+    ("On the 103rd floor", "On the one hundred third floor"),
+    ("His 4th attempt", "His fourth attempt"),
+    ("The 11th hour", "The eleventh hour"),
+    # --- years ---
+    ("Released in 1987, on vinyl.", "Released in nineteen eighty-seven, on vinyl."),
+    ("Back in 2005 it rained", "Back in two thousand five it rained"),
+    ("Since 2024 we grow", "Since twenty twenty-four we grow"),
+    ("Built in 1900", "Built in nineteen hundred"),
+    ("The year 2000 bug", "The year two thousand bug"),
+    ("In 1905 he wrote", "In nineteen oh five he wrote"),
+    # --- times ---
+    ("Leaves at 9:15.", "Leaves at nine fifteen."),
+    ("Delivered at 3:42 today", "Delivered at three forty-two today"),
+    ("Meet at 10:00", "Meet at ten o'clock"),
+    ("Call at 9:05 p.m. Then rest.", "Call at nine oh five PM. Then rest."),
+    ("Open until 5pm", "Open until five PM"),
+    ("Starts at 9am sharp", "Starts at nine AM sharp"),
+    ("At 10:30 a.m. in room 3B.", "At ten thirty AM in room three B."),
+    ("Lunch at 12:30 PM", "Lunch at twelve thirty PM"),
+    ("The 14:30 train", "The fourteen thirty train"),
+    ("Wake at 7 AM", "Wake at seven AM"),
+    # --- dates ---
+    ("Due 2024-03-15.", "Due March fifteenth, twenty twenty-four."),
+    ("Born 07/04/1976", "Born July fourth, nineteen seventy-six"),
+    ("On 12/25 we rest", "On December twenty-fifth we rest"),
+    ("Meet on Tuesday, 14 October, please", "Meet on Tuesday, the fourteenth of October, please"),
+    ("Signed on March 3, 2021", "Signed on March third, twenty twenty-one"),
+    ("Due Jan. 5", "Due January fifth"),
+    ("Since Dec 31", "Since December thirty-first"),
+    ("From 1 June 2020", "From the first of June twenty twenty"),
+    # --- addresses ---
+    ("Main St. is closed", "Main Street is closed"),
+    ("Visit St. Louis soon", "Visit Saint Louis soon"),
+    ("Turn onto Elm Dr.", "Turn onto Elm Drive."),
+    ("Ask Dr. Patel", "Ask Doctor Patel"),
+    ("Mr. Smith and Mrs. Jones", "Mister Smith and Missus Jones"),
+    ("42 Park Ave. North", "forty-two Park Avenue North"),
+    ("Apt. 4", "Apartment four"),
+    ("Sunset Blvd. at night", "Sunset Boulevard at night"),
+    ("1600 Pennsylvania Ave.", "sixteen hundred Pennsylvania Avenue."),
+    ("Mt. Everest is tall", "Mount Everest is tall"),
+    ("Acme Inc. and Foo Ltd.", "Acme Incorporated and Foo Limited."),
+    # --- phone numbers, emails, URLs ---
+    ("Call 1-800-555-0199.", "Call one, eight zero zero, five five five, zero one nine nine."),
+    ("Dial (555) 123-4567 now", "Dial five five five, one two three, four five six seven now"),
+    ("Text 555-123-4567", "Text five five five, one two three, four five six seven"),
+    ("Call +1 555 123 4567", "Call plus one, five five five, one two three, four five six seven"),
+    ("Mail planning@example.org today", "Mail planning at example dot org today"),
+    ("Write to john.doe@mail.com", "Write to john dot doe at mail dot com"),
+    ("See example.com for more", "See example dot com for more"),
+    ("Go to https://www.example.com/docs.", "Go to w w w dot example dot com slash docs."),
+    ("Open http://foo.io/a/b", "Open foo dot io slash a slash b"),
+    # --- schedules ---
+    ("Open Mon-Fri 9am-5pm", "Open Monday to Friday nine AM to five PM"),
+    ("Sat. 10-2", "Saturday ten to two"),
+    ("A 3-5 day trip", "A three to five day trip"),
+    ("Pages 10-20", "Pages ten to twenty"),
+    ("Ages 5–12 welcome", "Ages five to twelve welcome"),
+    ("Open 24/7", "Open twenty-four seven"),
+    # --- measurements, fractions ---
+    ("Preheat to 220°", "Preheat to two hundred twenty degrees"),
+    ("It is 72°F outside", "It is seventy-two degrees Fahrenheit outside"),
+    ("Low of -3°C", "Low of minus three degrees Celsius"),
+    ("Add 1/2 cup", "Add one half cup"),
+    ("Use 3/4 of it", "Use three quarters of it"),
+    ("Wait 2½ hours", "Wait two and one half hours"),
+    ("About ¼ left", "About one quarter left"),
+    # --- code snippets and tech ---
+    ("x = y + 1", "x equals y plus one"),
+    ("Tom & Jerry", "Tom and Jerry"),
+    ("I love C++", "I love C plus plus"),
+    ("Edit config.yaml first", "Edit config dot yaml first"),
+    ("Built on node.js", "Built on node dot js"),
+    ("Version 2.4.1 fixes it", "Version two point four point one fixes it"),
+    ("Upgrade to v1.0 today", "Upgrade to version one point zero today"),
+    ("Issue #42 is fixed", "Issue number forty-two is fixed"),
+    ("Use and/or here", "Use and or here"),
+    ("Gate B12", "Gate B twelve"),
+    ("Room 3B", "Room three B"),
+    # --- abbreviations ---
+    ("Fruit, e.g. apples", "Fruit, for example apples"),
+    ("Red, i.e. warm", "Red, that is warm"),
+    ("Apples, pears, etc. Then more.", "Apples, pears, et cetera. Then more."),
+    ("Cats vs. dogs", "Cats versus dogs"),
+    ("Wait approx. 5 minutes", "Wait approximately five minutes"),
+    # --- headlines and chat ---
+    ("BREAKING: Fed raises rates 0.25%", "BREAKING: Fed raises rates zero point two five percent"),
+    ("Stocks up 12.5% to $48.2 million", "Stocks up twelve point five percent to forty-eight point two million dollars"),
+    ("Battery at 15 percent; plug in.", "Battery at fifteen percent; plug in."),
+    ("Item(s) shipped", "Items shipped"),
+    ("Wait...", "Wait…"),
+    ("Hello   world", "Hello world"),
+    ("no numbers here at all", "no numbers here at all"),
+]
+
+UNIT_CASES = [  # unit_normalization=True (off by default, as in Kokoro-FastAPI)
+    ("Upload 10KB files", "Upload ten kilobytes files"),
+    ("Run 5 km daily", "Run five kilometers daily"),
+    ("It weighs 1 kg", "It weighs one kilogram"),
+    ("Drive 60 mph", "Drive sixty miles per hour"),
+    ("A 2.4 GHz chip", "A two point four gigahertz chip"),
+    ("Took 300 ms", "Took three hundred milliseconds"),
+]
+
+BRITISH_CASES = [  # lang_code b: "and" in numbers, day before month
+    ("There were 173 people.", "There were one hundred and seventy-three people."),
+    ("Born 04/07/1976", "Born the fourth of July nineteen seventy-six"),
+    ("Meet on 14 October", "Meet on the fourteenth of October"),
+]
+
+
+@pytest.mark.parametrize("text, expected", CASES, ids=[c[0][:40] for c in CASES])
+def test_normalize(text, expected):
+    assert normalize_text(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", UNIT_CASES, ids=[c[0] for c in UNIT_CASES])
+def test_units_when_enabled(text, expected):
+    assert normalize_text(text, NormalizationOptions(unit_normalization=True)) == expected
+
+
+@pytest.mark.parametrize("text, expected", BRITISH_CASES, ids=[c[0] for c in BRITISH_CASES])
+def test_british(text, expected):
+    assert normalize_text(text, lang_code="b") == expected
+
+
+def test_units_off_by_default_keep_the_unit_text():
+    assert normalize_text("Run 5 km daily") == "Run five km daily"
+
+
+def test_switches_turn_rules_off():
+    no_addresses = NormalizationOptions(email_normalization=False, url_normalization=False,
+                                        replace_remaining_symbols=False)
+    assert normalize_text("Mail a@b.com", no_addresses) == "Mail a@b.com"
+    assert normalize_text("Edit config.yaml", NormalizationOptions(url_normalization=False)) == "Edit config.yaml"
+    assert "five five five, one two three" not in normalize_text(
+        "Text 555-123-4567", NormalizationOptions(phone_normalization=False))
+    assert normalize_text("Item(s)", NormalizationOptions(optional_pluralization_normalization=False)) == "Item(s)"
+    assert normalize_text("Tom & Jerry", NormalizationOptions(replace_remaining_symbols=False)) == "Tom & Jerry"
+
+
+def test_normalize_false_passes_text_through():
+    text = "Pay $5 at 9:15 on 2024-03-15, e.g. now."
+    assert normalize_text(text, NormalizationOptions(normalize=False)) == text
+
+
+def test_markup_is_left_alone():
+    text = "Say [Kokoro](/kˈOkəɹO/) 3 times [pause:0.5s] then stop."
+    assert normalize_text(text) == "Say [Kokoro](/kˈOkəɹO/) three times [pause:0.5s] then stop."
+
+
+def test_non_english_is_only_cleaned():
+    assert normalize_text("Tengo 25 años\x07.", lang_code="e") == "Tengo 25 años ."
+
+
+def test_suite_size():
+    from test_g2p_cases import G2P_CASES
+
+    assert len(CASES) + len(UNIT_CASES) + len(BRITISH_CASES) + len(G2P_CASES) >= 150
