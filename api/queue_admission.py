@@ -65,6 +65,11 @@ class AdmissionBounds:
         replicas = max(1, replicas)
         return cls(max_requests or 2 * replicas, max_queued_seconds or 20.0 * replicas)
 
+    @classmethod
+    def from_settings(cls, settings, replicas: int) -> "AdmissionBounds":
+        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults."""
+        return cls.for_replicas(replicas, settings.queue_max_requests, settings.queue_max_audio_seconds)
+
 
 @dataclass(frozen=True)
 class ChunkJob:

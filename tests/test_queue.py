@@ -373,3 +373,13 @@ def test_no_redis_at_start_raises_queue_unavailable_promptly():
         assert rep.degraded and not rep._tasks[0].done()
         await asyncio.wait_for(rep.close(), 2)
     asyncio.run(go())
+
+
+def test_bounds_default_from_the_replica_count_and_settings_override_them():
+    from worker.settings import Settings
+
+    derived = AdmissionBounds.from_settings(Settings.from_env({}), replicas=4)
+    assert derived == AdmissionBounds(8, 80.0)
+    configured = AdmissionBounds.from_settings(Settings.from_env(
+        {"KOKORO_QUEUE_MAX_REQUESTS": "3", "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "12.5"}), replicas=4)
+    assert configured == AdmissionBounds(3, 12.5)

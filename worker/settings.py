@@ -75,6 +75,18 @@ class Settings:
 
     # --- fleet and queue ---
     redis_url: str = setting("REDIS_URL", "", "External Redis; empty starts an embedded redis-server owned by the fleet.")
+    queue_max_requests: int = setting(
+        "KOKORO_QUEUE_MAX_REQUESTS", 0,
+        "Requests admitted at once across the whole fleet (shared queue); beyond it 503 with Retry-After "
+        "(0: two per replica).")
+    queue_max_audio_seconds: float = setting(
+        "KOKORO_QUEUE_MAX_AUDIO_SECONDS", 0.0,
+        "Estimated audio seconds of chunk jobs waiting for a replica in the shared queue; beyond it 503 "
+        "(0: 20 per replica).")
+    lease_seconds: float = setting(
+        "KOKORO_LEASE_SECONDS", 10.0,
+        "A replica's lease on a chunk job, renewed by heartbeats; a replica silent this long loses the job, "
+        "which is re-queued once and then fails its request.")
 
     # --- deployment (read by docker/entrypoint.sh) ---
     mps: str = setting(
