@@ -40,6 +40,7 @@ from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, Mod
                           SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, StreamError,
                           VoiceEntry, VoiceList, WordTimestampModel, model_cards)
 from worker.settings import Settings, get_settings
+from worker.speech import SpeechRequest as WorkerSpeechRequest  # the text frontend loads with it, at start-up
 
 log = logging.getLogger("kokoro_fleet.api")
 access_log = logging.getLogger("kokoro_fleet.access")
@@ -201,7 +202,8 @@ def create_app(settings: Settings | None = None, service: SpeechServiceLike | No
     @app.get("/v1/audio/voices", dependencies=authed, response_model=VoiceList)
     async def voices() -> VoiceList:
         service = state.require_service()
-        return VoiceList(voices=[VoiceEntry(id=v.name, name=v.name, language=str(v.language), gender=str(v.gender))
+        return VoiceList(voices=[VoiceEntry(id=v.name, name=v.name, language=str(v.language), gender=str(v.gender),
+                                            lang_code=getattr(v, "lang_code", None))
                                  for v in service.voices.list()])
 
     @app.get("/v1/models", dependencies=authed, response_model=ModelList)
@@ -300,9 +302,7 @@ async def _prepare(request: Request, state: AppState):
     service = state.require_service()
     ticket = state.admission.admit(info.id, float(len(req.input)))
     try:
-        from worker.speech import SpeechRequest as WorkerRequest
-
-        plan = service.plan(WorkerRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
+        plan = service.plan(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
                                           lang_code=req.lang_code, normalization=req.normalization()))
         _check_audio_length(state.settings, plan, req.speed)
     except ApiError:

@@ -9,7 +9,6 @@ Serving code (api/app.py) translates these into worker calls; nothing here knows
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
@@ -192,9 +191,10 @@ class CaptionedSpeechResponse(BaseModel):
 # --- listings --------------------------------------------------------------------------------
 
 class VoiceEntry(BaseModel):
-    id: str
+    id: str          # what to pass as `voice` (Open WebUI reads id and name)
     name: str
     language: str
+    lang_code: str | None = None
     gender: str
 
 
@@ -214,7 +214,8 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-_CREATED = int(time.time())
+# Kokoro-82M v1.0's release date (2025-01-27), as the `created` of every model card.
+_CREATED = 1737936000
 
 
 def model_cards() -> list[ModelCard]:

@@ -55,6 +55,7 @@ class Word:
 @dataclass
 class VoiceInfo:
     name: str
+    lang_code: str
     language: str
     gender: str
 
@@ -87,7 +88,7 @@ class ScriptedReplica:
 
 class ScriptedVoices:
     def list(self):
-        return [VoiceInfo("af_heart", "en-us", "female"), VoiceInfo("bm_george", "en-gb", "male")]
+        return [VoiceInfo("af_heart", "a", "en-us", "female"), VoiceInfo("bm_george", "b", "en-gb", "male")]
 
 
 class ScriptedService:
@@ -277,7 +278,7 @@ def test_captioned_json_and_ndjson(http):
 
 def test_listings(http, client):
     voices = http.get("/v1/audio/voices").json()["voices"]
-    assert voices[0] == {"id": "af_heart", "name": "af_heart", "language": "en-us", "gender": "female"}
+    assert voices[0] == {"id": "af_heart", "name": "af_heart", "language": "en-us", "lang_code": "a", "gender": "female"}
     ids = [m.id for m in client.models.list()]
     assert ids[0] == "kokoro" and {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(ids)
     assert client.models.retrieve("tts-1").id == "tts-1"
