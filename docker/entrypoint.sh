@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# kokoro-fleet's one entrypoint, the same in a container, on Modal and on a bare host:
+#
+#   docker/entrypoint.sh [extra `kokoro-fleet serve` flags, e.g. --workers 8 --limit-concurrency 40]
+#
+# 1. checks that the weights are ready, and stops at once with a message saying how to provide
+#    them when they are not (an image must never fetch or convert weights at request time);
+# 2. starts the CUDA MPS daemon when a GPU is present and KOKORO_MPS allows it, so the replicas'
+#    kernels run side by side on the GPU instead of time-slicing;
+# 3. runs `kokoro-fleet serve` with the host, port, workers and limits from the environment (the
+#    server starts its embedded redis-server itself unless REDIS_URL names an external one);
+# 4. on SIGTERM or SIGINT forwards SIGTERM to the server, which drains: requests in flight finish,
+#    new ones get 503, for at most KOKORO_DRAIN_SECONDS; the script then exits with the server's
+#    status (0 after a clean drain). A server still running a few seconds past the grace period is
+#    killed, so a stuck drain cannot hold a container past its orchestrator's own deadline.
+#
+# Every variable is a setting documented by `kokoro-fleet settings` (worker/settings.py).
+set -Eeuo pipefail
+
+log() { printf 'entrypoint: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 2
+}
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# The CLI: the one on PATH (images, an activated venv), else the checkout's .venv (`make install`).
+if command -v kokoro-fleet >/dev/null 2>&1; then
+    fleet=$(command -v kokoro-fleet)
+elif [[ -x "$here/../.venv/bin/kokoro-fleet" ]]; then
+    fleet="$here/../.venv/bin/kokoro-fleet"
+else
+    die "kokoro-fleet is not installed: run \`make install\` in the checkout, or \`pip install .\`"
+fi
+
+drain_seconds=${KOKORO_DRAIN_SECONDS:-30}
+[[ $drain_seconds =~ ^[0-9]+([.][0-9]+)?$ ]] || die "KOKORO_DRAIN_SECONDS=$drain_seconds: expected a number of seconds"
+# How long past the grace period the server may take to close its sockets and children.
+kill_margin_seconds=5
+
+# --- 1. weights -----------------------------------------------------------------------------------
+python=$(dirname "$fleet")/python
+[[ -x $python ]] || python=$(command -v python3)
+
+# Reads `kokoro-fleet weights --json` (which only looks, never fetches or converts) and says
+# whether the source in use is complete; never prepares anything itself.
+weights_ready() {
+    "$python" -c '
+import json, sys
+d = json.load(sys.stdin)
+source = d.get("source")
+if source == "offline":
+    ok = d.get("ready") is True
+elif source == "tiny":
+    ok = True
+else:
+    ok = (d.get("config.json", "missing") != "missing" and d.get("kokoro-v1_0.pth", "missing") != "missing"
+          and d.get("voice_count", 0) > 0)
+print(source, d.get("cache") or d.get("path") or "")
+sys.exit(0 if ok else 1)
+'
+}
+
+check_weights() {
+    local report summary errors
+    errors=$(mktemp)
+    if report=$("$fleet" weights --json 2>"$errors") && summary=$(weights_ready <<<"$report"); then
+        rm -f "$errors"
+        log "weights ready: $summary"
+        return 0
+    fi
+    log "the model weights are not ready (KOKORO_WEIGHTS=${KOKORO_WEIGHTS:-offline}):"
+    cat "$errors" - <<<"$report" | sed 's/^/    /' >&2
+    rm -f "$errors"
+    die "provide the weights before starting the server:
+    in an image: build it with them, \`docker build --build-arg WEIGHTS=official|offline ...\` (docker/Dockerfile);
+    official files on disk: mount hexgrad/Kokoro-82M's config.json, kokoro-v1_0.pth and voices/ and set
+        KOKORO_WEIGHTS=official KOKORO_WEIGHTS_DIR=/that/dir (\`kokoro-fleet weights --download-official DIR\` fetches them);
+    on a bare host: run \`kokoro-fleet weights --prepare\` (or \`make weights\`) once."
+}
+
+# --- 2. CUDA MPS --------------------------------------------------------------------------------
+mps_started=0
+
+gpu_present() {
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# True when CUDA initialises in a fresh process: an MPS daemon that cannot serve this container
+# (a sandbox without the IPC it needs) would otherwise fail every replica at start.
+cuda_works() {
+    "$python" -c 'import torch; torch.zeros(1, device="cuda"); torch.cuda.synchronize()' \
+        >/dev/null 2>&1
+}
+
+start_mps() {
+    local mode=${KOKORO_MPS:-auto}
+    case $mode in
+        off) return 0 ;;
+        auto | on) ;;
+        *) die "KOKORO_MPS=$mode: expected auto, on or off" ;;
+    esac
+    if ! gpu_present; then
+        [[ $mode == on ]] && die "KOKORO_MPS=on but no GPU is visible (nvidia-smi -L lists none)"
+        log "no GPU: serving on CPU, no MPS daemon"
+        return 0
+    fi
+    if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+        [[ $mode == on ]] && die "KOKORO_MPS=on but nvidia-cuda-mps-control is not available in this environment"
+        log "GPU present but nvidia-cuda-mps-control is not available: replicas time-slice the GPU"
+        return 0
+    fi
+    export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/kokoro-fleet-mps/pipe}
+    export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/kokoro-fleet-mps/log}
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]]; then
+        log "an MPS daemon already runs (pipe $CUDA_MPS_PIPE_DIRECTORY): using it"
+        return 0
+    fi
+    if ! nvidia-cuda-mps-control -d; then
+        [[ $mode == on ]] && die "KOKORO_MPS=on but the MPS daemon did not start (log: $CUDA_MPS_LOG_DIRECTORY)"
+        log "the MPS daemon did not start: replicas time-slice the GPU"
+        return 0
+    fi
+    mps_started=1
+    if ! cuda_works; then
+        stop_mps
+        [[ $mode == on ]] && die "KOKORO_MPS=on but CUDA does not initialise under MPS here (log: $CUDA_MPS_LOG_DIRECTORY)"
+        log "CUDA does not initialise under MPS here: MPS stopped, replicas time-slice the GPU"
+        return 0
+    fi
+    log "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+}
+
+stop_mps() {
+    if ((mps_started)); then
+        echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+        mps_started=0
+    fi
+}
+
+# --- 3. the server ------------------------------------------------------------------------------
+serve_args() {
+    # Flags from the environment first; the caller's flags come after them and win.
+    args=()
+    [[ -n ${KOKORO_HOST:-} ]] && args+=(--host "$KOKORO_HOST")
+    [[ -n ${KOKORO_PORT:-} ]] && args+=(--port "$KOKORO_PORT")
+    [[ -n ${KOKORO_WORKERS:-} && ${KOKORO_WORKERS} != 0 ]] && args+=(--workers "$KOKORO_WORKERS")
+    return 0
+}
+
+server_pid=
+watchdog_pid=
+
+# SIGTERM/SIGINT: forward SIGTERM once, then give the server the grace period plus a margin.
+# shellcheck disable=SC2317  # called from a trap
+on_signal() {
+    local signal=$1
+    [[ -n $server_pid ]] || exit 0
+    if [[ -n $watchdog_pid ]]; then
+        return 0 # already draining
+    fi
+    log "$signal: draining for up to ${drain_seconds}s (in-flight requests finish, new ones get 503)"
+    kill -TERM "$server_pid" 2>/dev/null || true
+    (
+        sleep "$drain_seconds"
+        sleep "$kill_margin_seconds"
+        log "the server did not stop within the grace period: killing it"
+        # The server leads its own process group (setsid below): take its workers with it.
+        kill -KILL -- "-$server_pid" 2>/dev/null || true
+    ) &
+    watchdog_pid=$!
+}
+
+# shellcheck disable=SC2317  # called from a trap
+cleanup() {
+    if [[ -n $watchdog_pid ]]; then
+        kill "$watchdog_pid" 2>/dev/null || true
+    fi
+    stop_mps
+}
+
+main() {
+    check_weights
+    if [[ -z ${REDIS_URL:-} ]] && ! command -v redis-server >/dev/null 2>&1; then
+        die "REDIS_URL is empty and redis-server is not installed: install it (apt-get install redis-server) or set REDIS_URL"
+    fi
+    trap cleanup EXIT
+    start_mps
+    serve_args
+
+    trap 'on_signal SIGTERM' TERM
+    trap 'on_signal SIGINT' INT
+    log "starting: kokoro-fleet serve ${args[*]} $*"
+    # setsid: the server and its Uvicorn workers form their own process group, so the watchdog
+    # can end all of them, and a terminal's Ctrl-C reaches them only through the trap above.
+    setsid "$fleet" serve "${args[@]}" "$@" &
+    server_pid=$!
+
+    local status=0
+    # `wait` returns early when a trapped signal arrives; wait again until the server has exited.
+    while :; do
+        status=0
+        wait "$server_pid" || status=$?
+        kill -0 "$server_pid" 2>/dev/null || break
+    done
+    if [[ -n $watchdog_pid ]]; then
+        # Uvicorn finishes its graceful shutdown and then re-raises the SIGTERM it caught, so 143
+        # (128 + 15) is a clean drain too; 137 means the watchdog had to kill it.
+        if ((status == 143)); then
+            status=0
+        fi
+        log "server stopped after draining (status $status)"
+    else
+        log "server exited on its own (status $status)"
+    fi
+    exit "$status"
+}
+
+main "$@"
