@@ -447,6 +447,8 @@ _rule("percent", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?%", _percent)
 _rule("temperature", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?°\s?(?P<scale>[CFK](?![A-Za-z]))?", _temperature)
 _rule("version", r"(?:\b(?P<v>[vV])(?=\d)|(?<![\w.]))(?P<ver>\d+(?:\.\d+){2,})(?![\w.]\d)|\b(?P<v2>[vV])(?P<ver2>\d+\.\d+)\b",
       lambda m, b: _version_any(m, b))
+_rule("decade", r"(?<![\w'])'?(?P<n>\d{2}|1\d{3}|20\d{2})'?s\b", lambda m, b: _decade(m, b))
+_rule("multiplier", r"\b(?P<n>\d+(?:\.\d+)?)x\b", lambda m, b: f"{num.number(m.group('n'), b)} times")
 _rule("ordinal", r"\b(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?:st|nd|rd|th)\b", _ordinal)
 _rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
       lambda m, b: (f"{num.cardinal(int(m.group('w')), b)} and " if m.group("w") else "") + _UNICODE_FRACTIONS[m.group("f")])
@@ -462,12 +464,31 @@ _rule("doctor / saint", r"\b(?:Dr|St)\.(?=\s|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doc
 _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in _ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
+_rule("hashtag", r"(?<![\w#])#(?=[A-Za-z])", lambda m, b: "hashtag ", "replace_remaining_symbols")
 _rule("dotted name", r"\b[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
-      lambda m, b: m.group(0) if all(len(p) == 1 for p in m.group(0).split(".")) else m.group(0).replace(".", " dot "),
-      "url_normalization")
+      lambda m, b: _dotted_name(m.group(0)), "url_normalization")
 _rule("number", _NUM, _plain_number)
 _rule("slash between words", r"(?<=[A-Za-z])/(?=[A-Za-z])", lambda m, b: " ")
 _rule("symbols", r"[&@+=%×÷°§¶~<>≤≥≈±→←#™®©|\\^*_`{}•·]", _symbol_words, "replace_remaining_symbols")
+
+
+def _dotted_name(name: str) -> str:
+    """node.js / config.yaml -> "node dot js"; initials (U.S) and a missed space ("end.The") stay."""
+    parts = name.split(".")
+    if all(len(p) == 1 for p in parts) or any(p[:1].isupper() for p in parts[1:]):
+        return name
+    return name.replace(".", " dot ")
+
+
+def _decade(m: re.Match, british: bool) -> str:
+    """1990s -> nineteen nineties, '80s -> eighties, 1900s -> nineteen hundreds."""
+    n = int(m.group("n"))
+    if n % 10 != 0:
+        return m.group(0)
+    spoken = num.year(n, british) if n >= 100 else num.cardinal(n, british)
+    head, _, last = spoken.rpartition(" ")
+    plural = last[:-1] + "ies" if last.endswith("y") else last + "s"
+    return f"{head} {plural}".strip()
 
 
 def _money_any(m: re.Match, british: bool) -> str:
