@@ -1,0 +1,391 @@
+"""The load generator is an instrument: these tests check it against servers whose timing we set.
+
+Pure figures (underrun, percentiles, schedules) are checked on synthetic input with answers worked
+out by hand; the client and the schedules are checked against `loadtest.stub`, which streams
+pre-made audio on a known schedule and logs when it wrote each byte (same monotonic clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadtest import metrics
+from loadtest.client import RequestResult, RequestSpec, make_client, send_speech
+from loadtest.runner import Runner, Step, Target, Workload, poisson_arrivals, speech_url, summarize
+from loadtest.stub import StubConfig, StubServer
+
+# ------------------------------------------------------------------ underrun: pure function ---
+
+
+def test_underrun_zero_when_data_keeps_ahead_of_playback():
+    # 0.1 s of audio every 0.05 s: the buffer only grows
+    arrivals = [(0.05 * i, 0.1) for i in range(20)]
+    u = metrics.underrun(arrivals)
+    assert (u.longest_s, u.total_s, u.stalls) == (0.0, 0.0, 0)
+
+
+def test_underrun_one_known_gap():
+    # 0.1 s chunks arriving exactly in real time from t=1.0 (no slack), then chunk 5 comes 0.25 s late.
+    # The player has played chunks 0-4 by t=1.5, so it waits 1.75 - 1.5 = 0.25 s.
+    arrivals = [(1.0 + 0.1 * i, 0.1) for i in range(5)] + [(1.75, 0.1), (1.85, 0.1)]
+    u = metrics.underrun(arrivals)
+    assert u.longest_s == pytest.approx(0.25)
+    assert u.total_s == pytest.approx(0.25)
+    assert u.stalls == 1
+
+
+def test_underrun_player_resumes_after_a_stall_and_does_not_skip():
+    # 1 s of audio at t=0, 2.0 and 3.2: runs dry at 1.0, waits 1.0 s; resumes at 2.0 and runs dry at
+    # 3.0, waits 0.2 s. (A fixed-schedule player would count the last one 1.2 s late; ours shifted.)
+    u = metrics.underrun([(0.0, 1.0), (2.0, 1.0), (3.2, 1.0)])
+    assert u.longest_s == pytest.approx(1.0)
+    assert u.total_s == pytest.approx(1.2)
+    assert u.stalls == 2
+
+
+def test_underrun_starts_at_first_audio_and_ignores_empty_reads():
+    # empty reads before and between carry nothing; the player starts at the first audio (t=5)
+    u = metrics.underrun([(0.0, 0.0), (5.0, 0.5), (5.2, 0.0), (5.4, 0.5), (6.3, 0.2)])
+    # plays until 5.5, then +0.5 -> 6.0, next arrives at 6.3: one wait of 0.3 s
+    assert u.longest_s == pytest.approx(0.3)
+    assert u.stalls == 1
+    assert metrics.underrun([]).longest_s == 0.0
+    assert metrics.underrun([(3.0, 2.0)]).longest_s == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 2), st.floats(0.001, 1)), min_size=1, max_size=30))
+def test_underrun_bounds(gaps_and_sizes):
+    # arrivals built from positive inter-arrival gaps; the player can never wait longer than the
+    # largest gap between two arrivals, and waits nothing when every chunk comes before the audio
+    # ahead of it could have been played out
+    t, arrivals = 0.0, []
+    for gap, size in gaps_and_sizes:
+        t += gap
+        arrivals.append((t, size))
+    u = metrics.underrun(arrivals)
+    largest_gap = max((b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])), default=0.0)
+    assert 0.0 <= u.longest_s <= largest_gap + 1e-9
+    assert u.longest_s <= u.total_s + 1e-9
+    t0, audio_before, on_time = arrivals[0][0], 0.0, True
+    for at, size in arrivals:
+        on_time &= at <= t0 + audio_before + 1e-12
+        audio_before += size
+    if on_time:
+        assert u.longest_s == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0, 1e3), min_size=1, max_size=50), st.sampled_from([50, 95, 99]))
+def test_percentile_matches_numpy(values, q):
+    assert metrics.percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-9)
+
+
+def test_pcm_seconds_and_urls():
+    assert metrics.pcm_seconds(48000) == pytest.approx(1.0)  # 24 kHz x 2 bytes
+    assert speech_url("http://h:8880") == "http://h:8880/v1/audio/speech"
+    assert speech_url("http://h:8880/") == "http://h:8880/v1/audio/speech"
+    assert speech_url("http://h:8880/custom/path") == "http://h:8880/custom/path"
+
+
+def test_poisson_schedule_rate_and_reproducibility():
+    arrivals = poisson_arrivals(20.0, 200.0, seed=1)
+    assert arrivals == poisson_arrivals(20.0, 200.0, seed=1)  # compare sends both servers the same
+    assert arrivals != poisson_arrivals(20.0, 200.0, seed=2)
+    assert all(0 < a < 200 for a in arrivals) and arrivals == sorted(arrivals)
+    assert len(arrivals) / 200.0 == pytest.approx(20.0, rel=0.05)  # 4000 +- 63 arrivals expected
+    gaps = np.diff(arrivals)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.06)  # exponential: CV of 1
+
+
+# ------------------------------------------------------------------ against the stub server ---
+
+
+def _one(url: str, rid: str = "r", **spec) -> RequestResult:
+    async def go():
+        async with make_client(4) as client:
+            return await send_speech(client, RequestSpec(url=url + "/v1/audio/speech", text="hi", **spec),
+                                     RequestResult(request_id=rid), total_timeout=30)
+
+    return asyncio.run(go())
+
+
+def _median(values):
+    return float(np.median(values))
+
+
+def _produced(stub: StubServer, r: RequestResult) -> tuple[float, float]:
+    """(headers, first audio) as the stub produced them: seconds after it received the request."""
+    ev = stub.events[r.request_id]
+    return ev["headers"] - ev["recv"], ev["first_audio"] - ev["recv"]
+
+
+# How these timing tests stay honest on 2 cores shared with other jobs: the stub logs when it
+# really wrote each thing (its sleeps overshoot when the CPU is busy), so the generator's figures
+# are checked against that, on the same clock. Scheduling noise only ever makes the generator
+# later, never earlier, so the best of a few requests shows its accuracy and the median gets a
+# looser bound. `python -m loadtest selftest` measures the same on a quiet machine.
+
+
+def test_ttfa_is_the_first_audio_byte_not_the_headers():
+    # headers at once, audio 300 ms later, then 4 more chunks 100 ms apart (last byte at ~700 ms):
+    # a tool that timed the headers would report ~0, one that timed the body's end ~700 ms
+    delay = 0.300
+    stub = StubServer(StubConfig(audio_seconds=0.5, first_byte_delay=delay, chunk_seconds=0.1, chunk_gap=0.1))
+    with stub.running_in_thread() as url:
+        results = [_one(url, rid=f"t{i}") for i in range(6)]
+    for r in results:
+        assert r.outcome == "ok", r.error
+        assert r.headers_s < 0.05
+        assert r.audio_s == pytest.approx(0.5)
+        assert r.e2e_s > 0.69
+        assert delay <= r.ttfa_s < delay + 0.1
+    vs_delay = np.array([r.ttfa_s - delay for r in results]) * 1000
+    vs_stub = np.array([r.ttfa_s - _produced(stub, r)[1] for r in results]) * 1000
+    print(f"\nTTFA - configured delay (ms): {np.round(vs_delay, 2).tolist()}\n"
+          f"TTFA - delay the stub applied (ms): {np.round(vs_stub, 2).tolist()}")
+    assert 0.0 <= vs_stub.min() < 5.0
+    assert np.median(vs_stub) < 15.0
+    assert vs_delay.min() < 10.0
+
+
+def test_header_delay_and_first_audio_delay_are_told_apart():
+    stub = StubServer(StubConfig(audio_seconds=0.3, header_delay=0.2, first_byte_delay=0.15))
+    with stub.running_in_thread() as url:
+        results = [_one(url, rid=f"h{i}") for i in range(4)]
+    headers_err = [r.headers_s - _produced(stub, r)[0] for r in results]
+    ttfa_err = [r.ttfa_s - _produced(stub, r)[1] for r in results]
+    assert all(r.headers_s >= 0.2 and r.ttfa_s >= 0.35 for r in results)
+    assert 0.0 <= min(headers_err) < 0.005 and 0.0 <= min(ttfa_err) < 0.005
+    assert _median(headers_err) < 0.015 and _median(ttfa_err) < 0.015
+
+
+def test_underrun_measured_end_to_end():
+    # 0.4 s arrives at once (4 chunks), then the server stalls 0.6 s: the player waits ~0.2 s
+    stub = StubServer(StubConfig(audio_seconds=1.0, chunk_seconds=0.1, stall_after_chunk=3, stall_s=0.6))
+    with stub.running_in_thread() as url:
+        r = _one(url)
+    assert r.outcome == "ok"
+    assert r.underrun_s == pytest.approx(0.2, abs=0.02)
+    assert r.stalls == 1
+
+
+def test_sse_ttfa_is_the_first_audio_delta():
+    stub = StubServer(StubConfig(audio_seconds=0.6, first_byte_delay=0.2, chunk_seconds=0.2, chunk_gap=0.05))
+    with stub.running_in_thread() as url:
+        results = [_one(url, rid=f"s{i}", sse=True) for i in range(3)]
+    for r in results:
+        assert r.outcome == "ok", r.error
+        assert r.reads == 3
+        assert r.audio_s == pytest.approx(0.6)
+        assert r.headers_s < 0.05 and r.ttfa_s >= 0.2
+    # the first delta, not the headers (~0) nor the second delta (50 ms after the first)
+    assert 0.0 <= min(r.ttfa_s - _produced(stub, r)[1] for r in results) < 0.02
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "wav", "flac"])
+def test_compressed_formats_are_decoded_for_audio_seconds(fmt):
+    stub = StubServer(StubConfig(audio_seconds=2.0, chunk_seconds=0.25))
+    with stub.running_in_thread() as url:
+        r = _one(url, response_format=fmt)
+    assert r.outcome == "ok", r.error
+    # mp3 pads up to a frame and adds encoder delay (< 0.1 s); wav and flac are exact
+    assert r.audio_s == pytest.approx(2.0, abs=0.1 if fmt == "mp3" else 0.001)
+    assert r.underrun_s == 0.0  # all sent without gaps
+
+
+def _run_steps(url: str, steps: list[Step], **workload) -> list:
+    async def go():
+        runner = Runner(Workload(texts=["a", "bb", "ccc"], **workload), steps, progress=False)
+        try:
+            return [await runner.run_step(step, Target(url + "/v1/audio/speech", "stub")) for step in steps]
+        finally:
+            await runner.aclose()
+
+    return asyncio.run(go())
+
+
+def test_503s_are_counted_apart_from_latency():
+    # every 3rd request is refused at once; the others take 150 ms to first audio
+    stub = StubServer(StubConfig(audio_seconds=0.2, first_byte_delay=0.15, reject_every=3, retry_after_s=1.5))
+    with stub.running_in_thread() as url:
+        (run,) = _run_steps(url, [Step("closed", 2, 2.0)])
+    s = summarize([run])
+    assert s["rejected_503"] == stub.requests_seen // 3
+    assert s["rejected_503"] + s["ok"] == s["attempted"] == stub.requests_seen
+    assert s["errors"] == 0
+    assert s["rejection_rate"] == pytest.approx(1 / 3, abs=0.05)
+    assert s["ttfa_s"]["n"] == s["ok"]  # fast 503s never pull the latency figures down
+    assert s["ttfa_s"]["p50"] >= 0.15 and s["e2e_s"]["p50"] >= 0.15
+    assert s["rejected_latency_s"]["p50"] < 0.05
+    assert s["retry_after_s"]["p50"] == pytest.approx(1.5)  # retry-after-ms preferred over the rounded header
+    rejected = [r for r in run.rows if r.outcome == "rejected"]
+    assert all(r.retry_after == "2" and r.retry_after_ms == "1500" for r in rejected)
+
+
+def test_open_loop_arrivals_are_not_delayed_by_slow_responses():
+    # every response takes 2 s; at 20 arrivals/s a closed loop would send ~1 request per user,
+    # an open loop keeps sending on the Poisson schedule regardless
+    stub = StubServer(StubConfig(audio_seconds=0.1, first_byte_delay=2.0))
+    with stub.running_in_thread() as url:
+        (run,) = _run_steps(url, [Step("open", 20, 2.0)], max_outstanding=500)
+    expected = poisson_arrivals(20, 2.0, seed=0)
+    assert [r.scheduled_at for r in run.rows] == expected
+    lags = [r.sched_lag_s for r in run.rows]
+    print(f"\nopen loop: {len(expected)} arrivals, send lag p50 {np.median(lags) * 1000:.2f} ms, "
+          f"max {max(lags) * 1000:.2f} ms, {run.max_in_flight} in flight at most")
+    assert all(r.outcome == "ok" for r in run.rows)
+    assert max(lags) < 0.1 and np.median(lags) < 0.01
+    # every arrival was in flight before the first response came back
+    assert run.max_in_flight == len(expected) == stub.max_in_flight
+    assert run.wall_s == pytest.approx(expected[-1] + 2.0, abs=0.3)
+
+
+def test_open_loop_cap_drops_are_reported_not_hidden():
+    stub = StubServer(StubConfig(audio_seconds=0.1, first_byte_delay=1.0))
+    with stub.running_in_thread() as url:
+        (run,) = _run_steps(url, [Step("open", 20, 1.5)], max_outstanding=5)
+    s = summarize([run])
+    n = len(poisson_arrivals(20, 1.5, seed=0))
+    assert s["requests"] == n
+    # the first 5 arrivals fill the cap for a second; arrivals after they finish are sent again
+    assert s["ok"] > 5 and s["errors"] == 0
+    assert s["dropped"] == n - s["ok"] - s["errors"] - s["rejected_503"]
+    assert s["dropped"] > 0 and s["drop_rate"] == pytest.approx(s["dropped"] / n)
+    assert stub.max_in_flight <= 5 and run.max_in_flight == 5
+    assert all("max-outstanding" in r.error for r in run.rows if r.outcome == "dropped")
+
+
+def test_closed_loop_holds_its_concurrency():
+    stub = StubServer(StubConfig(audio_seconds=0.3, first_byte_delay=0.05, chunk_gap=0.01))
+    with stub.running_in_thread() as url:
+        (run,) = _run_steps(url, [Step("closed", 8, 1.5)])
+    s = summarize([run])
+    assert run.max_in_flight == 8 == stub.max_in_flight
+    assert s["mean_in_flight"] == pytest.approx(8, abs=0.5)
+    assert s["errors"] == 0 and s["ok"] >= 8 * 5
+    assert s["audio_s"] == pytest.approx(0.3 * s["ok"])
+
+
+# ------------------------------------------------------------------ the generator's overhead ---
+
+
+@pytest.mark.slow
+def test_generator_overhead_at_c64():
+    from loadtest.selftest import format_overhead, measure_overhead
+
+    m = measure_overhead(concurrency=64, duration=6.0)
+    print("\n" + format_overhead(m))
+    assert m["errors"] == 0 and m["streams"] > 64 * 5
+    assert m["max_in_flight"] == 64 == m["stub_max_in_flight"]
+    assert m["mean_in_flight"] > 60  # the load asked for is the load sent
+    assert m["stub_connections"] <= 64 + 1  # connections kept alive (+1: the log request)
+    # The acceptance figure (median error under 2 ms at c=64) is measured on a quiet machine with
+    # `python -m loadtest selftest` and quoted in loadtest/README.md. Here the 2 cores are shared
+    # with other jobs that can keep both busy, so the bound is generous; it still fails a
+    # generator that queues requests on its own side (httpcore's shared pool did: a median
+    # ~900 ms before the request was written) or blocks its event loop while streams arrive.
+    assert m["ttfa_error_ms"]["min"] >= 0.0  # causality on one clock: nothing is seen before it is sent
+    assert m["ttfa_error_ms"]["p50"] < 100.0
+
+
+# ------------------------------------------------------------------ the command line and files ---
+
+
+def test_run_writes_csv_json_and_plots(tmp_path, capsys):
+    from matplotlib.image import imread
+
+    from loadtest.cli import main
+
+    stub = StubServer(StubConfig(audio_seconds=0.3, first_byte_delay=0.03, chunk_gap=0.01, reject_every=7))
+    out = tmp_path / "run"
+    with stub.running_in_thread() as url:
+        code = main(["run", "--url", url, "--concurrency", "1,3", "--duration", "1", "--warmup", "2",
+                     "--texts", "paragraphs", "--out", str(out), "--report", "--quiet"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "c=3" in printed and "TTFA p50" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == ["c=1", "c=3"]
+    assert summary["meta"]["texts"] == "paragraphs" and summary["meta"]["machine"]["cpus"]
+    with open(out / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    warm = [r for r in rows if r["phase"] == "warmup"]
+    assert len(warm) == 2  # present in the CSV, absent from every summary
+    assert len(rows) - len(warm) == sum(s["requests"] for s in summary["steps"])
+    ok = [r for r in rows if r["outcome"] == "ok" and r["phase"] == "measure"]
+    assert len(ok) == sum(s["ok"] for s in summary["steps"])
+    assert all(float(r["ttfa_s"]) >= 0.03 for r in ok)
+    assert any(r["outcome"] == "rejected" for r in rows)
+    for name in ("latency", "throughput", "rejections", "ttfa_cdf", "underrun"):
+        img = imread(out / "plots" / f"{name}.png")
+        assert img.shape[0] > 300 and img.shape[1] > 500
+
+
+def test_compare_interleaves_and_reports_ratios(tmp_path, capsys):
+    from loadtest.cli import main
+
+    fast = StubServer(StubConfig(audio_seconds=0.2, first_byte_delay=0.05))
+    slow = StubServer(StubConfig(audio_seconds=0.2, first_byte_delay=0.10))
+    out = tmp_path / "cmp"
+    with fast.running_in_thread() as a, slow.running_in_thread() as b:
+        code = main(["compare", "--a", a, "--b", b, "--a-label", "fast", "--b-label", "slow",
+                     "--concurrency", "1,2", "--duration", "1", "--rounds", "2", "--warmup", "1",
+                     "--out", str(out), "--quiet", "--report"])
+    assert code == 0
+    assert "ratios slow / fast" in capsys.readouterr().out
+    ratios = json.loads((out / "compare.json").read_text())["steps"]
+    for r in ratios:
+        assert r["ttfa_p50_ratio"] == pytest.approx(2.0, rel=0.15)  # 100 ms against 50 ms
+        assert r["requests_per_s_ratio"] < 1.0
+    for label in ("fast", "slow"):
+        steps = json.loads((out / label / "summary.json").read_text())["steps"]
+        assert [s["duration_s"] for s in steps] == [1.0, 1.0]  # two half-second slices each
+    assert (out / "plots" / "latency.png").is_file()
+
+
+def test_fail_on_error_exit_code(tmp_path):
+    from loadtest.cli import main
+
+    # nothing listens on this port: every request is a connection error
+    code = main(["run", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--duration", "0.3",
+                 "--warmup", "0", "--out", str(tmp_path / "x"), "--quiet", "--fail-on-error",
+                 "--connect-timeout", "1"])
+    assert code == 1
+    rows = list(csv.DictReader(open(tmp_path / "x" / "requests.csv")))
+    assert rows and all(r["outcome"] == "error" and r["status"] == "0" for r in rows)
+
+
+def test_texts_ship_with_the_package():
+    from loadtest.texts import load_texts
+
+    short, paragraphs, long = load_texts("short"), load_texts("paragraphs"), load_texts("long")
+    assert len(short) > 10 and len(paragraphs) >= 5 and len(long) == 1
+    assert len(long[0]) > max(map(len, paragraphs))
+    with pytest.raises(ValueError):
+        load_texts("no-such-set")
+
+
+def test_hey_bodies_match_the_text_sets_and_script_is_clean():
+    import shutil
+    import subprocess
+
+    from loadtest.texts import load_texts
+
+    here = Path(__file__).resolve().parents[1] / "loadtest"
+    for name in ("short", "paragraphs", "long"):
+        body = json.loads((here / "bodies" / f"{name}.json").read_text())
+        assert body["input"] in load_texts(name)
+        assert body["response_format"] == "pcm" and body["voice"] == "af_heart"
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed")
+    proc = subprocess.run(["shellcheck", str(here / "hey.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
