@@ -164,8 +164,11 @@ on_signal() {
     log "$signal: draining for up to ${drain_seconds}s (in-flight requests finish, new ones get 503)"
     kill -TERM "$server_pid" 2>/dev/null || true
     (
-        sleep "$drain_seconds"
-        sleep "$kill_margin_seconds"
+        # The sleep runs as this watchdog's own child so that cleanup can stop both at once.
+        sleep "$drain_seconds" "$kill_margin_seconds" &
+        sleeper=$!
+        trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+        wait "$sleeper"
         log "the server did not stop within the grace period: killing it"
         # The server leads its own process group (setsid below): take its workers with it.
         kill -KILL -- "-$server_pid" 2>/dev/null || true

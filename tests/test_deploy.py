@@ -380,6 +380,100 @@ def test_entrypoint_rejects_a_drain_period_that_is_not_a_number():
     assert result.returncode == 2 and "KOKORO_DRAIN_SECONDS=soon" in result.stderr
 
 
+FAKE_SERVER = r"""
+import json, os, signal, subprocess, sys, time
+record, mode = os.environ["FAKE_RECORD"], os.environ["FAKE_MODE"]
+worker = subprocess.Popen(["sleep", "300"])  # stands for a Uvicorn worker process
+with open(record, "w") as f:
+    json.dump({"argv": sys.argv[1:], "pid": os.getpid(), "pgid": os.getpgid(0), "worker": worker.pid}, f)
+
+def drain(signum, frame):
+    if mode == "stuck":
+        return  # a server that never finishes draining
+    time.sleep(1.0)  # the in-flight work
+    worker.terminate(); worker.wait()
+    with open(record + ".drained", "w") as f:
+        f.write("yes")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)  # as Uvicorn does: re-raise the caught signal after shutdown
+
+signal.signal(signal.SIGTERM, drain)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def fake_fleet(tmp_path: Path, mode: str) -> dict[str, str]:
+    """A `kokoro-fleet` on PATH whose `serve` is a small process that drains (or not) on SIGTERM,
+    to check the entrypoint's own signal handling quickly, apart from the real server."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "server.py").write_text(FAKE_SERVER)
+    script = bin_dir / "kokoro-fleet"
+    script.write_text(f"""#!/usr/bin/env bash
+case "$1" in
+    weights) echo '{{"source": "tiny"}}' ;;
+    serve) shift; exec {sys.executable} {tmp_path / "server.py"} "$@" ;;
+esac
+""")
+    script.chmod(0o755)
+    env = entrypoint_env(FAKE_RECORD=str(tmp_path / "record.json"), FAKE_MODE=mode, KOKORO_WORKERS="3",
+                         KOKORO_PORT="9999", KOKORO_DRAIN_SECONDS="1")
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return env
+
+
+def wait_for_file(path: Path, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited too.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
+
+
+def test_entrypoint_forwards_sigterm_waits_for_the_drain_and_exits_0(tmp_path):
+    env = fake_fleet(tmp_path, "drain")
+    entry = subprocess.Popen([str(ENTRYPOINT), "--limit-concurrency", "80"], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    record = wait_for_file(tmp_path / "record.json")
+    # Settings from the environment become flags; the caller's flags come last and win.
+    assert record["argv"] == ["--port", "9999", "--workers", "3", "--limit-concurrency", "80"]
+    assert record["pgid"] == record["pid"], "the server should lead its own process group"
+    entry.send_signal(signal.SIGTERM)
+    assert entry.wait(30) == 0, entry.stderr.read()
+    assert (tmp_path / "record.json.drained").read_text() == "yes", "exited before the server drained"
+    stderr = entry.stderr.read()
+    assert "draining for up to 1s" in stderr and "server stopped after draining (status 0)" in stderr
+
+
+def test_entrypoint_kills_a_server_that_outlives_the_grace_period(tmp_path):
+    env = fake_fleet(tmp_path, "stuck")
+    entry = subprocess.Popen([str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
+    record = wait_for_file(tmp_path / "record.json")
+    started = time.monotonic()
+    entry.send_signal(signal.SIGINT)  # Ctrl-C drains the same way
+    status = entry.wait(30)
+    waited = time.monotonic() - started
+    assert status == 128 + signal.SIGKILL, entry.stderr.read()
+    assert 1 + 5 - 0.5 < waited < 20, f"killed after {waited:.1f} s; the grace period is 1 s plus a 5 s margin"
+    deadline = time.monotonic() + 5
+    while alive(record["worker"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(record["worker"]), "the server's worker process survived: the whole group must go"
+    assert "did not stop within the grace period" in entry.stderr.read()
+
+
 def _server_missing() -> str | None:
     for path in ("api/serve_cli.py", "api/app.py", "worker/engine.py", "worker/speech.py"):
         if not (ROOT / path).exists():
