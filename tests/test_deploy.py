@@ -152,6 +152,19 @@ def test_modal_function_runs_on_an_h100_behind_a_web_server(monkeypatch):
     assert cfg.limit_concurrency >= cfg.max_inputs
 
 
+def test_kokoro_fleet_serve_accepts_the_flags_modal_passes(monkeypatch):
+    import argparse
+
+    from api import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.configure(parser)
+    if "--limit-concurrency" not in parser._option_string_actions:
+        pytest.skip("`kokoro-fleet serve --limit-concurrency` has not landed in api/serve_cli.py yet")
+    args = parser.parse_args(load_modal_app(monkeypatch).CONFIG.serve_command()[1:])
+    assert args.workers == 8
+
+
 def test_modal_concurrency_matches_the_admission_bound_and_scaling_is_configured(monkeypatch):
     app = load_modal_app(monkeypatch)
     cfg = app.CONFIG
