@@ -105,6 +105,50 @@ def test_weight_norm_split_has_no_zero_division(real_weights):
     assert dead_layers == 18  # the documented count of convolutions with all-zero channels
 
 
+@pytest.mark.slow
+def test_offline_bundle_loads_strictly_into_our_model(real_weights):
+    model_module = pytest.importorskip("worker.model")
+    if not hasattr(model_module, "KokoroModel"):
+        pytest.skip("worker.model.KokoroModel is not written yet")
+    model = model_module.KokoroModel(real_weights.config)
+    for component in W.COMPONENTS:
+        getattr(model, component).load_state_dict(real_weights.state_dict[component], strict=True)
+
+
+def test_interrupted_conversion_leaves_nothing_that_loads(real_weights, tmp_path, monkeypatch):
+    """A crash while writing the cache leaves no manifest and no half file; the next run redoes it."""
+    real_downloads = Path(real_weights.info["onnx_path"]).parent
+    settings = Settings(weights="offline", cache_dir=str(tmp_path / "cache"))
+    downloads = W.downloads_dir(settings)
+    downloads.mkdir(parents=True)
+    for name in (W.ONNX_NAME, W.NPM_TARBALL):  # reuse the fetched inputs: no network in this test
+        shutil.copyfile(real_downloads / name, downloads / name)
+    monkeypatch.setattr("worker.onnx_convert.convert_onnx", lambda path, plbert_hidden: {"bert": {"x": torch.ones(3)}})
+    real_save = torch.save
+
+    def save_then_crash(obj, path, *args, **kwargs):
+        if "voices" in Path(path).name:
+            Path(path).write_bytes(b"half a file")
+            raise KeyboardInterrupt("simulated crash while writing voices.pt")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        W.prepare_offline(settings)
+    bundle = W.offline_dir(settings)
+    assert W.offline_ready(settings) is None
+    assert not (bundle / "manifest.json").exists() and not (bundle / "voices.pt").exists()
+    assert not [p for p in bundle.iterdir() if p.name.endswith(".tmp")]
+
+    # a manifest from another converter version is not trusted either
+    monkeypatch.setattr(torch, "save", real_save)
+    manifest = W.prepare_offline(settings)
+    assert W.offline_ready(settings) == manifest
+    stale = dict(manifest, converter_version=manifest["converter_version"] - 1)
+    (bundle / "manifest.json").write_text(json.dumps(stale))
+    assert W.offline_ready(settings) is None
+
+
 def test_prepare_is_idempotent_and_fast_when_ready(real_weights, capsys):
     from api.cli import main
 

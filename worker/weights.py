@@ -695,6 +695,8 @@ def describe(settings: Settings) -> dict[str, Any]:
         else:
             out[name] = "missing"
     out["voice_count"] = len(list((directory / "voices").glob("*.pt"))) if (directory / "voices").is_dir() else 0
+    if out["config.json"] == "missing" or out[OFFICIAL_MODEL] == "missing" or not out["voice_count"]:
+        out["hint"] = f"incomplete: fetch the files with `kokoro-fleet weights --download-official {directory}`"
     return out
 
 
