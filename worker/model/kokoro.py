@@ -1,0 +1,164 @@
+"""Kokoro-82M: PL-BERT -> prosody predictor -> alignment -> iSTFTNet decoder, split for serving.
+
+The forward is two pure functions around the one data-dependent number, the total frame count:
+
+    stage1(ids, n_tokens, style, speed) -> durations [1, T], features [1, T, 1152]
+        PL-BERT, the duration encoder and the durations; the acoustic text encoder.
+    (the caller reads durations.sum() once: the only device-to-host sync of a synthesis)
+    stage2(durations, features, n_frames, frames, style, noise) -> waveform [1, 600 * frames]
+        alignment (built on device), F0 and energy (frame resolution, so here), the decoder.
+
+Both take padded shapes: a bucket of T tokens holding n_tokens real ones, a bucket of `frames`
+frames holding n_frames real ones; padding is masked or trimmed so a padded run computes the same
+waveform as an unpadded one. Pass n_tokens / n_frames = None for an unpadded run: then every
+layer does exactly what the reference KModel does. Batch size is 1 throughout (one chunk per
+replica at a time).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from transformers import AlbertConfig, AlbertModel
+
+from worker.model.decoder import Decoder, FrameSpans
+from worker.model.layers import AdaINResBlock1, BiLSTM, Span, fold_weight_norm
+from worker.model.prosody import ProsodyPredictor
+from worker.model.text_encoder import TextEncoder
+
+SAMPLES_PER_FRAME = 600  # 25 ms at 24 kHz
+COMPONENTS = ("bert", "bert_encoder", "predictor", "text_encoder", "decoder")
+
+
+class KokoroModel(nn.Module):
+    def __init__(self, config: dict):
+        super().__init__()
+        self.config = config
+        albert = AlbertConfig(vocab_size=config["n_token"], **config["plbert"])
+        albert._attn_implementation = "sdpa"
+        self.bert = AlbertModel(albert)
+        self.bert_encoder = nn.Linear(albert.hidden_size, config["hidden_dim"])
+        self.predictor = ProsodyPredictor(config["style_dim"], config["hidden_dim"], config["n_layer"], config["max_dur"])
+        self.text_encoder = TextEncoder(config["hidden_dim"], config["text_encoder_kernel_size"], config["n_layer"],
+                                        config["n_token"])
+        self.decoder = Decoder(dim_in=config["hidden_dim"], style_dim=config["style_dim"], dim_out=config["n_mels"],
+                               **config["istftnet"])
+        self.max_tokens = albert.max_position_embeddings
+        self.style_dim = config["style_dim"]
+        self.decoder_dtype = torch.float32
+        self.register_buffer("_arange", torch.arange(albert.max_position_embeddings), persistent=False)
+
+    # --- set-up ----------------------------------------------------------------------------------
+
+    def load_components(self, state_dict: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Load the official per-component state dicts, strictly."""
+        missing = [c for c in COMPONENTS if c not in state_dict]
+        if missing:
+            raise KeyError(f"state dict lacks component(s) {missing}; has {sorted(state_dict)}")
+        for name in COMPONENTS:
+            getattr(self, name).load_state_dict(state_dict[name], strict=True)
+
+    @torch.no_grad()
+    def prepare(self, device: str | torch.device = "cpu", decoder_dtype: torch.dtype = torch.float32) -> "KokoroModel":
+        """Make the loaded model ready to serve: eval, weight norm folded, moved, precision set.
+
+        Stage 1 and the F0/energy predictor stay float32 (they decide durations and pitch, and
+        cost little); `decoder_dtype` applies to the decoder's convolutions (the bulk of the work),
+        whose excitation source and STFTs stay float32.
+        """
+        self.eval().requires_grad_(False)
+        fold_weight_norm(self)
+        self.to(device)
+        self.decoder.to(decoder_dtype)
+        self.decoder.generator.m_source.float()
+        self.decoder.generator.stft.float()
+        self.decoder_dtype = decoder_dtype
+        for m in self.modules():
+            if isinstance(m, BiLSTM):
+                m.split_directions()
+            if isinstance(m, AdaINResBlock1):
+                m.cache_inverse_alpha()
+        return self
+
+    def positions(self, n: int) -> torch.Tensor:
+        """0..n-1 as a slice of one preallocated arange (grown here, never inside a CUDA graph:
+        the engine reserves the largest bucket before capturing)."""
+        if self._arange.numel() < n:
+            self._arange = torch.arange(max(n, 2 * self._arange.numel()), device=self._arange.device)
+        return self._arange[:n]
+
+    # --- stage 1: tokens -> durations + features ---------------------------------------------------
+
+    def stage1(self, ids: torch.Tensor, n_tokens: torch.Tensor | None, style: torch.Tensor,
+               speed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids: [1, T] int64 (boundary pads included; token 0 after n_tokens), n_tokens: [1] int64 or
+        None (unpadded), style: [1, 256], speed: [1] float32.
+
+        Returns durations [1, T] int64 (frames per token, 0 on padding) and features [1, T, 1152]
+        (duration-encoder output 640 ++ acoustic text encoder 512), which stage 2 aligns to frames.
+        """
+        T = ids.shape[1]
+        positions = self.positions(T)
+        span = Span() if n_tokens is None else Span.of(positions, n_tokens, torch.float32)
+
+        # PL-BERT: padded keys are masked out of attention (additive mask), padded queries ignored.
+        attention = None
+        if span.mask is not None:
+            attention = ((1.0 - span.mask) * torch.finfo(torch.float32).min).view(1, 1, 1, T)
+        token_types = self.bert.embeddings.token_type_ids[:, :T]  # zeros, preallocated by transformers
+        h = self.bert.embeddings(ids, token_type_ids=token_types, position_ids=positions.unsqueeze(0))
+        h = self.bert.encoder(h, attention).last_hidden_state  # [1, T, 768]
+        d_en = self.bert_encoder(h)  # [1, T, 512]
+
+        style_prosody = style[:, self.style_dim:]  # [1, 128]
+        d = self.predictor.text_encoder(d_en, style_prosody, span)  # [1, T, 640]
+        durations = self.predictor.durations(d, speed, span)  # [1, T]
+        t_en = self.text_encoder(ids, span)  # [1, 512, T]
+        return durations, torch.cat([d, t_en.transpose(1, 2)], dim=-1)
+
+    # --- stage 2: aligned frames -> waveform -------------------------------------------------------
+
+    def frame_spans(self, n_frames: torch.Tensor | None, frames: int) -> FrameSpans:
+        if n_frames is None:
+            return FrameSpans(Span(), Span(), Span(), Span(), Span())
+        dtype = self.decoder_dtype
+        samples_positions = self.positions(SAMPLES_PER_FRAME * frames + 20)
+        return FrameSpans(
+            frames=Span.of(samples_positions[:frames], n_frames, torch.float32),
+            frames2=Span.of(samples_positions[:2 * frames], 2 * n_frames, dtype),
+            up1=Span.of(samples_positions[:20 * frames], 20 * n_frames, dtype),
+            stft=Span.of(samples_positions[:120 * frames + 1], 120 * n_frames + 1, dtype),
+            samples=Span(length=SAMPLES_PER_FRAME * n_frames, positions=samples_positions),
+        )
+
+    def stage2(self, durations: torch.Tensor, features: torch.Tensor, n_frames: torch.Tensor | None, frames: int,
+               style: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """durations: [1, Tt] int64, features: [1, Tt, 1152] (any Tt >= the tokens used), n_frames: [1]
+        int64 true frame count or None (then frames == durations.sum()), frames: the bucket size,
+        style: [1, 256], noise: [1, 600 * frames, 9] standard normal or None -> [1, 600 * frames] float32.
+        """
+        spans = self.frame_spans(n_frames, frames)
+        # Alignment on device: frame f belongs to the token whose cumulative end first exceeds f.
+        ends = durations.cumsum(dim=-1)  # [1, Tt]
+        token_of_frame = torch.searchsorted(ends, self.positions(frames).unsqueeze(0), right=True)
+        token_of_frame = token_of_frame.clamp_(max=durations.shape[1] - 1)  # frames past the end: masked below
+        aligned = features.gather(1, token_of_frame.unsqueeze(-1).expand(-1, -1, features.shape[-1]))  # [1, F, 1152]
+        if spans.frames.mask is not None:
+            aligned = aligned * spans.frames.mask.transpose(1, 2)
+        en, asr = aligned.split([aligned.shape[-1] - 512, 512], dim=-1)  # [1, F, 640], [1, F, 512]
+
+        style_prosody = style[:, self.style_dim:]
+        f0, energy = self.predictor.f0_energy(en, style_prosody, spans.frames, spans.frames2)  # [1, 2F] each
+        return self.decoder(asr.transpose(1, 2), f0, energy, style[:, :self.style_dim], noise, spans)
+
+    # --- convenience (tests, tools) ----------------------------------------------------------------
+
+    @torch.no_grad()
+    def synthesize(self, ids: torch.Tensor, style: torch.Tensor, speed: float = 1.0,
+                   noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unpadded run of both stages: ids [1, T] (pads included) -> (waveform [600F], durations [T])."""
+        speed_t = torch.tensor([speed], dtype=torch.float32, device=ids.device)
+        durations, features = self.stage1(ids, None, style, speed_t)
+        frames = int(durations.sum())
+        audio = self.stage2(durations, features, None, frames, style, noise)
+        return audio[0], durations[0]

@@ -1,0 +1,327 @@
+"""Building blocks of Kokoro-82M, written for serving over padded, bucketed shapes.
+
+Parameter names and shapes follow the official checkpoint (`kokoro-v1_0.pth`), so every component
+loads with `strict=True`. Two things differ from a training-time implementation:
+
+* Weight norm is kept as `weight_g` / `weight_v` until `fold()` replaces them with one plain
+  `weight` (computed once with the same `torch._weight_norm` the checkpoint was trained with).
+* Every layer that looks along time takes a `Span`: the true length of a padded sequence. With
+  `Span.mask is None` (an unpadded run) the layers do exactly what the reference does; with a mask,
+  statistics are taken over the valid part only, the padded part is zeroed before each convolution
+  (so a kernel near the true end sees the zeros it would see in an unpadded run), and the backward
+  direction of each BiLSTM starts at the true end.
+
+Shapes in comments: B batch (always 1 when serving), C channels, T time steps of the bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RSQRT2 = float(torch.rsqrt(torch.tensor(2.0)))  # the float32 value the reference multiplies by
+
+
+@dataclass
+class Span:
+    """The valid prefix of a padded time axis.
+
+    All fields are None on an unpadded run, where every layer behaves exactly as the reference.
+    mask:      [1, 1, T] (compute dtype), 1 on valid steps.
+    count:     [1, 1, 1] float32, the number of valid steps.
+    length:    [1] int64, the same on device.
+    positions: [T] int64, 0..T-1 (a slice of a preallocated arange).
+    index:     [T] int64, a permutation that reverses the valid prefix and keeps the padding in
+               place (for the backward LSTM direction).
+    """
+
+    mask: torch.Tensor | None = None
+    count: torch.Tensor | None = None
+    length: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+
+    @staticmethod
+    def of(positions: torch.Tensor, length: torch.Tensor, dtype: torch.dtype) -> "Span":
+        """positions: [T] arange (preallocated), length: [1] int64 on the same device."""
+        valid = positions < length  # [T] bool, built on device
+        index = torch.where(valid, length - 1 - positions, positions)
+        return Span(valid.to(dtype).view(1, 1, -1), length.to(torch.float32).view(1, 1, 1), length,
+                    positions, index)
+
+
+def zero_padding(x: torch.Tensor, span: Span) -> torch.Tensor:
+    """x: [B, C, T]; zeroes the padded steps (identity on unpadded runs)."""
+    return x if span.mask is None else x * span.mask
+
+
+def instance_stats(x: torch.Tensor, span: Span, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and 1/std over time of x [B, C, T], valid steps only: ([B, C, 1], [B, C, 1]) in float32."""
+    if span.mask is None:
+        var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+        var, mean = var.float(), mean.float()
+    else:
+        xf = x.float()
+        mask = span.mask.float()
+        mean = (xf * mask).sum(-1, keepdim=True) / span.count
+        var = ((xf - mean) * mask).square().sum(-1, keepdim=True) / span.count
+    return mean, torch.rsqrt(var + eps)
+
+
+# --- weight norm -------------------------------------------------------------------------------
+
+class _WeightNorm:
+    """Mixin: replaces `weight` by `weight_g` / `weight_v` (dim 0, the official layout)."""
+
+    def _init_weight_norm(self) -> None:
+        weight = self.weight.detach()
+        del self.weight
+        self.weight_g = nn.Parameter(torch.norm_except_dim(weight, 2, 0))
+        self.weight_v = nn.Parameter(weight.clone())
+
+    def current_weight(self) -> torch.Tensor:
+        if "weight" in self._parameters:
+            return self.weight
+        return torch._weight_norm(self.weight_v, self.weight_g, 0)
+
+    @torch.no_grad()
+    def fold(self) -> None:
+        """Compute the weight once (after loading) and drop g and v."""
+        if "weight" in self._parameters:
+            return
+        weight = torch._weight_norm(self.weight_v, self.weight_g, 0)
+        del self.weight_g, self.weight_v
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+
+class WNConv1d(_WeightNorm, nn.Conv1d):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_weight_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.current_weight(), self.bias)
+
+
+class WNConvTranspose1d(_WeightNorm, nn.ConvTranspose1d):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_weight_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv_transpose1d(x, self.current_weight(), self.bias, self.stride, self.padding,
+                                  self.output_padding, self.groups, self.dilation)
+
+
+def fold_weight_norm(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, _WeightNorm):
+            m.fold()
+
+
+# --- recurrent ---------------------------------------------------------------------------------
+
+class BiLSTM(nn.LSTM):
+    """A one-layer bidirectional `nn.LSTM` (official parameter names) that runs over padded input.
+
+    Unpadded: the stock bidirectional call. Padded: the forward direction runs as is (its outputs
+    on the valid prefix never see the padding); the backward direction runs its own weights forward
+    over the valid prefix reversed in place by a device-side gather (`Span.index`), and the result
+    is gathered back. No lengths leave the device (pack_padded_sequence would need them on the CPU).
+    """
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__(input_size, hidden_size, num_layers=1, batch_first=True, bidirectional=True)
+        self._directions: tuple[nn.LSTM, nn.LSTM] | None = None
+
+    def split_directions(self) -> None:
+        """Build one-direction LSTMs sharing this module's weights (after loading and moving).
+
+        They live outside the module tree so the state dict keeps the official names; cuDNN gets
+        flat weights per direction instead of compacting them on every call.
+        """
+        directions = []
+        for suffix in ("", "_reverse"):
+            lstm = nn.LSTM(self.input_size, self.hidden_size, num_layers=1, batch_first=True,
+                           device=self.weight_ih_l0.device, dtype=self.weight_ih_l0.dtype)
+            for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"):
+                getattr(lstm, name).data = getattr(self, name + suffix).data
+            lstm.flatten_parameters()
+            lstm.requires_grad_(False)
+            directions.append(lstm)
+        self.flatten_parameters()
+        self._directions = (directions[0], directions[1])
+
+    def run(self, x: torch.Tensor, span: Span) -> torch.Tensor:
+        """x: [B, T, C_in] -> [B, T, 2H]."""
+        if span.index is None:
+            return super().forward(x)[0]
+        if self._directions is None:
+            self.split_directions()
+        forward, backward = self._directions
+        ahead = forward(x)[0]  # [B, T, H]
+        behind = backward(x.index_select(1, span.index))[0].index_select(1, span.index)  # [B, T, H]
+        return torch.cat([ahead, behind], dim=-1)
+
+
+# --- normalization -----------------------------------------------------------------------------
+
+class LayerNorm(nn.Module):
+    """LayerNorm over channels of a [B, C, T] tensor (parameters `gamma`, `beta`)."""
+
+    def __init__(self, channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.channels, self.eps = channels, eps
+        self.gamma = nn.Parameter(torch.ones(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.transpose(1, -1), (self.channels,), self.gamma, self.beta, self.eps).transpose(1, -1)
+
+
+class AdaLayerNorm(nn.Module):
+    """Style-conditioned LayerNorm over channels of a [B, T, C] tensor."""
+
+    def __init__(self, style_dim: int, channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.channels, self.eps = channels, eps
+        self.fc = nn.Linear(style_dim, channels * 2)
+
+    def forward(self, x: torch.Tensor, style: torch.Tensor) -> torch.Tensor:
+        gamma, beta = self.fc(style).unsqueeze(1).chunk(2, dim=-1)  # [B, 1, C] each
+        return (1 + gamma) * F.layer_norm(x, (self.channels,), eps=self.eps) + beta
+
+
+class AdaIN1d(nn.Module):
+    """Style-conditioned instance norm of [B, C, T]: (1 + gamma(s)) * IN(x) + beta(s).
+
+    The released weights have no InstanceNorm affine parameters (trained with affine=False; the
+    reference adds identity ones for its ONNX export), so neither do we. The whole thing folds into
+    one per-channel scale and shift, so applying it is a single multiply-add pass over x (fused
+    with the activation by the callers).
+    """
+
+    def __init__(self, style_dim: int, channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.fc = nn.Linear(style_dim, channels * 2)
+
+    def scale_shift(self, x: torch.Tensor, style: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [B, C, T] -> scale, shift: [B, C, 1] in x's dtype."""
+        mean, rstd = instance_stats(x, span, self.eps)  # [B, C, 1] float32
+        gamma, beta = self.fc(style).float().unsqueeze(-1).chunk(2, dim=1)  # [B, C, 1]
+        scale = (1 + gamma) * rstd
+        return scale.to(x.dtype), (beta - scale * mean).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, style: torch.Tensor, span: Span) -> torch.Tensor:
+        scale, shift = self.scale_shift(x, style, span)
+        return torch.addcmul(shift, x, scale)
+
+    def reference_forward(self, x: torch.Tensor, style: torch.Tensor) -> torch.Tensor:
+        """The reference's exact float32 arithmetic (unpadded runs of the F0 path; see AdainResBlk1d)."""
+        gamma, beta = self.fc(style).unsqueeze(-1).chunk(2, dim=1)  # [B, C, 1]
+        return (1 + gamma) * F.instance_norm(x, eps=self.eps) + beta
+
+
+# --- fused elementwise steps -------------------------------------------------------------------
+
+def styled_leaky_relu(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, slope: float) -> torch.Tensor:
+    """leaky_relu(x * scale + shift)."""
+    return F.leaky_relu(torch.addcmul(shift, x, scale), slope)
+
+
+def styled_snake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                 alpha: torch.Tensor, inv_alpha: torch.Tensor) -> torch.Tensor:
+    """Snake1D of the AdaIN output: y + sin(alpha * y)^2 / alpha with y = x * scale + shift."""
+    y = torch.addcmul(shift, x, scale)
+    return torch.addcmul(y, torch.sin(y * alpha).square_(), inv_alpha)
+
+
+# --- residual blocks ---------------------------------------------------------------------------
+
+class AdainResBlk1d(nn.Module):
+    """StyleTTS2's AdainResBlk1d (prosody predictor and decoder), optional 2x upsampling."""
+
+    def __init__(self, dim_in: int, dim_out: int, style_dim: int, upsample: bool = False):
+        super().__init__()
+        self.upsample = upsample
+        self.learned_sc = dim_in != dim_out
+        self.conv1 = WNConv1d(dim_in, dim_out, 3, 1, 1)
+        self.conv2 = WNConv1d(dim_out, dim_out, 3, 1, 1)
+        self.norm1 = AdaIN1d(style_dim, dim_in)
+        self.norm2 = AdaIN1d(style_dim, dim_out)
+        if self.learned_sc:
+            self.conv1x1 = WNConv1d(dim_in, dim_out, 1, 1, 0, bias=False)
+        if upsample:  # depthwise transposed conv: T -> 2T
+            self.pool = WNConvTranspose1d(dim_in, dim_in, kernel_size=3, stride=2, groups=dim_in,
+                                          padding=1, output_padding=1)
+
+    def forward(self, x: torch.Tensor, style: torch.Tensor, span: Span, span_out: Span | None = None) -> torch.Tensor:
+        """x: [B, C_in, T] -> [B, C_out, T_out] (T_out = 2T when upsampling; span_out its span).
+
+        Unpadded float32 runs use the reference's exact arithmetic for the norms: the F0 curve
+        comes out of these blocks, and the harmonic source built from it is chaotic in the last
+        bits (a 1e-7 relative change of F0 moves the reference's own output by ~30 dB SNR:
+        the phases of near-empty STFT bins flip), so parity needs F0 bit for bit.
+        """
+        span_out = span if span_out is None else span_out
+        exact = span.mask is None and x.dtype == torch.float32
+        if exact:
+            h = F.leaky_relu(self.norm1.reference_forward(x, style), 0.2)
+        else:
+            h = styled_leaky_relu(x, *self.norm1.scale_shift(x, style, span), 0.2)
+        if self.upsample:
+            h = self.pool(zero_padding(h, span))  # [B, C_in, 2T]
+        h = self.conv1(zero_padding(h, span_out))
+        if exact:
+            h = F.leaky_relu(self.norm2.reference_forward(h, style), 0.2)
+        else:
+            h = styled_leaky_relu(h, *self.norm2.scale_shift(h, style, span_out), 0.2)
+        h = self.conv2(zero_padding(h, span_out))
+
+        shortcut = F.interpolate(x, scale_factor=2.0, mode="nearest") if self.upsample else x
+        if self.learned_sc:
+            shortcut = self.conv1x1(shortcut)
+        return (h + shortcut) * RSQRT2
+
+
+class AdaINResBlock1(nn.Module):
+    """iSTFTNet's resblock: three dilated conv pairs with AdaIN + Snake, residual each."""
+
+    def __init__(self, channels: int, kernel_size: int, dilation: tuple[int, ...], style_dim: int):
+        super().__init__()
+
+        def conv(d: int) -> WNConv1d:
+            return WNConv1d(channels, channels, kernel_size, 1, dilation=d, padding=(kernel_size - 1) * d // 2)
+
+        self.convs1 = nn.ModuleList([conv(d) for d in dilation])
+        self.convs2 = nn.ModuleList([conv(1) for _ in dilation])
+        self.adain1 = nn.ModuleList([AdaIN1d(style_dim, channels) for _ in dilation])
+        self.adain2 = nn.ModuleList([AdaIN1d(style_dim, channels) for _ in dilation])
+        self.alpha1 = nn.ParameterList([nn.Parameter(torch.ones(1, channels, 1)) for _ in dilation])
+        self.alpha2 = nn.ParameterList([nn.Parameter(torch.ones(1, channels, 1)) for _ in dilation])
+        self._inverse_alpha: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    @torch.no_grad()
+    def cache_inverse_alpha(self) -> None:
+        """1 / alpha once (after loading and moving), not per call."""
+        self._inverse_alpha = ([1.0 / a for a in self.alpha1], [1.0 / a for a in self.alpha2])
+
+    def forward(self, x: torch.Tensor, style: torch.Tensor, span: Span) -> torch.Tensor:
+        """x: [B, C, T] -> [B, C, T]."""
+        if self._inverse_alpha is None:
+            inv1, inv2 = [1.0 / a for a in self.alpha1], [1.0 / a for a in self.alpha2]
+        else:
+            inv1, inv2 = self._inverse_alpha
+        for c1, c2, n1, n2, a1, a2, i1, i2 in zip(self.convs1, self.convs2, self.adain1, self.adain2,
+                                                  self.alpha1, self.alpha2, inv1, inv2):
+            h = styled_snake(x, *n1.scale_shift(x, style, span), a1, i1)
+            h = c1(zero_padding(h, span))
+            h = styled_snake(h, *n2.scale_shift(h, style, span), a2, i2)
+            h = c2(zero_padding(h, span))
+            x = h + x
+        return x
