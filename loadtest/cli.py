@@ -34,6 +34,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     load.add_argument("--max-outstanding", type=int, default=256,
                       help="open loop: arrivals beyond this many outstanding requests are dropped and counted (default 256)")
     load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule (default 0)")
+    load.add_argument("--honor-retry-after", action=argparse.BooleanOptionalAction, default=True,
+                      help="closed loop: a user refused with 503 waits its Retry-After before its next request (default on)")
     req = p.add_argument_group("request")
     req.add_argument("--texts", default="short",
                      help="short | paragraphs | long | FILE (a text per line) | FILE:whole (default short)")
@@ -90,7 +92,8 @@ def _workload(args: argparse.Namespace) -> Workload:
     return Workload(texts=load_texts(args.texts), voice=args.voice, model=args.model,
                     response_format=args.response_format, speed=args.speed, stream=args.stream, sse=args.sse,
                     extra=extra, timeout=args.timeout, read_timeout=args.read_timeout,
-                    connect_timeout=args.connect_timeout, max_outstanding=args.max_outstanding, seed=args.seed)
+                    connect_timeout=args.connect_timeout, max_outstanding=args.max_outstanding, seed=args.seed,
+                    honor_retry_after=args.honor_retry_after)
 
 
 def _target(url: str, label: str, args: argparse.Namespace) -> Target:
@@ -116,7 +119,8 @@ async def wait_ready(url: str, seconds: float) -> None:
     """Wait until the server is ready, or fail after `seconds`.
 
     Ready means GET /ready answers 200 (kokoro-fleet: weights loaded and warmed up); a server
-    without /ready (404) counts as ready once GET /health answers at all.
+    without /ready (404) counts as ready once GET /health answers at all. A /ready that answers
+    anything but 503-with-Retry-After (still loading) fails at once with the server's message.
     """
     base = re.sub(r"/v1/audio/speech/?$", "", url)
     deadline = time.monotonic() + seconds
@@ -130,7 +134,10 @@ async def wait_ready(url: str, seconds: float) -> None:
                 if r.status_code in (404, 405):
                     await client.get(base + "/health")
                     return
-                last = f"/ready answered {r.status_code}"
+                last = f"/ready answered {r.status_code}: {r.text[:300]}"
+                if r.status_code != 503 or "retry-after" not in r.headers:
+                    # not "still loading, come back" (that 503 carries Retry-After): waiting won't help
+                    raise SystemExit(f"loadtest: {base} is not ready: {last}")
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}"
             await asyncio.sleep(0.5)

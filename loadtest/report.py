@@ -55,6 +55,8 @@ def _log_x(ax, sets: list[dict[str, Any]]) -> None:
 
 def make_plots(result_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     plt = _plt()
+    from matplotlib import ticker
+
     sets = result_sets(result_dir)
     out = Path(out_dir) if out_dir else Path(result_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +137,9 @@ def make_plots(result_dir: str | Path, out_dir: str | Path | None = None) -> lis
                     color=cmap(j / max(1, len(labels) - 1) * 0.9),
                     label=f"{_label(rs)} {step}" if len(sets) > 1 else step)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))  # 20, 50, 200, 500 ... between decades
     ax.set_xlabel("time to first audio, ms (log scale)")
     ax.set_ylabel("fraction of successful requests")
     ax.set_ylim(0, 1.01)
@@ -160,6 +165,7 @@ def make_plots(result_dir: str | Path, out_dir: str | Path | None = None) -> lis
     ax.axhline(metrics.CONTINUOUS_UNDERRUN_S * 1000, color="tab:red", lw=1, ls="--",
                label="100 ms: continuous below")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xticks(range(len(steps)))
     ax.set_xticklabels(steps)
     ax.set_xlim(-0.6, len(steps) - 0.4)

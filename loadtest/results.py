@@ -88,7 +88,13 @@ def result_sets(path: str | Path) -> list[dict[str, Any]]:
     d = Path(path)
     if (d / SUMMARY_JSON).is_file():
         return [load_results(d)]
-    sets = [load_results(sub) for sub in sorted(d.iterdir()) if (sub / SUMMARY_JSON).is_file()]
+    subs = [sub for sub in sorted(d.iterdir()) if (sub / SUMMARY_JSON).is_file()]
+    if (d / "compare.json").is_file():  # draw A then B, as compare ran them
+        with open(d / "compare.json", encoding="utf-8") as f:
+            compared = json.load(f)
+        order = [compared[k]["label"] for k in ("a", "b")]
+        subs.sort(key=lambda sub: order.index(sub.name) if sub.name in order else len(order))
+    sets = [load_results(sub) for sub in subs]
     if not sets:
         raise FileNotFoundError(f"{d}: no {SUMMARY_JSON} here or in its subdirectories")
     return sets

@@ -58,6 +58,7 @@ class Workload:
     read_timeout: float = 120.0  # longest silence between two reads
     connect_timeout: float = 10.0
     max_outstanding: int = 256  # open loop: arrivals beyond this are dropped (and counted)
+    honor_retry_after: bool = True  # closed loop: a user refused with 503 waits its Retry-After
     seed: int = 0
 
     def spec(self, target: Target, text_id: int) -> RequestSpec:
@@ -104,6 +105,7 @@ class Progress:
         self.counts = {"ok": 0, "rejected": 0, "error": 0, "dropped": 0}
         self.ttfas: list[float] = []
         self._task: asyncio.Task | None = None
+        self._last = ""
 
     def done(self, r: RequestResult) -> None:
         self.counts[r.outcome] = self.counts.get(r.outcome, 0) + 1
@@ -119,7 +121,9 @@ class Progress:
         p50 = metrics.percentile(self.ttfas[-200:], 50)
         ttfa = f" TTFA p50 {p50 * 1000:.0f} ms" if p50 is not None else ""
         dropped = f" dropped {c['dropped']}" if c["dropped"] else ""
-        return (f"{self.label:>14} [{bar}] {min(elapsed, self.duration):5.1f}/{self.duration:g}s "
+        clock = (f"{elapsed:5.1f}/{self.duration:g}s" if elapsed <= self.duration
+                 else f"draining {elapsed - self.duration:4.1f}s")  # the load has ended; waiting for the last responses
+        return (f"{self.label:>14} [{bar}] {clock} "
                 f"ok {c['ok']} 503 {c['rejected']} err {c['error']}{dropped} in-flight {self.in_flight}{ttfa}")
 
     async def _loop(self) -> None:
@@ -131,10 +135,12 @@ class Progress:
     def _draw(self, final: bool = False) -> None:
         if not self.enabled:
             return
+        line = self.line()
         if self.tty:
-            self.stream.write("\r" + self.line() + ("\n" if final else ""))
-        else:
-            self.stream.write(self.line() + "\n")
+            self.stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
+        elif final or line != self._last:  # a log file gets a line only when something moved
+            self.stream.write(line + "\n")
+        self._last = line
         self.stream.flush()
 
     def start(self) -> None:
@@ -236,7 +242,7 @@ class Runner:
         t0 = time.perf_counter()
         prog.start()
 
-        async def one(index: int, text_id: int, scheduled: float | None) -> None:
+        async def one(index: int, text_id: int, scheduled: float | None) -> RequestResult:
             nonlocal in_flight, max_in_flight
             r = self._result(target, step.label, "measure", index)
             if scheduled is not None:
@@ -255,6 +261,7 @@ class Runner:
             prog.done(r)
             if on_done:
                 on_done(r)
+            return r
 
         if step.kind == "closed":
             counter = itertools.count()
@@ -263,7 +270,11 @@ class Runner:
             async def user() -> None:
                 while time.perf_counter() < deadline:
                     i = next(counter)
-                    await one(i, text_offset + i, None)
+                    r = await one(i, text_offset + i, None)
+                    if r.outcome == "rejected" and self.workload.honor_retry_after:
+                        # as the OpenAI client does: wait what the 503 asked before the next request
+                        # (else a refused user spins, and the 503 rate says more about us than the server)
+                        await asyncio.sleep(max(0.0, min(retry_after_s(r), deadline - time.perf_counter())))
 
             await asyncio.gather(*(user() for _ in range(int(step.value))))
         else:
@@ -291,6 +302,18 @@ class Runner:
                        max_in_flight=max_in_flight)
 
 
+def retry_after_s(r: RequestResult, default: float = 1.0) -> float:
+    """What a 503 asked the client to wait: retry-after-ms when sent (finer), else Retry-After."""
+    try:
+        if r.retry_after_ms:
+            return float(r.retry_after_ms) / 1000
+        if r.retry_after:
+            return float(r.retry_after)
+    except ValueError:  # an HTTP-date Retry-After; our servers send seconds
+        pass
+    return default
+
+
 def summarize(runs: list[StepRun]) -> dict[str, Any]:
     """One step's summary (the JSON record) from one or more runs of it against one target.
 
@@ -313,12 +336,7 @@ def summarize(runs: list[StepRun]) -> dict[str, Any]:
     def dist(name: str, among: list[RequestResult] = ok) -> dict[str, float | None]:
         return metrics.distribution([getattr(r, name) for r in among if getattr(r, name) is not None])
 
-    retry = []
-    for r in rejected:
-        try:
-            retry.append(float(r.retry_after_ms) / 1000 if r.retry_after_ms else float(r.retry_after))
-        except ValueError:
-            pass
+    retry = [retry_after_s(r, default=float("nan")) for r in rejected]
     summary: dict[str, Any] = {
         "target": runs[0].target.label,
         "url": runs[0].target.url,

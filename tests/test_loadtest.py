@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from loadtest import metrics
 from loadtest.client import RequestResult, RequestSpec, make_client, send_speech
 from loadtest.runner import Runner, Step, Target, Workload, poisson_arrivals, speech_url, summarize
+from loadtest.selftest import stub_process
 from loadtest.stub import StubConfig, StubServer
 
 # ------------------------------------------------------------------ underrun: pure function ---
@@ -122,26 +123,51 @@ def _median(values):
     return float(np.median(values))
 
 
-def _produced(stub: StubServer, r: RequestResult) -> tuple[float, float]:
-    """(headers, first audio) as the stub produced them: seconds after it received the request."""
-    ev = stub.events[r.request_id]
-    return ev["headers"] - ev["recv"], ev["first_audio"] - ev["recv"]
+class _StubProcess:
+    """`python -m loadtest.stub` in its own process (its timers and the generator's event loop
+    do not share a GIL), with its log fetched over HTTP."""
+
+    def __init__(self, **cfg) -> None:
+        args = []
+        for k, v in cfg.items():
+            args += ["--" + k.replace("_", "-"), str(v)]
+        self._cm = stub_process(*args)
+
+    def __enter__(self):
+        self.url = self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+    def produced(self, results: list[RequestResult]) -> list[tuple[float, float]]:
+        """(headers, first audio) as the stub produced them: seconds after it had the request."""
+        import httpx
+
+        events = httpx.get(self.url + "/stub/log", trust_env=False).json()["events"]
+        return [(events[r.request_id]["headers"] - events[r.request_id]["recv"],
+                 events[r.request_id]["first_audio"] - events[r.request_id]["recv"]) for r in results]
 
 
 # How these timing tests stay honest on 2 cores shared with other jobs: the stub logs when it
 # really wrote each thing (its sleeps overshoot when the CPU is busy), so the generator's figures
 # are checked against that, on the same clock. Scheduling noise only ever makes the generator
 # later, never earlier, so the best of a few requests shows its accuracy and the median gets a
-# looser bound. `python -m loadtest selftest` measures the same on a quiet machine.
+# looser bound. On a quiet machine the error is ~1 ms (`python -m loadtest selftest
+# --concurrency 1`); with both cores busy with other jobs (load 4-5) each wake-up of the stub
+# or the generator costs a few ms, so ACCURATE_S is 10 ms here rather than the 5 ms a quiet
+# machine meets. Every distinction these tests draw (headers vs first audio vs last byte) is
+# 50 ms or more.
+ACCURATE_S = 0.010
 
 
 def test_ttfa_is_the_first_audio_byte_not_the_headers():
     # headers at once, audio 300 ms later, then 4 more chunks 100 ms apart (last byte at ~700 ms):
     # a tool that timed the headers would report ~0, one that timed the body's end ~700 ms
     delay = 0.300
-    stub = StubServer(StubConfig(audio_seconds=0.5, first_byte_delay=delay, chunk_seconds=0.1, chunk_gap=0.1))
-    with stub.running_in_thread() as url:
-        results = [_one(url, rid=f"t{i}") for i in range(6)]
+    with _StubProcess(audio_seconds=0.5, first_byte_delay=delay, chunk_seconds=0.1, chunk_gap=0.1) as stub:
+        results = [_one(stub.url, rid=f"t{i}") for i in range(6)]
+        produced = stub.produced(results)
     for r in results:
         assert r.outcome == "ok", r.error
         assert r.headers_s < 0.05
@@ -149,23 +175,23 @@ def test_ttfa_is_the_first_audio_byte_not_the_headers():
         assert r.e2e_s > 0.69
         assert delay <= r.ttfa_s < delay + 0.1
     vs_delay = np.array([r.ttfa_s - delay for r in results]) * 1000
-    vs_stub = np.array([r.ttfa_s - _produced(stub, r)[1] for r in results]) * 1000
+    vs_stub = np.array([r.ttfa_s - p[1] for r, p in zip(results, produced)]) * 1000
     print(f"\nTTFA - configured delay (ms): {np.round(vs_delay, 2).tolist()}\n"
           f"TTFA - delay the stub applied (ms): {np.round(vs_stub, 2).tolist()}")
-    assert 0.0 <= vs_stub.min() < 5.0
-    assert np.median(vs_stub) < 15.0
-    assert vs_delay.min() < 10.0
+    assert 0.0 <= vs_stub.min() < ACCURATE_S * 1000
+    assert np.median(vs_stub) < 25.0
+    assert vs_delay.min() < 2 * ACCURATE_S * 1000  # plus the stub's own timer lag
 
 
 def test_header_delay_and_first_audio_delay_are_told_apart():
-    stub = StubServer(StubConfig(audio_seconds=0.3, header_delay=0.2, first_byte_delay=0.15))
-    with stub.running_in_thread() as url:
-        results = [_one(url, rid=f"h{i}") for i in range(4)]
-    headers_err = [r.headers_s - _produced(stub, r)[0] for r in results]
-    ttfa_err = [r.ttfa_s - _produced(stub, r)[1] for r in results]
+    with _StubProcess(audio_seconds=0.3, header_delay=0.2, first_byte_delay=0.15) as stub:
+        results = [_one(stub.url, rid=f"h{i}") for i in range(6)]
+        produced = stub.produced(results)
+    headers_err = [r.headers_s - p[0] for r, p in zip(results, produced)]
+    ttfa_err = [r.ttfa_s - p[1] for r, p in zip(results, produced)]
     assert all(r.headers_s >= 0.2 and r.ttfa_s >= 0.35 for r in results)
-    assert 0.0 <= min(headers_err) < 0.005 and 0.0 <= min(ttfa_err) < 0.005
-    assert _median(headers_err) < 0.015 and _median(ttfa_err) < 0.015
+    assert 0.0 <= min(headers_err) < ACCURATE_S and 0.0 <= min(ttfa_err) < ACCURATE_S
+    assert _median(headers_err) < 0.025 and _median(ttfa_err) < 0.025
 
 
 def test_underrun_measured_end_to_end():
@@ -179,16 +205,16 @@ def test_underrun_measured_end_to_end():
 
 
 def test_sse_ttfa_is_the_first_audio_delta():
-    stub = StubServer(StubConfig(audio_seconds=0.6, first_byte_delay=0.2, chunk_seconds=0.2, chunk_gap=0.05))
-    with stub.running_in_thread() as url:
-        results = [_one(url, rid=f"s{i}", sse=True) for i in range(3)]
+    with _StubProcess(audio_seconds=0.6, first_byte_delay=0.2, chunk_seconds=0.2, chunk_gap=0.05) as stub:
+        results = [_one(stub.url, rid=f"s{i}", sse=True) for i in range(4)]
+        produced = stub.produced(results)
     for r in results:
         assert r.outcome == "ok", r.error
         assert r.reads == 3
         assert r.audio_s == pytest.approx(0.6)
         assert r.headers_s < 0.05 and r.ttfa_s >= 0.2
     # the first delta, not the headers (~0) nor the second delta (50 ms after the first)
-    assert 0.0 <= min(r.ttfa_s - _produced(stub, r)[1] for r in results) < 0.02
+    assert 0.0 <= min(r.ttfa_s - p[1] for r, p in zip(results, produced)) < ACCURATE_S
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "wav", "flac"])
@@ -229,6 +255,22 @@ def test_503s_are_counted_apart_from_latency():
     assert s["retry_after_s"]["p50"] == pytest.approx(1.5)  # retry-after-ms preferred over the rounded header
     rejected = [r for r in run.rows if r.outcome == "rejected"]
     assert all(r.retry_after == "2" and r.retry_after_ms == "1500" for r in rejected)
+
+
+def test_closed_loop_users_wait_the_retry_after_of_a_503():
+    # capacity 2, 4 users: two are refused at once. Honouring Retry-After (0.5 s), a refused user
+    # tries at most about duration / 0.5 times; without it, it spins on fast 503s.
+    cfg = dict(audio_seconds=0.3, first_byte_delay=0.05, capacity=2, retry_after_s=0.5)
+    with StubServer(StubConfig(**cfg)).running_in_thread() as url:
+        (polite,) = _run_steps(url, [Step("closed", 4, 1.5)])
+    with StubServer(StubConfig(**cfg)).running_in_thread() as url:
+        (spinning,) = _run_steps(url, [Step("closed", 4, 1.5)], honor_retry_after=False)
+    rejected = lambda run: sum(r.outcome == "rejected" for r in run.rows)  # noqa: E731
+    print(f"\n503s in 1.5 s at c=4 against capacity 2: {rejected(polite)} waiting Retry-After, "
+          f"{rejected(spinning)} not waiting")
+    assert 1 <= rejected(polite) <= 4 * 4
+    assert rejected(spinning) > 10 * rejected(polite)
+    assert summarize([polite])["ok"] >= 2 * 3  # the two admitted users keep being served
 
 
 def test_open_loop_arrivals_are_not_delayed_by_slow_responses():
