@@ -1,0 +1,131 @@
+"""The speech glue: plan validation, chunk order, pauses, timestamps offsets, joins, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from worker.engine import Synthesis
+from worker.speech import EDGE_FADE_SAMPLES, SAMPLE_RATE, SpeechRequest, SpeechService, fade_edges
+from worker.settings import Settings
+from worker.text import TextError
+from worker.voices import VoiceBank, VoiceError
+from worker.weights import VOICE_NAMES
+
+FRAME = 600
+
+
+class RecordingReplica:
+    """A replica stand-in that returns a loud square wave (the worst case for clicks) per chunk."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls: list[list[int]] = []
+        self.delay = delay
+
+    async def synthesize(self, ids, style, speed=1.0):
+        self.calls.append(list(ids))
+        await asyncio.sleep(self.delay)
+        durations = np.full(len(ids) + 2, 2, dtype=np.int64)
+        n = int(durations.sum()) * FRAME
+        audio = np.where(np.arange(n) % 50 < 25, 0.8, -0.8).astype(np.float32)
+        return Synthesis(audio=audio, durations=durations)
+
+
+@pytest.fixture(scope="module")
+def voices() -> VoiceBank:
+    gen = torch.Generator().manual_seed(0)
+    return VoiceBank({name: torch.randn(510, 256, generator=gen) for name in VOICE_NAMES})
+
+
+def service(voices, replica) -> SpeechService:
+    return SpeechService(replica, voices, Settings(first_chunk_phonemes=20, chunk_phonemes=60))
+
+
+async def collect(svc, plan):
+    return [piece async for piece in svc.stream(plan)]
+
+
+def test_fade_edges_ramps_to_zero_and_keeps_the_middle():
+    audio = np.ones(1000, dtype=np.float32)
+    faded = fade_edges(audio)
+    assert faded[0] == pytest.approx(0.0, abs=1e-6) and faded[-1] == pytest.approx(0.0, abs=1e-6)
+    assert np.all(faded[EDGE_FADE_SAMPLES:-EDGE_FADE_SAMPLES] == 1.0)
+    assert np.all(np.diff(faded[:EDGE_FADE_SAMPLES]) >= 0)
+    assert fade_edges(np.ones(3, np.float32)).shape == (3,)  # shorter than two fades: no crash
+
+
+def test_stream_yields_every_chunk_in_order_with_continuous_joins(voices):
+    replica = RecordingReplica()
+    svc = service(voices, replica)
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * 6)
+    plan = svc.plan(SpeechRequest(text, voice="af_heart"))
+    assert len(plan.chunks) > 2, "the text should need several chunks at these sizes"
+    pieces = asyncio.run(collect(svc, plan))
+    assert [p.index for p in pieces] == list(range(len(plan.chunks)))
+    assert [p.is_last for p in pieces] == [False] * (len(pieces) - 1) + [True]
+    assert replica.calls == [c.ids for c in plan.chunks if c.ids]
+    audio = np.concatenate([p.pcm for p in pieces])
+    inner = max(np.abs(np.diff(p.pcm[EDGE_FADE_SAMPLES:-EDGE_FADE_SAMPLES])).max() for p in pieces)
+    joins = np.cumsum([len(p.pcm) for p in pieces])[:-1]
+    for j in joins:
+        assert abs(float(audio[j]) - float(audio[j - 1])) <= inner
+
+
+def test_word_times_are_absolute_and_increasing(voices):
+    svc = service(voices, RecordingReplica())
+    plan = svc.plan(SpeechRequest("One two three four five six seven eight nine ten. " * 3))
+    pieces = asyncio.run(collect(svc, plan))
+    words = [w for p in pieces for w in p.words]
+    assert words, "timestamps expected"
+    starts = [w.start for w in words]
+    assert starts == sorted(starts)
+    total = sum(p.seconds for p in pieces)
+    assert words[-1].end <= total + 1e-6
+    second_piece_start = pieces[0].seconds
+    assert pieces[1].words[0].start >= second_piece_start - 1e-6
+
+
+def test_pause_tag_appends_silence_of_that_length(voices):
+    svc = service(voices, RecordingReplica())
+    with_pause = asyncio.run(collect(svc, svc.plan(SpeechRequest("Hello there. [pause:0.5s] General Kenobi."))))
+    without = asyncio.run(collect(svc, svc.plan(SpeechRequest("Hello there. General Kenobi."))))
+    extra = sum(len(p.pcm) for p in with_pause) - sum(len(p.pcm) for p in without)
+    assert extra == round(0.5 * SAMPLE_RATE)
+
+
+def test_plan_rejects_bad_voice_and_empty_text_before_any_audio(voices):
+    replica = RecordingReplica()
+    svc = service(voices, replica)
+    with pytest.raises(VoiceError):
+        svc.plan(SpeechRequest("Hello.", voice="no_such_voice"))
+    with pytest.raises(TextError):
+        svc.plan(SpeechRequest("   ", voice="af_heart"))
+    assert replica.calls == []
+
+
+def test_cancelling_the_consumer_stops_after_the_chunk_in_flight(voices):
+    replica = RecordingReplica(delay=0.05)
+    svc = service(voices, replica)
+    plan = svc.plan(SpeechRequest(" ".join(["A long sentence that keeps going and going."] * 10)))
+    assert len(plan.chunks) > 3
+
+    async def take_first_then_drop():
+        stream = svc.stream(plan)
+        await stream.__anext__()
+        await stream.aclose()  # what the server does when the client disconnects
+
+    asyncio.run(take_first_then_drop())
+    assert len(replica.calls) == 1
+
+
+def test_plan_refuses_audio_longer_than_the_configured_cap(voices):
+    text = " ".join(["This sentence takes a couple of seconds to say."] * 20)
+    capped = SpeechService(RecordingReplica(), voices, Settings(max_request_audio_seconds=10.0))
+    with pytest.raises(TextError, match="split the text"):
+        capped.plan(SpeechRequest(text))
+    assert capped.plan(SpeechRequest("Short and sweet.")).estimated_seconds < 10.0
+    uncapped = SpeechService(RecordingReplica(), voices, Settings())
+    assert uncapped.plan(SpeechRequest(text)).estimated_seconds > 10.0

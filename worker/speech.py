@@ -1,0 +1,156 @@
+"""One speech request, from text to PCM pieces: the seam between the API and a replica.
+
+`SpeechService.plan` does everything that can reject a request (voice spec, language, text) before
+any audio exists, so the API can still answer 400; `SpeechService.stream` then synthesizes the plan
+chunk by chunk and yields each piece as soon as it exists. The fleet's shared queue later replaces
+the one local `Replica` here; the API keeps calling the same two methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from worker.settings import Settings, get_settings
+from worker.text import Chunk, NormalizationOptions, TextError, text_to_chunks
+from worker.timestamps import WordTimestamp, word_timestamps
+from worker.voices import Voice, VoiceBank
+
+SAMPLE_RATE = 24_000
+# Chunks are synthesized independently, so their edges need not meet at zero. A short raised-cosine
+# fade at each edge makes every join continuous (no click) without audibly touching speech: Kokoro
+# starts and ends each chunk on the pad token's near-silence anyway.
+EDGE_FADE_SAMPLES = 96  # 4 ms at 24 kHz
+# Before synthesis the only measure of a request's length is its phoneme count; Kokoro speaks about
+# 13 phonemes a second at speed 1 (75 ms each), which is what the fleet's queue assumes until it has
+# measured better.
+SECONDS_PER_PHONEME = 0.075
+
+
+def _raised_cosine(n: int) -> np.ndarray:
+    return (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n))).astype(np.float32)
+
+
+_FADE_IN = _raised_cosine(EDGE_FADE_SAMPLES)
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    text: str
+    voice: str = "af_heart"
+    speed: float = 1.0
+    lang_code: str | None = None  # None: follow the voice's language
+    normalization: NormalizationOptions | None = None
+
+
+@dataclass
+class SpeechPlan:
+    request: SpeechRequest
+    voice: Voice
+    lang_code: str
+    chunks: list[Chunk]
+
+    @property
+    def phoneme_count(self) -> int:
+        return sum(len(c.ids) for c in self.chunks)
+
+    @property
+    def estimated_seconds(self) -> float:
+        """Audio length expected before any synthesis: phonemes at the usual rate, plus pauses."""
+        speech = self.phoneme_count * SECONDS_PER_PHONEME / self.request.speed
+        return speech + sum(c.pause_after for c in self.chunks)
+
+
+@dataclass
+class AudioPiece:
+    pcm: np.ndarray  # float32 [samples], 24 kHz mono, edges faded, pause silence appended
+    words: list[WordTimestamp] = field(default_factory=list)  # absolute seconds from the request's start
+    index: int = 0
+    is_last: bool = False
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / SAMPLE_RATE
+
+
+def fade_edges(audio: np.ndarray) -> np.ndarray:
+    """A copy of `audio` whose first and last few milliseconds ramp from and to zero."""
+    out = np.asarray(audio, dtype=np.float32).copy()
+    n = min(EDGE_FADE_SAMPLES, len(out) // 2)
+    if n:
+        ramp = _FADE_IN if n == EDGE_FADE_SAMPLES else _raised_cosine(n)
+        out[:n] *= ramp
+        out[-n:] *= ramp[::-1]
+    return out
+
+
+class SpeechService:
+    """Turns speech requests into audio pieces on one replica (the fleet swaps the replica for the queue)."""
+
+    def __init__(self, replica, voices: VoiceBank, settings: Settings | None = None):
+        self.replica = replica
+        self.voices = voices
+        self.settings = settings or get_settings()
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> "SpeechService":
+        """Load the weights, build the engine and its replica: what a server or `say` starts with."""
+        from worker.engine import Engine
+        from worker.replica import Replica
+        from worker.weights import load_weights
+
+        settings = settings or get_settings()
+        weights = load_weights(settings)
+        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype,
+                        seed=settings.seed, cuda_graphs=settings.cuda_graphs)
+        return cls(Replica(engine), VoiceBank(weights.voices), settings)
+
+    def plan(self, request: SpeechRequest) -> SpeechPlan:
+        """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""
+        voice = self.voices.resolve(request.voice)
+        lang_code = request.lang_code or voice.lang_code
+        chunks = text_to_chunks(
+            request.text, lang_code, request.normalization,
+            first_chunk_phonemes=self.settings.first_chunk_phonemes,
+            chunk_phonemes=self.settings.chunk_phonemes,
+        )
+        if not any(c.ids for c in chunks):
+            raise TextError("input has nothing to speak: after normalization it holds no pronounceable text")
+        plan = SpeechPlan(request, voice, lang_code, chunks)
+        limit = self.settings.max_request_audio_seconds
+        if limit and plan.estimated_seconds > limit:
+            raise TextError(
+                f"input would make about {plan.estimated_seconds:.0f} s of audio, more than the {limit:.0f} s "
+                "this server allows in one request: split the text into several requests")
+        return plan
+
+    async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
+        """Synthesize the plan chunk by chunk; each piece leaves as soon as it exists.
+
+        Cancelling the consumer (a client that disconnects) stops after the chunk in flight: the
+        replica finishes that one inference and takes no more of this request.
+        """
+        offset_s = 0.0
+        last = len(plan.chunks) - 1
+        for index, chunk in enumerate(plan.chunks):
+            words: list[WordTimestamp] = []
+            pcm = np.zeros(0, dtype=np.float32)
+            if chunk.ids:
+                style = self.voices.style(plan.voice, len(chunk.ids))
+                result = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
+                pcm = fade_edges(result.audio)
+                words = word_timestamps(chunk, result.durations, offset_s)
+            if chunk.pause_after > 0:
+                pcm = np.concatenate([pcm, np.zeros(round(chunk.pause_after * SAMPLE_RATE), np.float32)])
+            offset_s += len(pcm) / SAMPLE_RATE
+            yield AudioPiece(pcm, words, index, index == last)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
