@@ -41,9 +41,9 @@ class RequestResult:
     request_id: str = ""  # sent as X-Request-Id so a server log (or the stub) can be matched
     text_id: int = 0  # index into the text set
     text_chars: int = 0
-    started_at: float = 0.0  # seconds since the run began (when the request was sent)
+    started_at: float = 0.0  # seconds since the run began (when the generator decided to send it)
     scheduled_at: float | None = None  # open loop: the Poisson arrival, seconds since step start
-    sched_lag_s: float | None = None  # open loop: how late the generator sent it (its own delay)
+    sched_lag_s: float | None = None  # open loop: how late the request left against its Poisson arrival (the generator's own delay)
     outcome: str = ""  # ok | rejected (503) | error | dropped (open-loop client cap reached)
     status: int = 0  # HTTP status; 0 when no response (connect error, timeout)
     error: str = ""
@@ -59,7 +59,8 @@ class RequestResult:
     reads: int = 0  # network reads (SSE: audio events) that carried audio
     retry_after: str = ""  # 503: the Retry-After header as sent (seconds)
     retry_after_ms: str = ""  # 503: the retry-after-ms header as sent
-    t_send: float = 0.0  # absolute time.perf_counter() at send (CLOCK_MONOTONIC: same clock as the stub's log)
+    prep_s: float = 0.0  # the generator's own time from deciding to send to the request leaving (not in any latency)
+    t_send: float = 0.0  # absolute time.perf_counter() when the request left (CLOCK_MONOTONIC: same clock as the stub's log)
     t_first_audio: float | None = None  # absolute perf_counter() at the first audio
 
     @classmethod
@@ -216,13 +217,21 @@ async def send_speech(client: httpx.AsyncClient, spec: RequestSpec, result: Requ
     arrivals: list[tuple[float, int]] = []  # (perf_counter, audio bytes) per read that carried audio
     chunks: list[bytes] = []  # kept only when the audio must be decoded afterwards
     keep_bytes = spec.response_format != "pcm"
-    t_send = time.perf_counter()
-    result.t_send, result.started_at = t_send, t_send - run_epoch
-    t_headers = t_end = None
+    t_intent = time.perf_counter()
+    result.started_at = t_intent - run_epoch
+    t_wire = t_headers = t_end = None
+
+    async def trace(event: str, info: dict) -> None:
+        # the clock starts when the request leaves for the network (a TCP connect, or writing the
+        # request line on a kept-alive connection), not when httpx starts building it: its own
+        # Python time is the generator's overhead, not the server's latency
+        nonlocal t_wire
+        if t_wire is None and event in ("connection.connect_tcp.started", "http11.send_request_headers.started"):
+            t_wire = time.perf_counter()
 
     async def exchange() -> None:
         nonlocal t_headers, t_end
-        async with client.stream("POST", spec.url, content=body,
+        async with client.stream("POST", spec.url, content=body, extensions={"trace": trace},
                                  headers={**headers, "Content-Type": "application/json"}) as resp:
             t_headers = time.perf_counter()
             result.status = resp.status_code
@@ -269,6 +278,8 @@ async def send_speech(client: httpx.AsyncClient, spec: RequestSpec, result: Requ
     except OSError as exc:  # pragma: no cover - raw socket trouble below httpx
         result.error = f"{type(exc).__name__}: {exc}"
 
+    t_send = t_wire if t_wire is not None else t_intent
+    result.t_send, result.prep_s = t_send, t_send - t_intent
     if t_headers is not None:
         result.headers_s = t_headers - t_send
     result.reads = len(arrivals)

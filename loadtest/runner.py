@@ -253,6 +253,8 @@ class Runner:
             prog.in_flight = in_flight
             try:
                 await self._send(target, r, text_id)
+                if scheduled is not None:  # how late the request actually left, httpx's own time included
+                    r.sched_lag_s = r.t_send - (t0 + scheduled)
             finally:
                 in_flight -= 1
                 prog.in_flight = in_flight

@@ -307,13 +307,15 @@ def test_open_loop_cap_drops_are_reported_not_hidden():
 
 
 def test_closed_loop_holds_its_concurrency():
-    stub = StubServer(StubConfig(audio_seconds=0.3, first_byte_delay=0.05, chunk_gap=0.01))
+    # requests of ~0.25 s; between two, a user spends a little time of its own (bookkeeping, httpx
+    # building the next request), which is not "in flight", hence the 90%
+    stub = StubServer(StubConfig(audio_seconds=0.3, first_byte_delay=0.2, chunk_gap=0.01))
     with stub.running_in_thread() as url:
         (run,) = _run_steps(url, [Step("closed", 8, 1.5)])
     s = summarize([run])
     assert run.max_in_flight == 8 == stub.max_in_flight
-    assert s["mean_in_flight"] == pytest.approx(8, abs=0.5)
-    assert s["errors"] == 0 and s["ok"] >= 8 * 5
+    assert 0.9 * 8 < s["mean_in_flight"] <= 8.0
+    assert s["errors"] == 0 and s["ok"] >= 8 * 4
     assert s["audio_s"] == pytest.approx(0.3 * s["ok"])
 
 
@@ -328,7 +330,7 @@ def test_generator_overhead_at_c64():
     print("\n" + format_overhead(m))
     assert m["errors"] == 0 and m["streams"] > 64 * 5
     assert m["max_in_flight"] == 64 == m["stub_max_in_flight"]
-    assert m["mean_in_flight"] > 60  # the load asked for is the load sent
+    assert m["mean_in_flight"] > 0.9 * 64  # the load asked for is the load sent (less each user's own gaps)
     assert m["stub_connections"] <= 64 + 1  # connections kept alive (+1: the log request)
     # The acceptance figure (median error under 2 ms at c=64) is measured on a quiet machine with
     # `python -m loadtest selftest` and quoted in loadtest/README.md. Here the 2 cores are shared
