@@ -294,6 +294,10 @@ async def _prepare(request: Request, state: AppState):
     """Read, validate, admit and plan; every refusal here is a clean 4xx/5xx before any audio."""
     info: RequestInfo = request.state.info
     data = await read_json_object(request, state.settings.max_body_bytes)
+    # Best effort for the access log, so a refused request still shows what it asked for.
+    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
+    info.chars = len(data["input"]) if isinstance(data.get("input"), str) else None
+    info.format = data.get("response_format", "mp3") if isinstance(data.get("response_format", "mp3"), str) else None
     try:
         req = SpeechRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
     except ValidationError as e:
@@ -510,8 +514,7 @@ class AccessLogMiddleware:
         shown_status = status if status is not None else 500
         m = self.state.metrics
         m.count_request(route, shown_status if info.outcome != "disconnected" else "disconnected")
-        speech = info.format is not None and status == 200
-        if speech:
+        if status == 200 and info.stream is not None:  # a speech response
             if info.ttfa_s is not None:
                 m.ttfa.observe(info.ttfa_s)
             if info.outcome == "ok":
@@ -525,6 +528,6 @@ class AccessLogMiddleware:
             "ttfa_ms": None if info.ttfa_s is None else round(info.ttfa_s * 1000, 1),
             "e2e_ms": round(e2e * 1000, 1), "audio_s": round(info.audio_s, 3),
         }
-        quiet = route in ("/health", "/ready", "/metrics") and shown_status == 200
+        quiet = route in ("/health", "/ready", "/metrics")  # probes and scrapes: every few seconds
         access_log.log(logging.DEBUG if quiet else logging.INFO, json.dumps(record))
 
