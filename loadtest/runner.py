@@ -22,6 +22,10 @@ from loadtest import metrics
 from loadtest.client import ConnectionSlots, RequestResult, RequestSpec, send_speech
 
 
+# Closed loop: how long a user waits after a request that got no HTTP answer at all.
+TRANSPORT_ERROR_PAUSE_S = 0.1
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str  # "closed" | "open"
@@ -277,6 +281,10 @@ class Runner:
                         # as the OpenAI client does: wait what the 503 asked before the next request
                         # (else a refused user spins, and the 503 rate says more about us than the server)
                         await asyncio.sleep(max(0.0, min(retry_after_s(r), deadline - time.perf_counter())))
+                    elif r.outcome == "error" and r.status == 0:
+                        # no server answered (refused, reset, timed out): pause briefly rather than
+                        # spin thousands of instant failures a second and starve the other users
+                        await asyncio.sleep(TRANSPORT_ERROR_PAUSE_S)
 
             await asyncio.gather(*(user() for _ in range(int(step.value))))
         else:

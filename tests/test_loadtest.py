@@ -406,6 +406,7 @@ def test_fail_on_error_exit_code(tmp_path):
     assert code == 1
     rows = list(csv.DictReader(open(tmp_path / "x" / "requests.csv")))
     assert rows and all(r["outcome"] == "error" and r["status"] == "0" for r in rows)
+    assert len(rows) <= 0.3 / 0.1 + 1  # a refused user pauses 100 ms instead of spinning
 
 
 def test_texts_ship_with_the_package():
