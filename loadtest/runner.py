@@ -246,8 +246,12 @@ class Runner:
         t0 = time.perf_counter()
         prog.start()
 
+        pending = 0  # open loop: tasks created for arrivals that have not started yet
+
         async def one(index: int, text_id: int, scheduled: float | None) -> RequestResult:
-            nonlocal in_flight, max_in_flight
+            nonlocal in_flight, max_in_flight, pending
+            if scheduled is not None:
+                pending -= 1
             r = self._result(target, step.label, "measure", index)
             if scheduled is not None:
                 r.scheduled_at = scheduled
@@ -293,7 +297,7 @@ class Runner:
                 delay = t0 + at - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                if in_flight >= self.workload.max_outstanding:
+                if in_flight + pending >= self.workload.max_outstanding:
                     r = self._result(target, step.label, "measure", i)
                     r.scheduled_at, r.sched_lag_s = at, time.perf_counter() - (t0 + at)
                     r.started_at, r.text_id = time.perf_counter() - self.epoch, (text_offset + i) % len(self.workload.texts)
@@ -301,6 +305,7 @@ class Runner:
                     rows.append(r)
                     prog.done(r)
                     continue
+                pending += 1  # counted now: arrivals due at once are all created before any task runs
                 tasks.append(asyncio.create_task(one(i, text_offset + i, at)))
             await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0

@@ -306,6 +306,17 @@ def test_open_loop_cap_drops_are_reported_not_hidden():
     assert all("max-outstanding" in r.error for r in run.rows if r.outcome == "dropped")
 
 
+def test_open_loop_cap_holds_when_arrivals_come_due_together():
+    # ~1000 arrivals within 50 ms against 1 s responses: many come due before any of their tasks
+    # has run (as on a busy event loop); the cap must count them at once, or more than the cap go out
+    stub = StubServer(StubConfig(audio_seconds=0.1, first_byte_delay=1.0))
+    with stub.running_in_thread() as url:
+        (run,) = _run_steps(url, [Step("open", 20000, 0.05)], max_outstanding=7)
+    assert run.max_in_flight == 7 == stub.max_in_flight
+    assert sum(r.outcome == "ok" for r in run.rows) == 7
+    assert sum(r.outcome == "dropped" for r in run.rows) == len(run.rows) - 7
+
+
 def test_closed_loop_holds_its_concurrency():
     # requests of ~0.25 s; between two, a user spends a little time of its own (bookkeeping, httpx
     # building the next request), which is not "in flight", hence the 90%
