@@ -96,3 +96,30 @@ def reference_synthesize(model: torch.nn.Module, ids: torch.Tensor, style: torch
     """ids: [1, T] with the boundary pads, style: [1, 256] -> (waveform [S], durations [T])."""
     audio, durations = model.forward_with_tokens(ids, style, speed)
     return audio.reshape(-1), durations.reshape(-1)
+
+
+# --- parity measures (tests, bench, gpu_check) ------------------------------------------------------
+
+def snr_db(reference, other) -> float:
+    """Signal-to-noise ratio of `other` against `reference` (same length), in dB."""
+    import numpy as np
+
+    reference = np.asarray(reference, dtype=np.float64)
+    other = np.asarray(other, dtype=np.float64)
+    if reference.shape != other.shape:
+        raise ValueError(f"lengths differ: {reference.shape} vs {other.shape}")
+    noise = ((reference - other) ** 2).sum()
+    return float("inf") if noise == 0 else float(10 * np.log10((reference ** 2).sum() / noise))
+
+
+def log_spectral_distance_db(reference, other, n_fft: int = 1024, hop: int = 256, floor_db: float = -80.0) -> float:
+    """Mean absolute difference of the two log-magnitude spectrograms, in dB (bins floored at
+    `floor_db` below the reference's peak, so silence does not dominate)."""
+    a = torch.as_tensor(reference, dtype=torch.float32)
+    b = torch.as_tensor(other, dtype=torch.float32)
+    n = min(a.numel(), b.numel())
+    window = torch.hann_window(n_fft)
+    spec = [torch.stft(x[:n], n_fft, hop, window=window, return_complex=True).abs() for x in (a, b)]
+    floor = spec[0].max() * 10 ** (floor_db / 20)
+    db = [20 * torch.log10(s.clamp(min=floor)) for s in spec]
+    return float((db[0] - db[1]).abs().mean())

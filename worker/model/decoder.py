@@ -161,9 +161,10 @@ class Generator(nn.Module):
         har = zero_padding(har, spans.stft)
         up_spans = (spans.up1, spans.stft)
         in_span = spans.frames2
+        dtype = har.dtype
         for i in range(self.num_upsamples):
-            x = F.leaky_relu(x, 0.1)
-            x_source = self.noise_res[i](self.noise_convs[i](har), style, up_spans[i])
+            x = F.leaky_relu(x, 0.1).to(dtype)
+            x_source = self.noise_res[i](self.noise_convs[i](har), style, up_spans[i])  # float32
             x = self.ups[i](zero_padding(x, in_span))
             if i == self.num_upsamples - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
@@ -173,7 +174,8 @@ class Generator(nn.Module):
                 xs = xs + self.resblocks[i * self.num_kernels + j](x, style, up_spans[i])
             x = xs / self.num_kernels
             in_span = up_spans[i]
-        x = self.conv_post(zero_padding(F.leaky_relu(x), spans.stft)).float()  # [B, n_fft + 2, 120F + 1]
+        # conv_post stays float32: exp() of its output turns any rounding into spectral error
+        x = self.conv_post(zero_padding(F.leaky_relu(x), spans.stft))  # [B, n_fft + 2, 120F + 1] float32
         bins = self.post_n_fft // 2 + 1
         return self.stft.inverse(torch.exp(x[:, :bins]), torch.sin(x[:, bins:]), spans.stft)
 

@@ -63,8 +63,9 @@ class KokoroModel(nn.Module):
         """Make the loaded model ready to serve: eval, weight norm folded, moved, precision set.
 
         Stage 1 and the F0/energy predictor stay float32 (they decide durations and pitch, and
-        cost little); `decoder_dtype` applies to the decoder's convolutions (the bulk of the work),
-        whose excitation source and STFTs stay float32.
+        cost little); `decoder_dtype` applies to the decoder's convolutions (the bulk of the work);
+        its excitation source, STFTs, last convolution and the generator's residual stream stay
+        float32.
         """
         self.eval().requires_grad_(False)
         fold_weight_norm(self)
@@ -72,6 +73,7 @@ class KokoroModel(nn.Module):
         self.decoder.to(decoder_dtype)
         self.decoder.generator.m_source.float()
         self.decoder.generator.stft.float()
+        self.decoder.generator.conv_post.float()
         self.decoder_dtype = decoder_dtype
         for m in self.modules():
             if isinstance(m, BiLSTM):

@@ -62,8 +62,7 @@ def zero_padding(x: torch.Tensor, span: Span) -> torch.Tensor:
 def instance_stats(x: torch.Tensor, span: Span, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and 1/std over time of x [B, C, T], valid steps only: ([B, C, 1], [B, C, 1]) in float32."""
     if span.mask is None:
-        var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
-        var, mean = var.float(), mean.float()
+        return kernels.stats(x, eps)
     else:
         xf = x.float()
         mask = span.mask.float()
@@ -228,17 +227,72 @@ class AdaIN1d(nn.Module):
 
 
 # --- fused elementwise steps -------------------------------------------------------------------
+# Small pure functions over whole activations: in eager mode each is a few passes over memory;
+# `use_compiled_kernels()` swaps in torch.compile'd versions (one pass each, float32 inside, one
+# rounding at the end), which on CPU halves the decoder's time outside the convolutions.
 
-def styled_leaky_relu(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, slope: float) -> torch.Tensor:
+def _stats(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and 1/std over the last axis, float32: [B, C, T] -> [B, C, 1] twice."""
+    xf = x.float()
+    mean = xf.mean(dim=-1, keepdim=True)
+    var = (xf - mean).square().mean(dim=-1, keepdim=True)
+    return mean, torch.rsqrt(var + eps)
+
+
+def _styled_leaky_relu(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, slope: float) -> torch.Tensor:
     """leaky_relu(x * scale + shift)."""
     return F.leaky_relu(torch.addcmul(shift, x, scale), slope)
 
 
-def styled_snake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                 alpha: torch.Tensor, inv_alpha: torch.Tensor) -> torch.Tensor:
-    """Snake1D of the AdaIN output: y + sin(alpha * y)^2 / alpha with y = x * scale + shift."""
+def _styled_snake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                  alpha: torch.Tensor, inv_alpha: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Snake1D of the AdaIN output, y + sin(alpha * y)^2 / alpha with y = x * scale + shift, in dtype."""
     y = torch.addcmul(shift, x, scale)
-    return torch.addcmul(y, torch.sin(y * alpha).square_(), inv_alpha)
+    return torch.addcmul(y, torch.sin(y * alpha).square_(), inv_alpha).to(dtype)
+
+
+def _styled_snake_f32(x, scale, shift, alpha, inv_alpha, dtype: torch.dtype):
+    y = x.float() * scale.float() + shift.float()
+    return (y + torch.sin(y * alpha.float()).square() * inv_alpha.float()).to(dtype)
+
+
+def _styled_leaky_relu_f32(x, scale, shift, slope: float):
+    return F.leaky_relu(x.float() * scale.float() + shift.float(), slope).to(x.dtype)
+
+
+class _Kernels:
+    def __init__(self):
+        self.use_eager()
+
+    def use_eager(self) -> None:
+        self.compiled = False
+        self.stats, self.snake, self.leaky_relu = _stats, _styled_snake, _styled_leaky_relu
+
+    def use_compiled(self) -> None:
+        if self.compiled:
+            return
+        compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
+        self.stats = compile(_stats)
+        self.snake = compile(_styled_snake_f32)
+        self.leaky_relu = compile(_styled_leaky_relu_f32)
+        self.compiled = True
+
+
+kernels = _Kernels()
+
+
+def use_compiled_kernels(enabled: bool = True) -> None:
+    """Process-wide: fused (torch.compile) elementwise kernels for unpadded eager runs on CPU.
+    The first call of each costs a compile (about half a minute; cached on disk afterwards)."""
+    kernels.use_compiled() if enabled else kernels.use_eager()
+
+
+def styled_leaky_relu(x, scale, shift, slope: float) -> torch.Tensor:
+    return kernels.leaky_relu(x, scale, shift, slope)
+
+
+def styled_snake(x, scale, shift, alpha, inv_alpha, dtype: torch.dtype) -> torch.Tensor:
+    return kernels.snake(x, scale, shift, alpha, inv_alpha, dtype)
 
 
 # --- residual blocks ---------------------------------------------------------------------------
@@ -312,16 +366,22 @@ class AdaINResBlock1(nn.Module):
         self._inverse_alpha = ([1.0 / a for a in self.alpha1], [1.0 / a for a in self.alpha2])
 
     def forward(self, x: torch.Tensor, style: torch.Tensor, span: Span) -> torch.Tensor:
-        """x: [B, C, T] -> [B, C, T]."""
+        """x: [B, C, T] -> [B, C, T] float32.
+
+        The residual stream stays float32 whatever the convolutions' precision: with bf16 convs,
+        rounding it at every one of the 6 residual adds per block is what costs the most accuracy.
+        """
+        dtype = self.convs1[0].current_weight().dtype
+        x = x.float()
         if self._inverse_alpha is None:
             inv1, inv2 = [1.0 / a for a in self.alpha1], [1.0 / a for a in self.alpha2]
         else:
             inv1, inv2 = self._inverse_alpha
         for c1, c2, n1, n2, a1, a2, i1, i2 in zip(self.convs1, self.convs2, self.adain1, self.adain2,
                                                   self.alpha1, self.alpha2, inv1, inv2):
-            h = styled_snake(x, *n1.scale_shift(x, style, span), a1, i1)
+            h = styled_snake(x, *n1.scale_shift(x, style, span), a1, i1, dtype)
             h = c1(zero_padding(h, span))
-            h = styled_snake(h, *n2.scale_shift(h, style, span), a2, i2)
+            h = styled_snake(h, *n2.scale_shift(h, style, span), a2, i2, dtype)
             h = c2(zero_padding(h, span))
             x = h + x
         return x

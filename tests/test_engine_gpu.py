@@ -1,0 +1,67 @@
+"""CUDA graphs against eager on the GPU (skipped without CUDA): same durations, >= 30 dB SNR."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from worker.engine import Engine
+from worker.model.random_init import full_config, random_state_dict, random_voices
+from worker.reference import log_spectral_distance_db, snr_db
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+GRID = (64, 96, 128, 192, 256, 384, 512)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    cfg = full_config()
+    return types.SimpleNamespace(source="random-full", config=cfg, state_dict=random_state_dict(cfg),
+                                 voices=random_voices(["v"]), info={})
+
+
+@pytest.fixture(scope="module")
+def engines(weights):
+    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False)
+    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID)
+    graphed.warmup()
+    assert graphed.graphs is not None, "capture failed (see the log)"
+    return eager, graphed
+
+
+@pytest.mark.parametrize("n_tokens", [10, 40, 100])
+def test_graphed_matches_eager(engines, weights, n_tokens):
+    eager, graphed = engines
+    g = torch.Generator().manual_seed(n_tokens)
+    ids = torch.randint(1, 178, (n_tokens,), generator=g).tolist()
+    style = weights.voices["v"][n_tokens - 1]
+    a, b = eager.synthesize(ids, style), graphed.synthesize(ids, style)
+    assert np.array_equal(a.durations, b.durations)
+    assert len(a.audio) == len(b.audio)
+    assert snr_db(a.audio, b.audio) >= 30.0
+
+
+def test_graphed_noise_is_reproducible(weights):
+    engine = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID)
+    engine.warmup()
+    ids = list(range(20, 50))
+    style = weights.voices["v"][29]
+    first, second = engine.synthesize(ids, style), engine.synthesize(ids, style)
+    assert np.array_equal(first.audio, second.audio)
+
+
+def test_reduced_precision_bound_on_cuda(engines, weights):
+    eager, _ = engines
+    ids = list(range(20, 80))
+    style = weights.voices["v"][59]
+    reference = eager.synthesize(ids, style)
+    for dtype in ("bf16", "fp16"):
+        other = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True, frame_grid=GRID)
+        other.warmup()
+        out = other.synthesize(ids, style)
+        assert (np.abs(out.durations - reference.durations) <= 1).mean() >= 0.99, dtype
+        assert log_spectral_distance_db(reference.audio, out.audio[: len(reference.audio)]) <= 1.0, dtype

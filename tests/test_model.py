@@ -1,0 +1,138 @@
+"""Our Kokoro-82M against the reference KModel, padded against unpadded, noise and precision.
+
+Random weights of the FULL config (worker.model.random_init: realistic durations and F0), and the
+real offline bundle in the slow tests. The reference runs with its noise switched off the way the
+ONNX export has it; ours with noise=False.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from worker.engine import Engine
+from worker.model import COMPONENTS, KokoroModel
+from worker.model.random_init import full_config, random_state_dict, random_voices
+from worker.reference import (build_reference, log_spectral_distance_db, reference_noise_off,
+                              reference_synthesize, snr_db)
+
+
+@pytest.fixture(scope="module")
+def random_full():
+    cfg = full_config()
+    return types.SimpleNamespace(source="random-full", config=cfg, state_dict=random_state_dict(cfg, seed=0),
+                                 voices=random_voices(["v"], seed=0), info={})
+
+
+def sample(n_tokens: int, seed: int, voices: dict) -> tuple[list[int], torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 178, (n_tokens,), generator=g).tolist()
+    pack = next(iter(voices.values()))
+    return ids, pack[n_tokens - 1]
+
+
+def test_state_dict_loads_strictly_and_round_trips(random_full):
+    model = KokoroModel(random_full.config)
+    model.load_components(random_full.state_dict)  # strict=True inside
+    for name in COMPONENTS:
+        ours = getattr(model, name).state_dict()
+        assert set(ours) == set(random_full.state_dict[name])
+        for key, value in random_full.state_dict[name].items():
+            assert torch.equal(ours[key], value), key
+    broken = {c: dict(sd) for c, sd in random_full.state_dict.items()}
+    broken["decoder"].pop(next(iter(broken["decoder"])))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        KokoroModel(random_full.config).load_components(broken)
+
+
+@pytest.mark.slow
+def test_parity_with_reference_random_full(random_full):
+    reference = build_reference(random_full.config, random_full.state_dict)
+    engine = Engine(random_full, "cpu", "fp32", noise=False)
+    for n_tokens, seed in ((12, 1), (60, 2)):
+        ids, style = sample(n_tokens, seed, random_full.voices)
+        with reference_noise_off():
+            ref_audio, ref_durations = reference_synthesize(reference, torch.tensor([[0, *ids, 0]]), style[None])
+        ours = engine.synthesize(ids, style)
+        assert np.array_equal(ours.durations, ref_durations.numpy())
+        assert ours.audio.shape == ref_audio.shape
+        assert snr_db(ref_audio.numpy(), ours.audio) >= 30.0
+
+
+def test_padded_run_equals_unpadded(random_full):
+    plain = Engine(random_full, "cpu", "fp32", noise=False, bucketed=False)
+    padded = Engine(random_full, "cpu", "fp32", noise=False, bucketed=True)
+    ids, style = sample(21, 3, random_full.voices)  # 23 tokens in the 32 bucket
+    a, b = plain.synthesize(ids, style), padded.synthesize(ids, style)
+    assert np.array_equal(a.durations, b.durations)
+    frames = int(a.durations.sum())
+    assert len(a.audio) == len(b.audio) == frames * 600
+    assert snr_db(a.audio, b.audio) >= 30.0
+
+
+def test_noise_is_seeded_and_reproducible(random_full):
+    engine = Engine(random_full, "cpu", "fp32", seed=7, noise=True)
+    ids, style = sample(10, 4, random_full.voices)
+    first, second = engine.synthesize(ids, style), engine.synthesize(ids, style)
+    assert np.array_equal(first.audio, second.audio)
+    other_seed = Engine(random_full, "cpu", "fp32", seed=8, noise=True).synthesize(ids, style)
+    quiet = Engine(random_full, "cpu", "fp32", noise=False).synthesize(ids, style)
+    assert not np.array_equal(first.audio, other_seed.audio)
+    assert not np.array_equal(first.audio, quiet.audio)
+
+
+def test_bf16_keeps_the_parity_bound(random_full):
+    fp32 = Engine(random_full, "cpu", "fp32", noise=False)
+    bf16 = Engine(random_full, "cpu", "bf16", noise=False)
+    ids, style = sample(40, 5, random_full.voices)
+    a, b = fp32.synthesize(ids, style), bf16.synthesize(ids, style)
+    assert (np.abs(a.durations - b.durations) <= 1).mean() >= 0.99
+    assert log_spectral_distance_db(a.audio, b.audio) <= 1.0
+
+
+def test_engine_rejects_what_it_cannot_synthesize(random_full):
+    engine = Engine(random_full, "cpu", "fp32", noise=False)
+    style = torch.zeros(256)
+    with pytest.raises(ValueError, match="at most 510"):
+        engine.synthesize([16] * 511, style)
+    with pytest.raises(ValueError, match="speed"):
+        engine.synthesize([16], style, speed=0.0)
+
+
+# --- the real weights (offline bundle) -----------------------------------------------------------
+
+REAL_PHONEMES = "həlˈoʊ fɹʌm kˈoʊkəɹoʊ flˈit. ðɪs ɪz ɐ tˈɛst ʌv ðə pˈæɹɪti."
+
+
+@pytest.fixture(scope="module")
+def real_sample(real_weights):
+    vocab = real_weights.config["vocab"]
+    ids = [vocab[p] for p in REAL_PHONEMES if p in vocab]
+    return ids, real_weights.voices["af_heart"][len(ids) - 1]
+
+
+@pytest.mark.slow
+def test_real_weights_load_strictly_and_match_the_reference(real_weights, real_sample):
+    reference = build_reference(real_weights.config, real_weights.state_dict)  # strict inside
+    engine = Engine(real_weights, "cpu", "fp32", noise=False)
+    ids, style = real_sample
+    with reference_noise_off():
+        ref_audio, ref_durations = reference_synthesize(reference, torch.tensor([[0, *ids, 0]]), style[None])
+    ours = engine.synthesize(ids, style)
+    assert np.array_equal(ours.durations, ref_durations.numpy())
+    assert snr_db(ref_audio.numpy(), ours.audio) >= 30.0
+
+
+@pytest.mark.slow
+def test_real_weights_padded_and_bf16(real_weights, real_sample):
+    ids, style = real_sample
+    plain = Engine(real_weights, "cpu", "fp32", noise=False).synthesize(ids, style)
+    padded = Engine(real_weights, "cpu", "fp32", noise=False, bucketed=True).synthesize(ids, style)
+    assert np.array_equal(plain.durations, padded.durations)
+    assert snr_db(plain.audio, padded.audio) >= 30.0
+    bf16 = Engine(real_weights, "cpu", "bf16", noise=False).synthesize(ids, style)
+    assert (np.abs(plain.durations - bf16.durations) <= 1).mean() >= 0.99
+    assert log_spectral_distance_db(plain.audio, bf16.audio) <= 1.0

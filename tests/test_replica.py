@@ -1,0 +1,113 @@
+"""The replica runs one inference at a time, off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from worker.engine import Synthesis
+from worker.replica import Replica
+
+
+class SlowEngine:
+    """An engine stand-in whose synthesis blocks its thread for a while and records overlap."""
+
+    sample_rate = 24000
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.running = 0
+        self.most_at_once = 0
+        self.lock = threading.Lock()
+        self.order: list[int] = []
+        self.warmed = False
+
+    def synthesize(self, ids, style, speed=1.0) -> Synthesis:
+        with self.lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(self.seconds)  # blocks the calling thread, as real inference does
+        with self.lock:
+            self.running -= 1
+            self.order.append(ids[0])
+        return Synthesis(audio=np.zeros(2400, dtype=np.float32), durations=np.full(len(ids) + 2, 2))
+
+    def warmup(self) -> None:
+        time.sleep(self.seconds)
+        self.warmed = True
+
+
+def test_one_job_at_a_time_in_arrival_order_and_loop_stays_responsive():
+    engine = SlowEngine(0.15)
+    replica = Replica(engine)
+
+    async def main():
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        tick_task = asyncio.create_task(ticker())
+        jobs = [asyncio.create_task(replica.synthesize([i], torch.zeros(256))) for i in range(4)]
+        await asyncio.sleep(0.05)
+        busy_while_running = replica.busy
+        results = await asyncio.gather(*jobs)
+        done.set()
+        await tick_task
+        return ticks, busy_while_running, results
+
+    start = time.perf_counter()
+    ticks, busy_while_running, results = asyncio.run(main())
+    elapsed = time.perf_counter() - start
+    assert engine.most_at_once == 1
+    assert engine.order == [0, 1, 2, 3]
+    assert elapsed >= 4 * 0.15
+    # the loop kept running: ~60 ticks in 0.6 s; a blocked loop would manage about one per job
+    assert ticks >= 20
+    assert busy_while_running and not replica.busy
+    assert replica.jobs_done == 4
+    assert replica.audio_seconds == pytest.approx(4 * 0.1)
+    assert replica.busy_seconds >= 4 * 0.15 * 0.9
+    assert all(r.audio.shape == (2400,) for r in results)
+
+
+def test_warmup_runs_off_the_loop():
+    engine = SlowEngine(0.1)
+    replica = Replica(engine)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            for _ in range(1000):
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        task = asyncio.create_task(ticker())
+        await replica.warmup()
+        task.cancel()
+        return ticks
+
+    assert asyncio.run(main()) >= 5
+    assert engine.warmed
+
+
+def test_replica_with_a_real_tiny_engine(tiny_weights):
+    from worker.engine import Engine
+
+    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    replica = Replica(engine)
+    result = asyncio.run(replica.synthesize([50, 83, 54, 16, 56], tiny_weights.voices["af_heart"][4]))
+    assert result.durations.shape == (7,)
+    assert len(result.audio) == int(result.durations.sum()) * 600
+    assert replica.jobs_done == 1

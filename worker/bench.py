@@ -1,0 +1,168 @@
+"""`kokoro-fleet bench`: our engine against the reference KModel, same run, same inputs, same threads.
+
+For chunks of about 30, 100, 250 and 500 phonemes it runs, interleaved (so load from other
+processes hits every contender alike): the reference KModel (CPU runs; float32, noise as shipped)
+and our engine in each requested mode; then prints audio-seconds per wall-second, per-chunk
+latency p50 / p95, and each mode's speed-up over the reference. On CUDA it compares eager against
+CUDA-graphed and reports peak memory per replica. `--json PATH` writes every figure.
+
+`--weights random-full` builds the full-size model with random weights whose durations and F0
+behave like speech (worker.model.random_init): for a GPU box where the real weights cannot travel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+# Phonemes of ordinary English (misaki's set), cut to the chunk sizes: real ids and a real rhythm
+# of words and punctuation, without needing the text frontend.
+PASSAGE = (
+    "ðə nˈɔɹθ wˈɪnd ænd ðə sˈʌn wɜɹ dɪspjˈuɾɪŋ wˈɪʧ wʌz ðə stɹˈɔŋɡɚ, wˌɛn ɐ tɹˈævəlɚ kˈeɪm ɐlˈɔŋ ɹˈæpt ɪn ɐ "
+    "wˈɔɹm klˈoʊk. ðeɪ ɐɡɹˈiːd ðæt ðə wˈʌn hˌuː fˈɜːst səksˈidᵊd ɪn mˈeɪkɪŋ ðə tɹˈævəlɚ tˈeɪk hɪz klˈoʊk ˈɔf "
+    "ʃʊd bi kənsˈɪdɚd stɹˈɔŋɡɚ ðɐn ðə ˈʌðɚ. ðˈɛn ðə nˈɔɹθ wˈɪnd blˈuː æz hˈɑɹd æz hi kʊd, bˌʌt ðə mˈɔɹ hi "
+    "blˈuː ðə mˈɔɹ klˈoʊsli dɪd ðə tɹˈævəlɚ fˈoʊld hɪz klˈoʊk ɐɹˈaʊnd hˌɪm; ænd æt lˈæst ðə nˈɔɹθ wˈɪnd ɡˈeɪv "
+    "ˈʌp ðɪ ɐtˈɛmpt. ðˈɛn ðə sˈʌn ʃˈɔn ˈaʊt wˈɔɹmli, ænd ɪmˈiːdiətli ðə tɹˈævəlɚ tʊk ˈɔf hɪz klˈoʊk. ænd sˌoʊ "
+    "ðə nˈɔɹθ wˈɪnd wʌz ɐblˈiːʤd tə kənfˈɛs ðæt ðə sˈʌn wʌz ðə stɹˈɔŋɡɚ ʌv ðə tˈuː. "
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", default="offline", choices=["offline", "tiny", "random-full", "official"],
+                        help="weight source (random-full: full size, random, speech-like durations)")
+    parser.add_argument("--sizes", default="30,100,250,500", help="phonemes per chunk, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per size and contender")
+    parser.add_argument("--modes", default="fp32,bf16", help="our engine's dtypes to time (fp32, bf16, fp16, auto)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for everyone (0: torch's default)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the reference KModel")
+    parser.add_argument("--no-fused", action="store_true", help="CPU: eager elementwise kernels instead of compiled")
+    parser.add_argument("--voice", default="af_heart")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the figures here")
+
+
+def _progress(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def bench_weights(source: str):
+    if source == "random-full":
+        from worker.model.random_init import full_config, random_state_dict, random_voices
+
+        cfg = full_config()
+        return types.SimpleNamespace(source="random-full", config=cfg, state_dict=random_state_dict(cfg),
+                                     voices=random_voices(["af_heart"]), info={"source": "random-full"})
+    from worker.settings import get_settings
+    from worker.weights import load_weights
+
+    return load_weights(get_settings().replace(weights=source))
+
+
+def chunk_ids(vocab: dict, size: int) -> list[int]:
+    ids = [vocab[p] for p in PASSAGE if p in vocab]
+    while len(ids) < size:
+        ids = ids + ids
+    return ids[:size]
+
+
+def summarize(times: list[float], audio_seconds: list[float]) -> dict:
+    return {"runs": len(times), "audio_s_per_s": float(sum(audio_seconds) / sum(times)),
+            "p50_s": float(np.percentile(times, 50)), "p95_s": float(np.percentile(times, 95)),
+            "audio_s": float(np.mean(audio_seconds))}
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker.engine import Engine, resolve_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    _progress(f"loading weights ({args.weights})")
+    weights = bench_weights(args.weights)
+    voice = weights.voices.get(args.voice, next(iter(weights.voices.values())))
+    fused = device.type == "cpu" and not args.no_fused
+
+    contenders: dict[str, callable] = {}
+    engines: dict[str, Engine] = {}
+    for mode in [m for m in args.modes.split(",") if m]:
+        variants = [("eager", False), ("graphs", True)] if device.type == "cuda" else [("", False)]
+        for suffix, graphs in variants:
+            name = f"ours-{mode}" + (f"-{suffix}" if suffix else "")
+            _progress(f"building {name}" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            engine = Engine(weights, str(device), mode, cuda_graphs=graphs, fused_kernels=fused)
+            engine.warmup()
+            engines[name] = engine
+            contenders[name] = (lambda e: (lambda ids: e.synthesize(ids, voice[len(ids) - 1])))(engine)
+            if device.type == "cuda":
+                engine.peak_bytes = torch.cuda.max_memory_allocated()
+    if not args.no_reference:
+        from worker.reference import build_reference
+
+        _progress("building the reference KModel")
+        reference = build_reference(weights.config, weights.state_dict).to(device)
+
+        def run_reference(ids):
+            with torch.no_grad():
+                audio, _ = reference.forward_with_tokens(torch.tensor([[0, *ids, 0]], device=device),
+                                                         voice[len(ids) - 1][None].to(device), 1.0)
+            return types.SimpleNamespace(audio=audio.cpu().numpy())
+
+        contenders = {"reference": run_reference, **contenders}
+
+    results: dict[str, dict[str, dict]] = {}
+    for size in sizes:
+        ids = chunk_ids(weights.config["vocab"], size)
+        times = {name: [] for name in contenders}
+        audio = {name: [] for name in contenders}
+        for name, fn in contenders.items():  # one untimed run each (shape-specific caches)
+            fn(ids)
+        for rep in range(args.repeats):
+            for name, fn in contenders.items():
+                _progress(f"{size} phonemes, run {rep + 1}/{args.repeats}: {name}")
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = fn(ids)
+                times[name].append(time.perf_counter() - start)
+                audio[name].append(len(out.audio) / 24000)
+        results[str(size)] = {name: summarize(times[name], audio[name]) for name in contenders}
+
+    lines = [f"kokoro-fleet bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
+             f"fused={fused} torch={torch.__version__} cpu={platform.processor() or platform.machine()}",
+             f"{'phonemes':>8} {'contender':<22} {'audio s/s':>10} {'p50 s':>8} {'p95 s':>8} {'audio s':>8} {'vs ref':>7}"]
+    for size, by_name in results.items():
+        ref = by_name.get("reference")
+        for name, r in by_name.items():
+            ratio = f"{r['audio_s_per_s'] / ref['audio_s_per_s']:.2f}x" if ref else "-"
+            if ref:
+                r["vs_reference"] = r["audio_s_per_s"] / ref["audio_s_per_s"]
+            lines.append(f"{size:>8} {name:<22} {r['audio_s_per_s']:>10.2f} {r['p50_s']:>8.3f} {r['p95_s']:>8.3f} "
+                         f"{r['audio_s']:>8.2f} {ratio:>7}")
+    if device.type == "cuda":
+        for name, engine in engines.items():
+            graphs = engine.graphs
+            lines.append(f"{name}: peak memory {engine.peak_bytes / 2**20:.0f} MiB"
+                         + (f", graphs {graphs.graph_bytes / 2**20:.0f} MiB captured in {graphs.capture_seconds:.1f} s"
+                            if graphs else ""))
+    print("\n".join(lines))
+    if args.json_path:
+        meta = {"weights": args.weights, "device": str(device), "threads": torch.get_num_threads(),
+                "fused_kernels": fused, "torch": torch.__version__, "repeats": args.repeats}
+        if device.type == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name()
+            meta["peak_memory_bytes"] = {n: e.peak_bytes for n, e in engines.items()}
+            meta["graph_capture"] = {n: {"seconds": e.graphs.capture_seconds, "bytes": e.graphs.graph_bytes}
+                                     for n, e in engines.items() if e.graphs}
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=2)
+    return 0

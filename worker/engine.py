@@ -1,0 +1,292 @@
+"""The inference engine: one KokoroModel on one device, token ids + style -> audio + durations.
+
+On CUDA both stages run as CUDA graphs captured per bucket at start-up (stage 1 per token-count
+bucket, stage 2 per frame-count bucket on a geometric grid), replayed per chunk; a chunk beyond
+the largest frame bucket runs eagerly. Between the stages the engine reads the total frame count:
+the only device-to-host sync before the audio itself comes back.
+
+On CPU the same model code runs eagerly on exact shapes (padding would only add work there).
+Only torch, transformers and numpy are imported, so this runs on a bare GPU box.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from worker.model import SAMPLES_PER_FRAME, KokoroModel
+from worker.model.layers import use_compiled_kernels
+
+log = logging.getLogger("kokoro_fleet.engine")
+
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512)
+HARMONICS = 9  # the sine source's 1 + 8 harmonics (noise is drawn per harmonic)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def frame_buckets(first: int = 32, last: int = 6144, ratio: float = 1.25) -> tuple[int, ...]:
+    """A geometric grid of frame counts (multiples of 8), so padding wastes at most ~25%."""
+    buckets, size = [], first
+    while size < last:
+        buckets.append(size)
+        size = int(math.ceil(size * ratio / 8) * 8)
+    buckets.append(last)
+    return tuple(buckets)
+
+
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 or AMX: oneDNN then runs bf16 convolutions about twice as fast as float32."""
+    try:
+        flags = open("/proc/cpuinfo", encoding="ascii", errors="ignore").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str) -> torch.device:
+    if device in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """`auto`: bf16 where it is the faster mode and passes the parity bound (tests/test_engine.py
+    checks the bound on CPU; worker/gpu_check.py on CUDA), else fp32."""
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected auto, fp32, bf16 or fp16")
+        return dtype
+    if device.type == "cuda":
+        return "bf16"
+    return "bf16" if cpu_has_bf16() else "fp32"
+
+
+@dataclass
+class Synthesis:
+    audio: np.ndarray  # float32 [samples], 24 kHz mono
+    durations: np.ndarray  # int64 [len(ids) + 2]: frames (600 samples each) per token, pads included
+
+
+class Engine:
+    sample_rate = 24000
+    frame_samples = SAMPLES_PER_FRAME
+    max_phonemes = 510
+
+    def __init__(self, weights, device: str = "cpu", dtype: str = "fp32", seed: int = 0, cuda_graphs: bool = True,
+                 noise: bool = True, bucketed: bool | None = None, frame_grid: Sequence[int] | None = None,
+                 fused_kernels: bool | None = None):
+        """weights: a worker.weights.Weights (config, state_dict, ...). noise=False switches the
+        excitation noise off (parity tests). bucketed: pad to buckets (default: on CUDA only).
+        fused_kernels: torch.compile'd elementwise kernels on CPU (default on; process-wide;
+        the first engine in a fresh environment pays about half a minute of compiling)."""
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.seed = seed
+        self.noise = noise
+        self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
+        self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
+        self.fused_kernels = (self.device.type == "cpu") if fused_kernels is None else fused_kernels
+        if self.device.type == "cpu":
+            use_compiled_kernels(self.fused_kernels)
+        self.model = KokoroModel(weights.config)
+        self.model.load_components(weights.state_dict)
+        self.model.prepare(self.device, DTYPES[self.dtype])
+        self.generator = torch.Generator(device=self.device)
+        self._noise = torch.empty(0, device=self.device)
+        self._speed = torch.ones(1, device=self.device)
+        self.model.positions(SAMPLES_PER_FRAME * self.frame_grid[-1] + 64)  # reserve the largest bucket
+        self.graphs: CudaGraphs | None = None
+        self.want_graphs = cuda_graphs and self.device.type == "cuda"
+
+    # --- public ------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def synthesize(self, ids: Sequence[int], style: torch.Tensor, speed: float = 1.0) -> Synthesis:
+        """ids: phoneme ids without the boundary pads; style: [256] (the voice pack's row)."""
+        if len(ids) > self.max_phonemes:
+            raise ValueError(f"{len(ids)} phonemes in one chunk; at most {self.max_phonemes}")
+        if not speed > 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        n_tokens = len(ids) + 2
+        style = style.reshape(1, -1).to(self.device, torch.float32)
+        if self.graphs is not None:
+            audio, durations = self.graphs.run(ids, style, speed)
+        else:
+            audio, durations = self._run_eager(ids, style, speed)
+        return Synthesis(audio=audio, durations=durations[:n_tokens])
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """Capture CUDA graphs (CUDA) or run a couple of short syntheses (oneDNN primitive caches)."""
+        if self.want_graphs and self.graphs is None:
+            try:
+                graphs = CudaGraphs(self)
+                graphs.capture()
+                self.graphs = graphs
+            except Exception:  # a capture that fails must not take the replica down: serve eagerly
+                log.exception("CUDA graph capture failed; serving eagerly")
+                self.graphs = None
+                torch.cuda.synchronize()
+        ids = [16, 43, 54, 16, 56, 57] * 5
+        style = torch.zeros(256)
+        for _ in range(2):
+            self.synthesize(ids, style)
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def noise_for(self, frames: int) -> torch.Tensor | None:
+        """Standard normal noise [1, 600 * frames, 9], the same for the same frame count (the
+        generator is reseeded per synthesis), drawn into a buffer that only grows."""
+        if not self.noise:
+            return None
+        numel = SAMPLES_PER_FRAME * frames * HARMONICS
+        if self._noise.numel() < numel:
+            self._noise = torch.empty(numel, device=self.device)
+        self.generator.manual_seed(self.seed)
+        return self._noise[:numel].normal_(generator=self.generator).view(1, -1, HARMONICS)
+
+    def _run_eager(self, ids: Sequence[int], style: torch.Tensor, speed: float) -> tuple[np.ndarray, np.ndarray]:
+        model = self.model
+        n_tokens = len(ids) + 2
+        if self.bucketed:
+            bucket = next(b for b in TOKEN_BUCKETS if b >= n_tokens)
+            tokens = torch.zeros(1, bucket, dtype=torch.long)
+            tokens[0, 1:n_tokens - 1] = torch.as_tensor(ids, dtype=torch.long)
+            length = torch.tensor([n_tokens], device=self.device)
+        else:
+            tokens = torch.tensor([[0, *ids, 0]], dtype=torch.long)
+            length = None
+        tokens = tokens.to(self.device)
+        self._speed.fill_(speed)
+        durations, features = model.stage1(tokens, length, style, self._speed)
+        frames = int(durations.sum())  # the one sync
+        bucket = next((b for b in self.frame_grid if b >= frames), None) if self.bucketed else None
+        if bucket is None:
+            audio = model.stage2(durations, features, None, frames, style, self.noise_for(frames))
+        else:
+            n_frames = torch.tensor([frames], device=self.device)
+            audio = model.stage2(durations, features, n_frames, bucket, style, self.noise_for(bucket))
+        audio = audio[0, :frames * SAMPLES_PER_FRAME].float().cpu().numpy()
+        return audio, durations[0].cpu().numpy()
+
+
+class CudaGraphs:
+    """Both stages captured per bucket, sharing one memory pool and static input buffers.
+
+    Stage-1 graphs write the durations and features into fixed [1, 512] / [1, 512, 1152] buffers
+    (zeros past the bucket), which every stage-2 graph reads; so stage 2 depends on the frame
+    bucket alone. The noise is drawn into its static buffer before each replay (outside the graph),
+    from the engine's seeded generator.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        model = engine.model
+        device = engine.device
+        self.max_tokens = TOKEN_BUCKETS[-1]
+        width = model.predictor.shared.input_size + model.config["hidden_dim"]  # 640 + 512
+        self.ids = torch.zeros(1, self.max_tokens, dtype=torch.long, device=device)
+        self.n_tokens = torch.zeros(1, dtype=torch.long, device=device)
+        self.style = torch.zeros(1, 2 * model.style_dim, device=device)
+        self.speed = torch.ones(1, device=device)
+        self.durations = torch.zeros(1, self.max_tokens, dtype=torch.long, device=device)
+        self.features = torch.zeros(1, self.max_tokens, width, device=device)
+        self.total = torch.zeros(1, dtype=torch.long, device=device)
+        self.n_frames = torch.zeros(1, dtype=torch.long, device=device)
+        largest = engine.frame_grid[-1]
+        self.noise = torch.zeros(1, SAMPLES_PER_FRAME * largest, HARMONICS, device=device) if engine.noise else None
+        self.pool = None
+        self.stage1_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.stage2_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+        self.graph_bytes = 0
+
+    def _stage1(self, bucket: int) -> None:
+        durations, features = self.engine.model.stage1(self.ids[:, :bucket], self.n_tokens, self.style, self.speed)
+        self.durations.zero_()
+        self.features.zero_()
+        self.durations[:, :bucket].copy_(durations)
+        self.features[:, :bucket].copy_(features)
+        self.total.copy_(durations.sum(dim=1))
+
+    def _stage2(self, bucket: int) -> torch.Tensor:
+        noise = None if self.noise is None else self.noise[:, :SAMPLES_PER_FRAME * bucket]
+        return self.engine.model.stage2(self.durations, self.features, self.n_frames, bucket, self.style, noise)
+
+    def _prime(self) -> None:
+        """Inputs that make every bucket run a realistic path during warm-up and capture (the
+        values captured do not matter: replays read the buffers)."""
+        self.ids.fill_(16)
+        self.style.zero_()
+        self.speed.fill_(1.0)
+
+    def capture(self) -> None:
+        start = time.perf_counter()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        self._prime()
+        grid = sorted(self.engine.frame_grid, reverse=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: cuDNN / cuFFT plans, allocator, lazy init
+            for bucket in sorted(TOKEN_BUCKETS, reverse=True):
+                self.n_tokens.fill_(bucket)
+                for _ in range(2):
+                    self._stage1(bucket)
+            for bucket in grid:
+                self.n_frames.fill_(bucket)
+                for _ in range(2):
+                    self._stage2(bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.pool = torch.cuda.graph_pool_handle()
+        for bucket in grid:  # largest first, so smaller ones reuse its pool memory
+            self.n_frames.fill_(bucket)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                audio = self._stage2(bucket)
+            self.stage2_graphs[bucket] = (graph, audio)
+        for bucket in sorted(TOKEN_BUCKETS, reverse=True):
+            self.n_tokens.fill_(bucket)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._stage1(bucket)
+            self.stage1_graphs[bucket] = graph
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+        self.graph_bytes = torch.cuda.memory_allocated() - before
+        log.info("captured %d stage-1 and %d stage-2 CUDA graphs in %.1f s, %.0f MiB (pool and static buffers)",
+                 len(self.stage1_graphs), len(self.stage2_graphs), self.capture_seconds, self.graph_bytes / 2**20)
+
+    def run(self, ids: Sequence[int], style: torch.Tensor, speed: float) -> tuple[np.ndarray, np.ndarray]:
+        engine = self.engine
+        n_tokens = len(ids) + 2
+        bucket = next(b for b in TOKEN_BUCKETS if b >= n_tokens)
+        host_ids = torch.zeros(1, bucket, dtype=torch.long)
+        host_ids[0, 1:n_tokens - 1] = torch.as_tensor(ids, dtype=torch.long)
+        self.ids[:, :bucket].copy_(host_ids, non_blocking=True)
+        self.n_tokens.fill_(n_tokens)
+        self.style.copy_(style)
+        self.speed.fill_(speed)
+        self.stage1_graphs[bucket].replay()
+        frames = int(self.total.item())  # the one sync
+        frame_bucket = next((b for b in engine.frame_grid if b >= frames), None)
+        if frame_bucket is None:  # beyond the grid: eager on exact shapes
+            durations = self.durations[:, :bucket]
+            audio = engine.model.stage2(durations, self.features[:, :bucket], None, frames, self.style,
+                                        engine.noise_for(frames))
+        else:
+            self.n_frames.fill_(frames)
+            if self.noise is not None:
+                engine.generator.manual_seed(engine.seed)
+                self.noise[:, :SAMPLES_PER_FRAME * frame_bucket].normal_(generator=engine.generator)
+            graph, audio = self.stage2_graphs[frame_bucket]
+            graph.replay()
+        audio = audio[0, :frames * SAMPLES_PER_FRAME].float().cpu().numpy()
+        return audio, self.durations[0, :n_tokens].cpu().numpy()
