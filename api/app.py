@@ -131,6 +131,9 @@ def create_app(settings: Settings | None = None, service: SpeechServiceLike | No
         finally:
             if loader is not None and not loader.done():
                 loader.cancel()
+            close = getattr(state.service, "aclose", None)  # the fleet: dispatcher and queue clients
+            if close is not None:
+                await close()
 
     app = FastAPI(
         title="kokoro-fleet", version="0.1.0", lifespan=lifespan,
@@ -221,7 +224,9 @@ def create_app(settings: Settings | None = None, service: SpeechServiceLike | No
     @app.get("/health")
     async def health() -> dict:
         """Liveness: the process answers. Readiness is /ready."""
+        fleet = getattr(state.service, "health", None)  # the fleet: mode (fleet | degraded), dispatch
         return {"status": "ok", "ready": state.ready, "admitted": state.admission.admitted,
+                **(fleet() if fleet is not None else {}),
                 **({"error": state.load_error} if state.load_error else {})}
 
     @app.get("/ready")
@@ -249,12 +254,14 @@ async def _load_service(state: AppState) -> None:
     /ready and speech requests say 503 until it is done."""
     started = time.perf_counter()
     try:
-        from worker.speech import SpeechService
+        from api.fleet import build_service
 
-        service = await asyncio.to_thread(SpeechService.from_settings, state.settings)
-        replica = getattr(service, "replica", None)
-        if replica is not None and hasattr(replica, "warmup"):
-            await replica.warmup()
+        if state.settings.threads > 0:  # KOKORO_THREADS: this process's one replica's intra-op threads
+            import torch
+
+            torch.set_num_threads(state.settings.threads)
+        # Built and warmed up: this worker's replica alone, behind the fleet's queue, or the baseline.
+        service = await build_service(state.settings, state.metrics)
         state.service = service
         state.ready = True
         log.info("model ready in %.1f s (weights %s)", time.perf_counter() - started, state.settings.weights)
@@ -309,6 +316,9 @@ async def _prepare(request: Request, state: AppState):
         plan = service.plan(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
                                           lang_code=req.lang_code, normalization=req.normalization()))
         _check_audio_length(state.settings, plan, req.speed)
+        admit = getattr(service, "admit", None)
+        if admit is not None:  # the fleet: a slot in the shared queue, or 503 (CapacityError)
+            plan = await admit(plan)
     except ApiError:
         state.admission.release(ticket)
         raise

@@ -1,0 +1,359 @@
+"""The product end to end: `kokoro-fleet serve` in a real process, driven over HTTP with the
+official `openai` client, as users drive it.
+
+Two servers for the whole file: one on the tiny random weights (fast: the request contract, errors,
+listings, SSE, captions) and one on the real Kokoro-82M weights (marked slow: audio lengths against
+`kokoro-fleet say`, first-audio timing, 503 + retry, disconnects). The HTTP layer's finer behaviour,
+with a scripted service whose timing the tests control, is in tests/test_api_app.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+
+import av
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAGRAPHS = [p for p in (ROOT / "tests/data/texts/paragraphs.txt").read_text(encoding="utf-8").splitlines() if p.strip()]
+SR = 24000
+FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
+                 "wav": "audio/wav", "pcm": "audio/pcm"}
+# MPEG audio and ADTS cannot tell a streaming decoder about the encoder's priming and padding.
+CODEC_SLACK_S = {"mp3": 0.1, "aac": 0.12}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m api.cli serve` on a free port, its output in a log file shown on failure."""
+
+    def __init__(self, tmp: Path, name: str, **env: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"{name}.log"
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    # One intra-op thread: the test machine's few cores are shared, and torch's
+                    # threads spin-wait badly when another process holds a core (4-5x slower here).
+                    "KOKORO_THREADS": os.environ.get("KOKORO_THREADS", "1"), **env}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_timeout: float) -> "ServerProcess":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.time() + ready_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready after {ready_timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("tiny"), "tiny", KOKORO_WEIGHTS="tiny",
+                           KOKORO_MAX_INPUT_CHARS="600").start(ready_timeout=180)
+    yield server
+    server.stop()
+    assert "Traceback" not in server.log(), server.log()  # no request, however bad, reached a crash
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory, real_weights):  # real_weights: the offline bundle converted and cached first
+    server = ServerProcess(tmp_path_factory.mktemp("real"), "real", KOKORO_WEIGHTS="offline",
+                           KOKORO_MAX_REQUESTS="1").start(ready_timeout=300)
+    yield server
+    server.stop()
+
+
+def decode(data: bytes, fmt: str) -> tuple[float, int, int]:
+    """(seconds, sample rate, channels) of a response body, as FFmpeg decodes it."""
+    if fmt == "pcm":
+        return len(data) / 2 / SR, SR, 1
+    container = av.open(io.BytesIO(data))
+    samples, rate, channels = 0, None, None
+    for frame in container.decode(container.streams.audio[0]):
+        samples, rate, channels = samples + frame.samples, frame.sample_rate, len(frame.layout.channels)
+    return samples / rate, rate, channels
+
+
+def openai_error(resp: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"] and "Traceback" not in resp.text
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    return body["error"]
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+# --- tiny weights: the contract ------------------------------------------------------------------
+
+def test_listings(tiny_server):
+    client = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="none")
+    assert {"kokoro", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= {m.id for m in client.models.list()}
+    voices = httpx.get(tiny_server.url + "/v1/audio/voices").json()["voices"]
+    names = {v["id"] for v in voices}
+    assert len(voices) == 54 and {"af_heart", "bm_george", "jf_alpha"} <= names
+    heart = next(v for v in voices if v["id"] == "af_heart")
+    assert heart["gender"].lower().startswith("f") and heart["lang_code"] == "a"
+
+
+BAD_INPUTS = [
+    ({"input": ""}, 400, "input"),
+    ({"input": "word " * 150}, 400, "input"),  # 750 characters, the limit is 600 here
+    ({"input": "Hello.", "voice": "no_such_voice"}, 400, "voice"),
+    ({"input": "Hello.", "voice": "af_heart++af_bella"}, 400, "voice"),
+    ({"input": "Hello.", "voice": "af_heart(x)+af_bella"}, 400, "voice"),
+    ({"input": "Hello.", "response_format": "ogg"}, 400, "response_format"),
+    ({"input": "Hello.", "speed": 0}, 400, "speed"),
+    ({"input": "Hello.", "speed": 10}, 400, "speed"),
+    ({"input": "Hello\u0000 there."}, 400, "input"),
+    ({"input": "Hello.", "temperature": 0.7}, 400, "temperature"),
+    ({"input": "Hello.", "lang_code": "xx"}, 400, None),  # TODO(text): TextError should name lang_code
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD_INPUTS, ids=[f"{p}-{i}" for i, (_, _, p) in enumerate(BAD_INPUTS)])
+def test_bad_input(tiny_server, body, status, param):
+    openai_error(httpx.post(tiny_server.url + "/v1/audio/speech", json={"voice": "af_heart", **body}), status, param)
+
+
+def test_bad_bodies_then_still_healthy(tiny_server):
+    url = tiny_server.url + "/v1/audio/speech"
+    json_type = {"content-type": "application/json"}
+    openai_error(httpx.post(url, content=b"this is not json", headers=json_type), 400)
+    openai_error(httpx.post(url, content=b'[{"input": "Hello."}]', headers=json_type), 400)
+    openai_error(httpx.post(url, content=b'{"input": "lone \\udc00 surrogate"}', headers=json_type), 400, "input")
+    openai_error(httpx.post(url, content=b'{"input": "' + b"a" * (10 << 20) + b'"}', headers=json_type), 413)
+    openai_error(httpx.post(url, content=b"Hello.", headers={"content-type": "text/plain"}), 415)
+    openai_error(httpx.get(tiny_server.url + "/v1/audio/nothing"), 404)
+    assert httpx.get(tiny_server.url + "/health").json()["status"] == "ok"
+    assert httpx.get(tiny_server.url + "/ready").status_code == 200
+    ok = httpx.post(url, json={"input": "Still speaking.", "voice": "af_heart", "response_format": "wav"}, timeout=60)
+    assert ok.status_code == 200 and decode(ok.content, "wav")[0] > 0.1
+
+
+def test_sse_matches_plain_audio(tiny_server):
+    body = {"input": "Streaming events carry the same audio.", "voice": "af_bella(2)+af_sky(1)", "response_format": "pcm"}
+    plain = httpx.post(tiny_server.url + "/v1/audio/speech", json=body, timeout=60).content
+    resp = httpx.post(tiny_server.url + "/v1/audio/speech", json={**body, "stream_format": "sse"}, timeout=60)
+    events = [json.loads(block[len("data: "):]) for block in resp.text.split("\n\n") if block.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done" and {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(audio) == len(plain) > 0
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == round(len(audio) / 2 / 600) and usage["input_tokens"] > 0
+
+
+def test_captioned_speech(tiny_server):
+    resp = httpx.post(tiny_server.url + "/v1/audio/speech/captioned", timeout=60, json={
+        "input": "Captions come with times.", "voice": "af_heart", "response_format": "wav", "stream": False})
+    body = resp.json()
+    seconds = decode(base64.b64decode(body["audio"]), "wav")[0]
+    words = body["timestamps"]
+    assert [w["word"].strip(".").lower() for w in words] == ["captions", "come", "with", "times"]
+    assert all(0 <= w["start_time"] <= w["end_time"] <= seconds + 1e-3 for w in words)
+    assert [w["start_time"] for w in words] == sorted(w["start_time"] for w in words)
+
+
+# --- real weights: audio, timing, capacity, disconnects ------------------------------------------
+
+@pytest.fixture(scope="module")
+def say_seconds(tmp_path_factory, real_weights):
+    """Length of SAY_TEXT as `kokoro-fleet say` synthesizes it: the reference for every format."""
+    out = tmp_path_factory.mktemp("say") / "say.wav"
+    subprocess.run([sys.executable, "-m", "api.cli", "say", SAY_TEXT, "-o", str(out), "--weights", "offline"],
+                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    with wave.open(str(out)) as w:
+        return w.getnframes() / w.getframerate()
+
+
+SAY_TEXT = "The quick brown fox jumps over the lazy dog, and then it rests."
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_matches_say(real_server, say_seconds, fmt):
+    client = openai.OpenAI(base_url=real_server.url + "/v1", api_key="none", max_retries=3, timeout=120)
+    whole = client.audio.speech.create(model="tts-1", voice="af_heart", input=SAY_TEXT, response_format=fmt,
+                                       extra_body={"stream": False})
+    assert int(whole.response.headers["content-length"]) == len(whole.content)
+    with client.audio.speech.with_streaming_response.create(model="kokoro", voice="af_heart", input=SAY_TEXT,
+                                                            response_format=fmt) as resp:
+        assert resp.headers["content-type"] == CONTENT_TYPES[fmt]
+        streamed = b"".join(resp.iter_bytes())
+    for body in (whole.content, streamed):
+        seconds, rate, channels = decode(body, fmt)
+        assert channels == 1 and rate == (48000 if fmt == "opus" else SR)
+        assert seconds == pytest.approx(say_seconds, rel=0.05), (fmt, seconds, say_seconds)
+        assert seconds >= say_seconds * 0.995  # nothing lost at the end
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "text frontend: the chunker cuts the first chunk only at punctuation, and paragraphs 3 and 8 have no "
+    "clause break early on (first chunks of 96/237 and 77/220 phonemes), so their first audio needs 35-40% "
+    "of the work; cutting the first chunk at a word boundary near KOKORO_FIRST_CHUNK_PHONEMES/2 would fix it"))
+def test_first_audio_early_in_every_paragraph(real_server):
+    """On this CPU the first audio byte of each paragraph arrives within 35% of the whole
+    response's time, measured by reading the stream (headers do not count)."""
+    ratios = []
+    with httpx.Client(base_url=real_server.url, timeout=300) as http:
+        for paragraph in PARAGRAPHS:
+            t0 = time.perf_counter()
+            first = None
+            with http.stream("POST", "/v1/audio/speech",
+                             json={"input": paragraph, "voice": "af_heart", "response_format": "pcm"}) as resp:
+                assert resp.status_code == 200
+                for chunk in resp.iter_raw():
+                    if chunk and first is None:
+                        first = time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            ratios.append((first / total, first, total))
+    print("\nTTFA / E2E per paragraph: " + ", ".join(f"{r:.2f} ({f:.2f}/{t:.2f} s)" for r, f, t in ratios))
+    assert all(r < 0.35 for r, _, _ in ratios), ratios
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_rate(pid: int, window: float = 1.0) -> float:
+    """CPU seconds per wall second the process uses over the next `window` seconds."""
+    before = cpu_seconds(pid)
+    time.sleep(window)
+    return (cpu_seconds(pid) - before) / window
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "worker/replica.py: when the awaiting task is cancelled, `await asyncio.to_thread(...)` returns at once "
+    "while the engine thread keeps running, so the replica says busy=0 and frees its semaphore mid-inference "
+    "(the next job then runs concurrently). Fix: shield the thread's future and wait for it before releasing."))
+def test_disconnect_frees_the_replica_within_one_chunk(real_server):
+    """Drop a long streamed request after its first chunk: /metrics shows the replica idle and the
+    slot free once the chunk in flight ends, no chunk starts after the drop, and the process is
+    really idle then (its CPU time stops growing: no inference left running behind the metrics)."""
+    long_text = " ".join(PARAGRAPHS)
+    url, pid = real_server.url, real_server.proc.pid
+    with httpx.Client(base_url=url, timeout=300) as http:
+        t0, cpu0 = time.perf_counter(), cpu_seconds(pid)
+        # mp3: the first chunk's bytes fit the socket buffers, so the server moves straight on to
+        # the next chunk (a large pcm chunk would leave it waiting in send when we drop).
+        with http.stream("POST", "/v1/audio/speech",
+                         json={"input": long_text, "voice": "af_heart", "response_format": "mp3"}) as resp:
+            chunks = resp.iter_raw()  # kept: a discarded iter_raw() closes the response
+            next(chunk for chunk in chunks if chunk)
+            first_chunk_s = time.perf_counter() - t0
+            # What synthesizing costs this process on this (possibly shared) machine right now.
+            busy_rate = (cpu_seconds(pid) - cpu0) / first_chunk_s
+            # Leave while the second chunk is being synthesized: the case that must stop within one chunk.
+            while metric(url, "kokoro_replica_busy") != 1 and time.perf_counter() - t0 < 10 * first_chunk_s:
+                time.sleep(0.02)
+            assert metric(url, "kokoro_replica_busy") == 1, "the second chunk never started"
+            jobs_at_drop = metric(url, "kokoro_replica_jobs_total")
+    dropped = time.perf_counter()
+    # The chunk in flight holds at most 510 phonemes; the first one (timed above) at least a few.
+    # 20x the first chunk's time bounds one chunk's synthesis generously on a busy machine.
+    one_chunk_bound = 20 * first_chunk_s + 2
+    while time.perf_counter() - dropped < one_chunk_bound:
+        if metric(url, "kokoro_replica_busy") == 0 and metric(url, "kokoro_admitted_requests") == 0:
+            break
+        time.sleep(0.05)
+    metrics_idle_after = time.perf_counter() - dropped
+    assert metric(url, "kokoro_replica_busy") == 0 and metric(url, "kokoro_admitted_requests") == 0
+    # /metrics saying idle must mean idle: the process's CPU use drops far below its synthesizing rate.
+    idle_rate = cpu_rate(pid)
+    assert idle_rate < 0.25 * busy_rate, (
+        f"the server still uses {idle_rate:.2f} CPU s/s (synthesizing: {busy_rate:.2f}) after /metrics said idle "
+        f"{metrics_idle_after:.1f} s after the drop: an inference is running that the metrics do not show")
+    # At most the chunk in flight at the drop finishes; none starts afterwards.
+    jobs_after = metric(url, "kokoro_replica_jobs_total")
+    assert jobs_after - jobs_at_drop <= 1, (jobs_at_drop, jobs_after, metrics_idle_after)
+    assert metric(url, "kokoro_client_disconnects_total") >= 1
+    ok = httpx.post(url + "/v1/audio/speech", json={"input": "Still here.", "voice": "af_heart", "response_format": "pcm"},
+                    timeout=120)
+    assert ok.status_code == 200 and len(ok.content) > SR  # more than half a second of audio
+
+
+@pytest.mark.slow
+def test_capacity_503_is_retried_by_the_openai_client(real_server):
+    """This server admits one request at a time: a second gets 503 with Retry-After and
+    retry-after-ms; the official client waits as told and succeeds once the first is done."""
+    url = real_server.url
+    holder = httpx.Client(base_url=url, timeout=300)
+    stream = holder.stream("POST", "/v1/audio/speech",
+                           json={"input": PARAGRAPHS[0] + " " + PARAGRAPHS[1], "voice": "af_heart", "response_format": "pcm"})
+    resp = stream.__enter__()
+    try:
+        chunks = resp.iter_raw()  # one iterator throughout: closing an iter_raw() closes the response
+        next(chunk for chunk in chunks if chunk)  # admitted and speaking
+        refused = httpx.post(url + "/v1/audio/speech", json={"input": "Me too.", "voice": "af_heart"})
+        error = openai_error(refused, 503)
+        assert error["code"] == "overloaded"
+        assert int(refused.headers["retry-after"]) >= 1 and int(refused.headers["retry-after-ms"]) >= 1
+
+        result: dict = {}
+
+        def call() -> None:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=20, timeout=120)
+            result["audio"] = client.audio.speech.create(model="tts-1", voice="alloy", input="Me too.",
+                                                         response_format="pcm").content
+        caller = threading.Thread(target=call)
+        caller.start()
+        for _ in chunks:  # the first request runs to its end
+            pass
+    finally:
+        stream.__exit__(None, None, None)
+        holder.close()
+    caller.join(180)
+    assert len(result.get("audio", b"")) > SR // 2, "the retried request did not succeed"
+    assert metric(url, "kokoro_rejected_total") >= 2  # our probe and at least one of the client's tries
