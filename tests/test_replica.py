@@ -111,3 +111,25 @@ def test_replica_with_a_real_tiny_engine(tiny_weights):
     assert result.durations.shape == (7,)
     assert len(result.audio) == int(result.durations.sum()) * 600
     assert replica.jobs_done == 1
+
+
+def test_a_cancelled_caller_does_not_let_the_next_job_overlap_its_inference():
+    engine = SlowEngine(0.2)
+    replica = Replica(engine)
+
+    async def main():
+        first = asyncio.create_task(replica.synthesize([1], torch.zeros(256)))
+        await asyncio.sleep(0.05)  # the first inference is running in its thread
+        first.cancel()  # its client disconnected
+        await asyncio.sleep(0)
+        busy_after_cancel = replica.busy
+        await replica.synthesize([2], torch.zeros(256))
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return busy_after_cancel
+
+    busy_after_cancel = asyncio.run(main())
+    assert busy_after_cancel, "the replica is still busy until the orphaned inference ends"
+    assert engine.most_at_once == 1
+    assert engine.order == [1, 2]
+    assert replica.jobs_done == 1

@@ -22,22 +22,30 @@ class Replica:
 
     async def synthesize(self, ids: Sequence[int], style: torch.Tensor, speed: float = 1.0) -> Synthesis:
         """Queue behind the running job (FIFO), then run in a worker thread."""
+        result = await self._exclusive(self.engine.synthesize, ids, style, speed)
+        self.jobs_done += 1
+        self.audio_seconds += len(result.audio) / self.engine.sample_rate
+        return result
+
+    async def warmup(self) -> None:
+        await self._exclusive(self.engine.warmup)
+
+    async def _exclusive(self, fn, *args):
         async with self._one_at_a_time:
             self.busy = True
             start = time.perf_counter()
+            work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
             try:
-                result = await asyncio.to_thread(self.engine.synthesize, ids, style, speed)
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The caller left (a client disconnected), but a thread cannot be interrupted: hold the
+                # lock and stay busy until the inference really ends, so the next job never overlaps it.
+                while not work.done():
+                    try:
+                        await asyncio.wait({work})
+                    except asyncio.CancelledError:
+                        pass
+                raise
             finally:
                 self.busy = False
                 self.busy_seconds += time.perf_counter() - start
-            self.jobs_done += 1
-            self.audio_seconds += len(result.audio) / self.engine.sample_rate
-            return result
-
-    async def warmup(self) -> None:
-        async with self._one_at_a_time:
-            self.busy = True
-            try:
-                await asyncio.to_thread(self.engine.warmup)
-            finally:
-                self.busy = False
