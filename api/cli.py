@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
+    "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
     "say": ("worker.say", "synthesize text to a WAV file, no server needed"),
     "weights": ("worker.weights", "show or prepare the model weights in use"),
     "bench": ("worker.bench", "benchmark the engine against the reference implementation"),

@@ -61,6 +61,7 @@ class Metrics:
         self.disconnects = 0
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.collectors: list[Callable[[], list[str]]] = []  # whole families, e.g. labelled per replica
 
     def count_request(self, route: str, status: int | str) -> None:
         key = (route, str(status))
@@ -71,6 +72,10 @@ class Metrics:
 
     def counter(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         self.counters[name] = (help_text, read)
+
+    def collector(self, lines: Callable[[], list[str]]) -> None:
+        """A source of ready-made exposition lines (HELP, TYPE and samples), read at scrape time."""
+        self.collectors.append(lines)
 
     def render(self) -> str:
         lines = [
@@ -94,4 +99,9 @@ class Metrics:
                 except Exception:  # a source that is not there yet (weights loading)
                     continue
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_fmt(value)}"]
+        for collect in self.collectors:
+            try:
+                lines += collect()
+            except Exception:  # a source that is not there yet
+                continue
         return "\n".join(lines) + "\n"

@@ -1,26 +1,56 @@
-"""`kokoro-fleet serve`: run the HTTP server under Uvicorn.
+"""`kokoro-fleet serve`: run the fleet (or one process) under Uvicorn.
 
-Flags override the matching KOKORO_* settings. They are passed on through the environment, so
-every Uvicorn worker process (each builds its own app and replica through `api.app:app_factory`)
-sees the same configuration.
+    kokoro-fleet serve [--workers N] [--limit-concurrency M] [--port 8880] [--redis-url URL]
+                       [--dispatch shared|local] [--baseline]
+
+Each Uvicorn worker is an HTTP front and one model replica (api.app:app_factory builds both, see
+api/fleet.py). Several workers share their work through Redis: without `--redis-url` (or REDIS_URL)
+this command starts and owns an embedded `redis-server` (loopback, a free port, no persistence),
+stopped with the fleet, also on SIGTERM/SIGINT; with one it uses that Redis (passwords and
+`rediss://` TLS URLs go straight to redis-py). One worker without a Redis URL serves alone, no
+queue. On a GPU it checks that N replicas fit in the free GPU memory before starting any, and
+starts the CUDA MPS daemon unless one already runs (docker/entrypoint.sh starts it in images).
+`--baseline` serves Kokoro-FastAPI's architecture with our engine instead: one process, one model,
+no queue, four chunks at a time.
+
+Flags override the matching settings and are passed on through the environment, so every Uvicorn
+worker process sees the same configuration.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import logging
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from worker.settings import Settings
+
+log = logging.getLogger("kokoro_fleet.serve")
 
 # flag -> environment variable
 _FLAGS = {
     "host": "KOKORO_HOST",
     "port": "KOKORO_PORT",
     "workers": "KOKORO_WORKERS",
+    "limit_concurrency": "KOKORO_LIMIT_CONCURRENCY",
     "weights": "KOKORO_WEIGHTS",
     "device": "KOKORO_DEVICE",
+    "redis_url": "REDIS_URL",
+    "dispatch": "KOKORO_DISPATCH",
 }
+# Uvicorn's supervisor pings each worker and kills one that does not answer within this many
+# seconds (then starts a replacement). Its default, 5 s, is too short for a replica process whose
+# CPU is saturated by inference: a busy worker is not a hung one.
+WORKER_HEALTHCHECK_S = 30
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +59,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int,
                         help="Uvicorn worker processes, one model replica each (KOKORO_WORKERS; 0: 8 on a GPU, "
                              "the core count on CPU)")
+    parser.add_argument("--limit-concurrency", type=int,
+                        help="connections one worker process holds before Uvicorn answers 503 itself "
+                             "(KOKORO_LIMIT_CONCURRENCY; the backstop behind admission)")
+    parser.add_argument("--redis-url",
+                        help="the fleet's Redis (REDIS_URL; default: an embedded redis-server when workers > 1)")
+    parser.add_argument("--dispatch", choices=["shared", "local"],
+                        help="shared: any free replica runs any request's chunks (default); local: each worker "
+                             "runs only what it accepted (KOKORO_DISPATCH)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="one process, one model, no queue, four chunks at a time (Kokoro-FastAPI's "
+                             "architecture), to compare against with `python -m loadtest compare`")
     parser.add_argument("--weights", help="offline | official | tiny | a directory (KOKORO_WEIGHTS)")
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (KOKORO_DEVICE)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -44,12 +85,161 @@ def _on_gpu(settings: Settings) -> bool:
 
 def resolve_workers(settings: Settings) -> int:
     """KOKORO_WORKERS, or its default: 8 replicas on a GPU, one per core on CPU."""
+    if settings.baseline:
+        return 1
     if settings.workers > 0:
         return settings.workers
     if _on_gpu(settings):
         return 8
     return os.cpu_count() or 1
 
+
+# --- the embedded Redis ---------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)
+    """Linux: the child gets SIGTERM if this launcher dies without cleaning up (SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class EmbeddedRedis:
+    """A `redis-server` owned by the fleet: loopback only, a free port, nothing written to disk."""
+
+    def __init__(self, port: int | None = None):
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
+            raise SystemExit("kokoro-fleet serve: several workers share their work through Redis, and neither "
+                             "--redis-url/REDIS_URL is set nor redis-server installed (apt-get install redis-server)")
+        self.port = port or _free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--daemonize", "no", "--loglevel", "warning", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            # Its own session: a terminal's Ctrl-C reaches the workers (which drain) but not Redis,
+            # which must outlive their drain; this launcher stops it last.
+            start_new_session=True, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise SystemExit(f"kokoro-fleet serve: the embedded redis-server exited ({self.process.returncode}): {err}")
+            if self.ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise SystemExit(f"kokoro-fleet serve: the embedded redis-server did not answer on port {self.port}")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+# --- the GPU ---------------------------------------------------------------------------------------
+
+def gpu_index(settings: Settings) -> int:
+    return int(settings.device.split(":", 1)[1]) if settings.device.startswith("cuda:") else 0
+
+
+def free_gpu_mib(index: int) -> int | None:
+    """Free memory of GPU `index` as nvidia-smi reports it (None when it cannot be asked). Asked
+    through nvidia-smi rather than torch, so this process opens no CUDA context before MPS starts."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", str(index)],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return int(out.strip().splitlines()[0])
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
+        return None
+
+
+def check_gpu_memory(workers: int, per_replica_mib: int, free_mib: int | None, index: int = 0) -> str:
+    """A line for the log when `workers` replicas fit; SystemExit with what to do when they do not."""
+    if free_mib is None:
+        return f"GPU {index}: free memory unknown (no nvidia-smi); not checked"
+    need = workers * per_replica_mib
+    if need > free_mib:
+        fits = free_mib // per_replica_mib if per_replica_mib > 0 else 0
+        raise SystemExit(
+            f"kokoro-fleet serve: {workers} replicas need about {need} MiB of GPU memory ({per_replica_mib} MiB "
+            f"each, KOKORO_REPLICA_GPU_MIB) but GPU {index} has {free_mib} MiB free. Start at most {fits} "
+            f"(--workers {max(1, fits)}), free the GPU, or use a larger one.")
+    return f"GPU {index}: {workers} replicas x {per_replica_mib} MiB fit in {free_mib} MiB free"
+
+
+class Mps:
+    """The CUDA MPS control daemon, so the replicas' kernels share the GPU instead of time-slicing."""
+
+    def __init__(self, mode: str):
+        if mode not in ("auto", "on", "off"):
+            raise SystemExit(f"KOKORO_MPS={mode}: expected auto, on or off")
+        self.mode = mode
+        self.started = False
+
+    def ensure(self) -> str:
+        """Start the daemon unless one runs already (docker/entrypoint.sh starts it in images)."""
+        if self.mode == "off":
+            return "MPS: off (KOKORO_MPS=off): replicas time-slice the GPU"
+        pipe = Path(os.environ.setdefault("CUDA_MPS_PIPE_DIRECTORY", "/tmp/kokoro-fleet-mps/pipe"))
+        logs = Path(os.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", "/tmp/kokoro-fleet-mps/log"))
+        if (pipe / "control").exists():
+            return f"MPS: a daemon already runs (pipe {pipe}): using it"
+        control = shutil.which("nvidia-cuda-mps-control")
+        if control is None:
+            return self._not("nvidia-cuda-mps-control is not available")
+        pipe.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        if subprocess.run([control, "-d"], capture_output=True).returncode != 0:
+            return self._not(f"the daemon did not start (log: {logs})")
+        self.started = True
+        probe = subprocess.run([sys.executable, "-c", "import torch; torch.zeros(1, device='cuda'); "
+                                "torch.cuda.synchronize()"], capture_output=True, timeout=120)
+        if probe.returncode != 0:
+            self.stop()
+            return self._not(f"CUDA does not initialise under MPS here (log: {logs}); daemon stopped")
+        return f"MPS: daemon started (pipe {pipe})"
+
+    def _not(self, why: str) -> str:
+        if self.mode == "on":
+            raise SystemExit(f"kokoro-fleet serve: KOKORO_MPS=on but {why}")
+        return f"MPS: not started: {why}; replicas time-slice the GPU"
+
+    def stop(self) -> None:
+        control = shutil.which("nvidia-cuda-mps-control")
+        if self.started and control:
+            subprocess.run([control], input=b"quit\n", capture_output=True)
+        self.started = False
+
+
+# --- the command ------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
@@ -58,22 +248,52 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name, None)
         if value is not None:
             os.environ[env] = str(value)
-    settings = Settings.from_env()
-    workers = resolve_workers(settings)
-    os.environ["KOKORO_WORKERS"] = str(workers)
-    if workers > 1 and settings.threads == 0 and not _on_gpu(settings):
-        # Several CPU replicas each using every core would fight over them: share the cores out.
-        os.environ["KOKORO_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    if getattr(args, "baseline", False):
+        os.environ["KOKORO_BASELINE"] = "true"
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    limit = settings.limit_concurrency or max(64, 2 * settings.max_requests + 16)
-    uvicorn.run(
-        "api.app:app_factory", factory=True,
-        host=settings.host, port=settings.port, workers=workers,
-        log_level=args.log_level,
-        access_log=False,  # api.app writes one structured line per request instead
-        # The per-process backstop behind admission: connections beyond it get 503 from Uvicorn.
-        limit_concurrency=limit,
-        timeout_graceful_shutdown=max(1, round(settings.drain_seconds)),
-    )
+    settings = Settings.from_env()
+    workers = resolve_workers(settings)
+    if settings.baseline and (settings.workers > 1 or getattr(args, "workers", None)):
+        log.warning("--baseline runs one process: ignoring --workers/KOKORO_WORKERS=%d", settings.workers)
+    os.environ["KOKORO_WORKERS"] = str(workers)
+    on_gpu = _on_gpu(settings)
+    if workers > 1 and settings.threads == 0 and not on_gpu:
+        # Several CPU replicas each using every core would fight over them: share the cores out.
+        os.environ["KOKORO_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    mps = Mps(settings.mps)
+    redis: EmbeddedRedis | None = None
+    try:
+        if on_gpu:
+            index = gpu_index(settings)
+            log.info(check_gpu_memory(workers, settings.replica_gpu_mib, free_gpu_mib(index), index))
+            if workers > 1:
+                log.info(mps.ensure())
+        if settings.baseline:
+            os.environ.pop("REDIS_URL", None)
+            log.info("baseline: one process, one model, no queue, chunks four at a time")
+        elif settings.redis_url:
+            log.info("fleet of %d workers on the Redis at REDIS_URL (%s dispatch)", workers, settings.dispatch)
+        elif workers > 1:
+            redis = EmbeddedRedis().start()
+            os.environ["REDIS_URL"] = redis.url
+            log.info("fleet of %d workers on an embedded redis-server at %s (%s dispatch)", workers, redis.url,
+                     settings.dispatch)
+        else:
+            log.info("one worker, no queue")
+        limit = settings.limit_concurrency or max(64, 2 * settings.max_requests + 16)
+        uvicorn.run(
+            "api.app:app_factory", factory=True,
+            host=settings.host, port=settings.port, workers=workers,
+            log_level=args.log_level,
+            access_log=False,  # api.app writes one structured line per request instead
+            # The per-process backstop behind admission: connections beyond it get 503 from Uvicorn.
+            limit_concurrency=limit,
+            timeout_graceful_shutdown=max(1, round(settings.drain_seconds)),
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
+        )
+    finally:
+        if redis is not None:
+            redis.stop()
+        mps.stop()
     return 0

@@ -87,6 +87,23 @@ class Settings:
         "KOKORO_LEASE_SECONDS", 10.0,
         "A replica's lease on a chunk job, renewed by heartbeats; a replica silent this long loses the job, "
         "which is re-queued once and then fails its request.")
+    dispatch: str = setting(
+        "KOKORO_DISPATCH", "shared",
+        "`shared`: every replica takes the fleet's earliest-deadline chunk job, wherever its request "
+        "arrived; `local`: each worker runs only the requests it accepted (blind assignment, kept for "
+        "comparison by `python -m loadtest.dispatch`).")
+    chunk_timeout_seconds: float = setting(
+        "KOKORO_CHUNK_TIMEOUT_SECONDS", 120.0,
+        "Longest a request waits for any one chunk from the shared queue before it fails with an error "
+        "(0: no limit).")
+    baseline: bool = setting(
+        "KOKORO_BASELINE", False,
+        "Serve as the comparison baseline: one process, one model, no queue, chunks of all requests run "
+        "four at a time on it (Kokoro-FastAPI's architecture); `kokoro-fleet serve --baseline` sets it.")
+    replica_gpu_mib: int = setting(
+        "KOKORO_REPLICA_GPU_MIB", 3072,
+        "GPU memory one replica needs (weights, CUDA graphs, activations); `serve` refuses to start more "
+        "replicas than the free GPU memory holds.")
 
     # --- deployment (read by docker/entrypoint.sh) ---
     mps: str = setting(

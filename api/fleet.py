@@ -1,0 +1,526 @@
+"""The fleet: every Uvicorn worker is an HTTP front and one model replica; the work is shared.
+
+`build_service(settings, metrics)` is what each worker process starts with (api.app calls it while
+loading). It returns one of three speech services with the same `plan` / `stream` interface:
+
+- **local** (`SpeechService`): one replica, no Redis: one worker without REDIS_URL.
+- **fleet** (`FleetSpeechService`): REDIS_URL set (the launcher sets it to its embedded
+  redis-server when it runs several workers). `admit(plan)` turns the plan's chunks into jobs in
+  the shared, deadline-ordered queue (or refuses: 503 with Retry-After); `stream(plan)` yields the
+  pieces from the in-order results, whichever replica ran them. Beside it this worker's
+  `Dispatcher` leases the fleet's earliest-deadline job whenever its replica is free. When Redis is
+  unreachable (at start or mid-run) the service serves its own requests on its own replica instead
+  (still bounded by the app's LocalAdmission), says so in /health and /metrics, and goes back to
+  the queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining
+  chunks locally.
+- **baseline** (`BaselineReplica` in a `SpeechService`): one process, one model, chunks of all
+  requests run under `asyncio.Semaphore(4)` in threads: Kokoro-FastAPI's architecture with our
+  engine, for `loadtest compare`.
+
+A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
+own VoiceBank (every worker loads the same voices), and returns float32 PCM, so the owner's audio
+is bit-identical to what its own replica would have made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from api.errors import CapacityError
+from api.metrics import Histogram, Metrics
+from api.queue_admission import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused,
+                                 RequestFailed, RequestLost, Ticket)
+from worker.dispatch import Dispatcher, Job, JobOutput
+from worker.queue_client import DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, read_replicas, read_stats
+from worker.settings import Settings
+from worker.speech import SAMPLE_RATE, AudioPiece, SpeechPlan, SpeechService, fade_edges
+from worker.timestamps import WordTimestamp, word_timestamps
+
+log = logging.getLogger("kokoro_fleet.fleet")
+
+DISPATCH_MODES = ("shared", "local")
+# Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
+BASELINE_CONCURRENCY = 4
+# A ticket admitted for a request whose response never started streaming (the client left between
+# the headers and the first read) is cancelled after this long, so its slot cannot leak.
+UNCLAIMED_TICKET_S = 30.0
+# How often the fleet figures shown in /metrics are re-read from Redis.
+STATS_REFRESH_S = 1.0
+# Histogram buckets for the wait of a request's first chunk in the shared queue.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def worker_id() -> str:
+    """This process's name in the queue (owner and replica): unique across hosts and restarts."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+# --- jobs: what crosses Redis ----------------------------------------------------------------------
+
+def encode_job(ids: Sequence[int], voice: str, speed: float) -> bytes:
+    return json.dumps({"ids": [int(i) for i in ids], "voice": voice, "speed": float(speed)},
+                      separators=(",", ":")).encode()
+
+
+def decode_job(payload: bytes) -> tuple[list[int], str, float]:
+    d = json.loads(payload)
+    return list(d["ids"]), str(d["voice"]), float(d["speed"])
+
+
+class ReplicaJobRunner:
+    """The Dispatcher's `run_job`: synthesize one chunk job on this worker's replica."""
+
+    def __init__(self, replica, voices, wait_histogram: Histogram | None = None):
+        self.replica = replica
+        self.voices = voices
+        self.wait_histogram = wait_histogram
+
+    async def __call__(self, job: Job) -> JobOutput:
+        if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:
+            # A first chunk's deadline is its request's arrival: the difference is its queue wait.
+            self.wait_histogram.observe(max(0.0, (job.leased_at_ms - job.deadline_ms) / 1000))
+        ids, voice_spec, speed = decode_job(job.payload)
+        voice = self.voices.resolve(voice_spec)
+        result = await self.replica.synthesize(ids, self.voices.style(voice, len(ids)), speed)
+        audio = np.ascontiguousarray(result.audio, dtype="<f4")
+        return JobOutput(audio.tobytes(), result.durations, len(audio) / SAMPLE_RATE)
+
+
+# --- the fleet speech service -----------------------------------------------------------------------
+
+@dataclass
+class FleetPlan:
+    """A validated plan plus where it runs: `ticket` in the shared queue, or None (this worker's
+    own replica, because Redis was unreachable when it was admitted)."""
+
+    plan: SpeechPlan
+    ticket: Ticket | None
+    admitted_at: float = field(default_factory=time.monotonic)
+    claimed: bool = False
+
+    def __getattr__(self, name: str) -> Any:  # phoneme_count, chunks, request, ... as the plan has them
+        return getattr(self.plan, name)
+
+
+@dataclass
+class FleetCounters:
+    admitted: int = 0             # requests this worker put in the shared queue
+    refused: int = 0              # 503s from the shared queue's bound
+    served_locally: int = 0       # admitted while Redis was unreachable: ran on this replica
+    finished_locally: int = 0     # lost Redis mid-stream: remaining chunks ran on this replica
+    failed: int = 0               # the queue ended the request with an error
+    cancelled: int = 0            # client gone (or response never started): jobs cancelled
+    degraded_since: float | None = None
+    degraded_seconds: float = 0.0
+
+
+@dataclass
+class FleetSnapshot:
+    """What /metrics shows of the whole fleet, re-read from Redis every STATS_REFRESH_S."""
+
+    stats: QueueStats | None = None
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+    busy_fraction: dict[str, float] = field(default_factory=dict)
+    read_at: float = 0.0
+
+
+class FleetSpeechService:
+    """SpeechService's interface over the shared queue, with the local service as its fallback."""
+
+    def __init__(self, local: SpeechService, redis_url: str, settings: Settings, *, replicas: int,
+                 dispatch: str = "shared", name: str | None = None, owner_ttl_s: float = 5.0,
+                 reap_interval_s: float = 1.0):
+        if dispatch not in DISPATCH_MODES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+        self.local = local
+        self.voices = local.voices
+        self.replica = local.replica
+        self.settings = settings
+        self.dispatch = dispatch
+        self.name = name or worker_id()
+        # `local` dispatch: the same code, but each worker's queue is its own (blind assignment).
+        self.prefix = DEFAULT_PREFIX if dispatch == "shared" else f"{DEFAULT_PREFIX}:local:{self.name}"
+        self.redis_url = redis_url
+        self.bounds = AdmissionBounds.from_settings(settings, replicas if dispatch == "shared" else 1)
+        self.chunk_timeout_s = settings.chunk_timeout_seconds or None
+        self.wait_histogram = Histogram(WAIT_BUCKETS)
+        self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
+                                         owner_ttl_s=owner_ttl_s)
+        self.dispatcher = Dispatcher(connect(redis_url), self.name,
+                                     ReplicaJobRunner(self.replica, self.voices, self.wait_histogram),
+                                     prefix=self.prefix, lease_s=settings.lease_seconds,
+                                     replica_ttl_s=owner_ttl_s, reap_interval_s=reap_interval_s)
+        self._stats_client = connect(redis_url)
+        self.counters = FleetCounters()
+        self.snapshot = FleetSnapshot()
+        self._unclaimed: dict[str, FleetPlan] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._started = time.monotonic()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> "FleetSpeechService":
+        await self.admission.start()
+        self.dispatcher.start()
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name=f"fleet-housekeeping-{self.name}"))
+        log.info("fleet worker %s: %s dispatch through %s (bounds %s)", self.name, self.dispatch,
+                 _redacted(self.redis_url), self.bounds)
+        return self
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.dispatcher.close()
+        await self.admission.close()
+        for plan in list(self._unclaimed.values()):
+            await self._end(plan, finished=False)
+        for client in (self.admission.client, self.dispatcher.client, self._stats_client):
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    # --- state ----------------------------------------------------------------------------------
+    @property
+    def degraded(self) -> bool:
+        """Redis did not answer the last call of this worker's owner or replica side."""
+        return self.admission.degraded or self.dispatcher.degraded
+
+    def _note_degraded(self) -> None:
+        now = time.monotonic()
+        if self.degraded and self.counters.degraded_since is None:
+            self.counters.degraded_since = now
+            log.warning("fleet worker %s: Redis unavailable: serving this worker's requests on its own replica",
+                        self.name)
+        elif not self.degraded and self.counters.degraded_since is not None:
+            self.counters.degraded_seconds += now - self.counters.degraded_since
+            self.counters.degraded_since = None
+            log.warning("fleet worker %s: Redis is back: dispatching through the %s queue again", self.name,
+                        self.dispatch)
+
+    def health(self) -> dict[str, Any]:
+        """The fleet's part of /health."""
+        s = self.snapshot.stats
+        return {"mode": "degraded" if self.degraded else "fleet", "dispatch": self.dispatch, "worker": self.name,
+                **({"fleet_admitted": int(s["admitted"]), "live_replicas": s.live_replicas} if s and not self.degraded
+                   else {})}
+
+    # --- the request's life ---------------------------------------------------------------------
+    def plan(self, request) -> SpeechPlan:
+        return self.local.plan(request)
+
+    async def admit(self, plan: SpeechPlan) -> FleetPlan:
+        """A slot in the shared queue (or, Redis unreachable, on this replica); CapacityError when
+        the fleet is full."""
+        speed = plan.request.speed
+        jobs = [ChunkJob(encode_job(c.ids, plan.request.voice, speed), len(c.ids)) for c in plan.chunks if c.ids]
+        if not self.degraded:
+            try:
+                ticket = await self.admission.admit(jobs, speed)
+            except Refused as e:
+                self.counters.refused += 1
+                raise CapacityError(e.retry_after_ms / 1000, str(e)) from None
+            except QueueUnavailable as e:
+                log.warning("fleet worker %s: %s", self.name, e)
+            else:
+                self.counters.admitted += 1
+                fleet_plan = FleetPlan(plan, ticket)
+                self._unclaimed[ticket.request_id] = fleet_plan
+                return fleet_plan
+        self._note_degraded()
+        self.counters.served_locally += 1
+        return FleetPlan(plan, None)
+
+    async def stream(self, plan: FleetPlan | SpeechPlan) -> AsyncIterator[AudioPiece]:
+        """The plan's pieces in order, from the shared queue's results (or this replica's)."""
+        if not isinstance(plan, FleetPlan) or plan.ticket is None:
+            async with contextlib.aclosing(self.local.stream(getattr(plan, "plan", plan))) as pieces:
+                async for piece in pieces:
+                    yield piece
+            return
+        plan.claimed = True
+        self._unclaimed.pop(plan.ticket.request_id, None)
+        results = self.admission.results(plan.ticket, timeout_s=self.chunk_timeout_s)
+        remote = True
+        finished = failed = False
+        offset_s = 0.0
+        chunks = plan.plan.chunks
+        try:
+            for index, chunk in enumerate(chunks):
+                pcm = np.zeros(0, dtype=np.float32)
+                words: list[WordTimestamp] = []
+                if chunk.ids:
+                    audio, durations = None, None
+                    if remote:
+                        try:
+                            result = await anext(results)
+                            audio = np.frombuffer(result.pcm, dtype="<f4")
+                            durations = result.durations
+                        except (QueueUnavailable, RequestLost) as e:
+                            # Redis went away (or restarted empty) under this stream: finish it here.
+                            log.warning("request %s: %s; finishing its chunks %d.. on this replica",
+                                        plan.ticket.request_id, e, index)
+                            remote = False
+                            self.counters.finished_locally += 1
+                            self._note_degraded()
+                        except RequestFailed:
+                            self.counters.failed += 1
+                            failed = True  # the owner has read the error: release, not cancel
+                            raise
+                    if audio is None:
+                        style = self.voices.style(plan.plan.voice, len(chunk.ids))
+                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.plan.request.speed)
+                        audio, durations = synthesis.audio, synthesis.durations
+                    pcm = fade_edges(audio)
+                    words = word_timestamps(chunk, durations, offset_s)
+                if chunk.pause_after > 0:
+                    pcm = np.concatenate([pcm, np.zeros(round(chunk.pause_after * SAMPLE_RATE), np.float32)])
+                offset_s += len(pcm) / SAMPLE_RATE
+                yield AudioPiece(pcm, words, index, index == len(chunks) - 1)
+            finished = True
+        finally:
+            await results.aclose()
+            await self._end(plan, finished or failed, cancelled=not (finished or failed))
+
+    async def _end(self, plan: FleetPlan, finished: bool, cancelled: bool | None = None) -> None:
+        """Free the request's slot: release when streamed whole, else cancel its queued jobs.
+        Shielded, so a cancelled response (client gone) still frees it; a Redis that cannot be
+        reached leaves it to the reaper (the owner's heartbeat stops covering it only when this
+        worker dies) or to the Redis restart that already dropped it."""
+        self._unclaimed.pop(plan.ticket.request_id, None)
+        if not finished if cancelled is None else cancelled:
+            self.counters.cancelled += 1
+        call = self.admission.release if finished else self.admission.cancel
+        with contextlib.suppress(QueueUnavailable):
+            await asyncio.shield(call(plan.ticket.request_id))
+
+    # --- background -----------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        """Re-read the fleet's figures for /metrics, note degraded/recovered, and cancel tickets
+        whose response never started."""
+        while True:
+            await asyncio.sleep(STATS_REFRESH_S)
+            self._note_degraded()
+            now = time.monotonic()
+            for rid, plan in list(self._unclaimed.items()):
+                if not plan.claimed and now - plan.admitted_at > UNCLAIMED_TICKET_S:
+                    log.warning("request %s was admitted but its response never started: cancelling it", rid)
+                    await self._end(plan, finished=False)
+            try:
+                stats = await read_stats(self._stats_client, self.prefix)
+                replicas = await read_replicas(self._stats_client, self.prefix)
+            except QueueUnavailable:
+                continue
+            except Exception:  # figures are best effort; never let them stop the housekeeping
+                log.exception("reading the fleet's figures failed")
+                continue
+            previous = {r.replica: r for r in self.snapshot.replicas}
+            elapsed = now - self.snapshot.read_at if self.snapshot.read_at else 0.0
+            busy = {}
+            for r in replicas:
+                before = previous.get(r.replica)
+                if before is not None and elapsed > 0:
+                    busy[r.replica] = min(1.0, max(0.0, (r.busy_seconds - before.busy_seconds) / elapsed))
+            self.snapshot = FleetSnapshot(stats, replicas, busy, now)
+
+    # --- /metrics -------------------------------------------------------------------------------
+    def register_metrics(self, m: Metrics) -> None:
+        c = self.counters
+        started = self._started
+        m.gauge("kokoro_fleet_degraded", "1 while this worker cannot reach Redis and serves its own requests locally.",
+                lambda: float(self.degraded))
+        m.counter("kokoro_fleet_degraded_seconds_total", "Seconds this worker spent degraded (Redis unreachable).",
+                  lambda: c.degraded_seconds + (time.monotonic() - c.degraded_since if c.degraded_since else 0.0))
+        m.counter("kokoro_fleet_worker_admitted_total", "Requests this worker admitted into the shared queue.",
+                  lambda: c.admitted)
+        m.counter("kokoro_fleet_worker_refused_total", "Requests this worker refused (503) because the fleet was full.",
+                  lambda: c.refused)
+        m.counter("kokoro_fleet_worker_served_locally_total",
+                  "Requests this worker served on its own replica because Redis was unreachable.", lambda: c.served_locally)
+        m.counter("kokoro_fleet_worker_finished_locally_total",
+                  "Streams whose remaining chunks ran on this worker's replica after Redis went away.",
+                  lambda: c.finished_locally)
+        m.counter("kokoro_fleet_worker_cancelled_total", "Requests whose queued jobs were cancelled (client gone).",
+                  lambda: c.cancelled)
+        m.counter("kokoro_fleet_worker_failed_total", "Requests the queue ended with an error.", lambda: c.failed)
+        m.gauge("kokoro_fleet_replica_busy_fraction_lifetime",
+                "Fraction of this worker's lifetime its replica spent running inferences.",
+                lambda: self.replica.busy_seconds / max(1e-9, time.monotonic() - started))
+        m.counter("kokoro_fleet_lease_losses_total", "This replica's results refused because its lease had expired.",
+                  lambda: self.dispatcher.lease_losses)
+
+        def stat(name: str):
+            def read() -> float:
+                s = self.snapshot.stats
+                if s is None:
+                    raise LookupError("no fleet figures yet")
+                return s[name]
+            return read
+
+        for field_name, kind, help_text in (
+            ("admitted", "gauge", "Requests admitted in the whole fleet (queued or streaming)."),
+            ("queued_jobs", "gauge", "Chunk jobs waiting in the shared queue."),
+            ("inflight_jobs", "gauge", "Chunk jobs leased by a replica."),
+            ("admitted_total", "counter", "Admission decisions: requests admitted, fleet-wide."),
+            ("refused_total", "counter", "Admission decisions: requests refused with 503, fleet-wide."),
+            ("expired_total", "counter", "Leases that expired (their replica stopped responding)."),
+            ("requeued_total", "counter", "Jobs put back in the queue after a lease expired."),
+            ("failed_total", "counter", "Requests the queue failed (a chunk lost twice, or a synthesis error)."),
+            ("completed_total", "counter", "Chunk results delivered, fleet-wide."),
+            ("cancelled_total", "counter", "Requests cancelled by their owner (client gone)."),
+            ("orphaned_total", "counter", "Requests freed by the reaper because their owner worker died."),
+        ):
+            (m.gauge if kind == "gauge" else m.counter)(f"kokoro_fleet_{field_name}", help_text, stat(field_name))
+        m.gauge("kokoro_fleet_queued_work_seconds", "Estimated audio seconds of the jobs waiting in the shared queue.",
+                lambda: stat("queued_work_ms")() / 1000)
+        m.gauge("kokoro_fleet_live_replicas", "Replicas whose liveness Redis saw within its TTL.",
+                lambda: self.snapshot.stats.live_replicas if self.snapshot.stats else _missing())
+        m.gauge("kokoro_fleet_replica_rate", "Measured audio seconds per busy second of one replica (EWMA).",
+                lambda: self.snapshot.stats.rate if self.snapshot.stats and self.snapshot.stats.rate else _missing())
+        m.collector(self._metric_lines)
+
+    def _metric_lines(self) -> list[str]:
+        """Labelled series: the first-chunk queue wait histogram and a row per replica."""
+        lines = ["# HELP kokoro_fleet_first_chunk_wait_seconds Wait of requests' first chunks in the queue "
+                 "before this replica leased them.",
+                 "# TYPE kokoro_fleet_first_chunk_wait_seconds histogram",
+                 *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds")]
+        rows = self.snapshot.replicas
+        if not rows:
+            return lines
+        series = (
+            ("kokoro_fleet_replica_busy", "gauge", "1 while the replica runs a job.", lambda r: float(r.busy)),
+            ("kokoro_fleet_replica_busy_fraction", "gauge",
+             f"Fraction of the last ~{STATS_REFRESH_S:g} s the replica spent running jobs.",
+             lambda r: self.snapshot.busy_fraction.get(r.replica)),
+            ("kokoro_fleet_replica_jobs_total", "counter", "Chunk jobs the replica completed.", lambda r: r.jobs_done),
+            ("kokoro_fleet_replica_busy_seconds_total", "counter", "Seconds the replica spent running jobs.",
+             lambda r: r.busy_seconds),
+            ("kokoro_fleet_replica_audio_seconds_total", "counter", "Audio seconds the replica synthesized.",
+             lambda r: r.audio_seconds),
+            ("kokoro_fleet_replica_alive", "gauge", "1 while the replica's liveness is fresh.", lambda r: float(r.alive)),
+        )
+        for name, kind, help_text, read in series:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            for r in rows:
+                value = read(r)
+                if value is not None:
+                    lines.append(f'{name}{{replica="{r.replica}"}} {float(value):g}')
+        return lines
+
+
+def _missing() -> float:
+    raise LookupError("no fleet figures yet")
+
+
+def _redacted(url: str) -> str:
+    """A Redis URL fit for a log line (no password)."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest
+
+
+# --- the baseline ----------------------------------------------------------------------------------
+
+class BaselineReplica:
+    """One model, up to `concurrency` chunks on it at once in worker threads (Kokoro-FastAPI's
+    `Semaphore(4)`). Each concurrent slot has its own view of the engine (shared model weights,
+    own noise and speed buffers, no CUDA graphs: their static buffers cannot be shared)."""
+
+    def __init__(self, engine, concurrency: int = BASELINE_CONCURRENCY):
+        self.engine = engine
+        self._views: asyncio.Queue = asyncio.Queue()
+        for _ in range(concurrency):
+            self._views.put_nowait(_engine_view(engine))
+        self._slots = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self.running = 0
+        self.jobs_done = 0
+        self.busy_seconds = 0.0  # wall seconds with at least one chunk running
+        self.audio_seconds = 0.0
+        self._busy_since: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0
+
+    async def synthesize(self, ids, style, speed: float = 1.0):
+        async with self._slots:
+            view = await self._views.get()
+            self._enter()
+            try:
+                result = await asyncio.to_thread(view.synthesize, ids, style, speed)
+            finally:
+                self._leave()
+                self._views.put_nowait(view)
+            self.jobs_done += 1
+            self.audio_seconds += len(result.audio) / self.engine.sample_rate
+            return result
+
+    async def warmup(self) -> None:
+        await asyncio.to_thread(self.engine.warmup)
+
+    def _enter(self) -> None:
+        if self.running == 0:
+            self._busy_since = time.perf_counter()
+        self.running += 1
+
+    def _leave(self) -> None:
+        self.running -= 1
+        if self.running == 0 and self._busy_since is not None:
+            self.busy_seconds += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+
+def _engine_view(engine):
+    import torch
+
+    view = copy.copy(engine)
+    view.graphs = None
+    view.want_graphs = False
+    view.generator = torch.Generator(device=engine.device)
+    view._noise = torch.empty(0, device=engine.device)
+    view._speed = torch.ones(1, device=engine.device)
+    return view
+
+
+# --- what a worker process starts with --------------------------------------------------------------
+
+async def build_service(settings: Settings, metrics: Metrics | None = None):
+    """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
+    from worker.engine import Engine
+    from worker.replica import Replica
+    from worker.speech import resolve_device
+    from worker.voices import VoiceBank
+    from worker.weights import load_weights
+
+    def build() -> SpeechService:
+        weights = load_weights(settings)
+        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
+                        cuda_graphs=settings.cuda_graphs and not settings.baseline)
+        replica = BaselineReplica(engine) if settings.baseline else Replica(engine)
+        return SpeechService(replica, VoiceBank(weights.voices), settings)
+
+    local = await asyncio.to_thread(build)
+    await local.replica.warmup()
+    if settings.baseline or not settings.redis_url:
+        return local
+    fleet = FleetSpeechService(local, settings.redis_url, settings, replicas=max(1, settings.workers),
+                               dispatch=settings.dispatch)
+    if metrics is not None:
+        fleet.register_metrics(metrics)
+    return await fleet.start()

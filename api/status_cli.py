@@ -1,0 +1,142 @@
+"""`kokoro-fleet status [--url URL | --redis-url URL]`: the fleet's replicas in one table.
+
+From a running server (`--url`, default http://127.0.0.1:8880): reads its /metrics, where every
+worker publishes the fleet-wide replica table it reads from Redis (one worker without a queue shows
+its one replica). From Redis directly (`--redis-url`): reads the queue's replica table and gauges,
+no server needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class ReplicaRow:
+    replica: str
+    alive: bool
+    busy: bool
+    busy_fraction: float | None
+    jobs_done: int
+    busy_seconds: float
+    audio_seconds: float
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8880", help="a server of the fleet (reads its /metrics)")
+    parser.add_argument("--redis-url", help="read the fleet's Redis directly instead of a server")
+    parser.add_argument("--prefix", default=None, help="queue key prefix (default {kf})")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> name -> [(labels, value)]."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line.strip())
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        out.setdefault(name, []).append((dict(_LABEL.findall(labels or "")), number))
+    return out
+
+
+def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) -> tuple[list[ReplicaRow], dict]:
+    """The replica table and the fleet's summary figures from one /metrics page."""
+    def one(name: str) -> float | None:
+        values = samples.get(name)
+        return values[0][1] if values else None
+
+    def per_replica(name: str) -> dict[str, float]:
+        return {labels["replica"]: v for labels, v in samples.get(name, []) if "replica" in labels}
+
+    summary = {k: one(f"kokoro_fleet_{k}") for k in ("degraded", "admitted", "queued_jobs", "inflight_jobs",
+                                                      "queued_work_seconds", "live_replicas", "admitted_total",
+                                                      "refused_total", "expired_total", "requeued_total",
+                                                      "failed_total")}
+    names = per_replica("kokoro_fleet_replica_jobs_total")
+    if names:
+        alive, busy, fraction = (per_replica("kokoro_fleet_replica_alive"), per_replica("kokoro_fleet_replica_busy"),
+                                 per_replica("kokoro_fleet_replica_busy_fraction"))
+        busy_s, audio_s = (per_replica("kokoro_fleet_replica_busy_seconds_total"),
+                           per_replica("kokoro_fleet_replica_audio_seconds_total"))
+        rows = [ReplicaRow(r, bool(alive.get(r, 1)), bool(busy.get(r, 0)), fraction.get(r), int(names[r]),
+                           busy_s.get(r, 0.0), audio_s.get(r, 0.0)) for r in sorted(names)]
+        summary["mode"] = "degraded" if summary.get("degraded") else "fleet"
+        return rows, summary
+    # One worker without a queue: its own replica, as api/app.py names it.
+    if one("kokoro_replica_jobs_total") is None:
+        return [], {"mode": "unknown"}
+    busy_s = one("kokoro_replica_busy_seconds_total") or 0.0
+    row = ReplicaRow("local", True, bool(one("kokoro_replica_busy")), None, int(one("kokoro_replica_jobs_total") or 0),
+                     busy_s, one("kokoro_replica_audio_seconds_total") or 0.0)
+    return [row], {"mode": "single"}
+
+
+async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow], dict]:
+    from worker.queue_client import DEFAULT_PREFIX, GAUGES, connect, read_replicas, read_stats
+
+    client = connect(url)
+    try:
+        stats = await read_stats(client, prefix or DEFAULT_PREFIX)
+        replicas = await read_replicas(client, prefix or DEFAULT_PREFIX)
+    finally:
+        await client.aclose()
+    rows = [ReplicaRow(r.replica, r.alive, r.busy, None, r.jobs_done, r.busy_seconds, r.audio_seconds)
+            for r in sorted(replicas, key=lambda r: r.replica)]
+    summary = {"mode": "redis", **{g: stats[g] for g in GAUGES}, "live_replicas": stats.live_replicas,
+               **{k: stats[k] for k in ("admitted_total", "refused_total", "expired_total", "requeued_total",
+                                        "failed_total")}}
+    summary["queued_work_seconds"] = summary.pop("queued_work_ms") / 1000
+    return rows, summary
+
+
+def format_table(rows: list[ReplicaRow], summary: dict) -> str:
+    head = f"{'replica':<28} {'alive':>5} {'busy':>4} {'busy%':>6} {'jobs':>7} {'busy s':>9} {'audio s':>9} {'RTFx':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        fraction = "-" if r.busy_fraction is None else f"{100 * r.busy_fraction:.0f}"
+        speed = f"{r.audio_seconds / r.busy_seconds:.1f}" if r.busy_seconds > 0 else "-"
+        lines.append(f"{r.replica:<28} {'yes' if r.alive else 'no':>5} {'yes' if r.busy else 'no':>4} {fraction:>6} "
+                     f"{r.jobs_done:>7} {r.busy_seconds:>9.1f} {r.audio_seconds:>9.1f} {speed:>6}")
+    if not rows:
+        lines.append("(no replicas reported)")
+    shown = {k: v for k, v in summary.items() if v is not None}
+    lines.append("")
+    lines.append("  ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.redis_url:
+        rows, summary = asyncio.run(rows_from_redis(args.redis_url, args.prefix))
+    else:
+        import httpx
+
+        base = args.url.rstrip("/")
+        try:
+            response = httpx.get(base + "/metrics", timeout=10, trust_env=False)
+            response.raise_for_status()
+        except httpx.HTTPError as e:
+            print(f"kokoro-fleet status: cannot read {base}/metrics: {e}", file=sys.stderr)
+            return 1
+        rows, summary = rows_from_metrics(parse_metrics(response.text))
+    if args.json:
+        print(json.dumps({"replicas": [asdict(r) for r in rows], "summary": summary}, indent=2))
+    else:
+        print(format_table(rows, summary))
+    return 0
