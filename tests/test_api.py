@@ -236,10 +236,6 @@ def test_every_format_matches_say(real_server, say_seconds, fmt):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "text frontend: the chunker cuts the first chunk only at punctuation, and paragraphs 3 and 8 have no "
-    "clause break early on (first chunks of 96/237 and 77/220 phonemes), so their first audio needs 35-40% "
-    "of the work; cutting the first chunk at a word boundary near KOKORO_FIRST_CHUNK_PHONEMES/2 would fix it"))
 def test_first_audio_early_in_every_paragraph(real_server):
     """On this CPU the first audio byte of each paragraph arrives within 35% of the whole
     response's time, measured by reading the stream (headers do not count)."""
@@ -274,10 +270,6 @@ def cpu_rate(pid: int, window: float = 1.0) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "worker/replica.py: when the awaiting task is cancelled, `await asyncio.to_thread(...)` returns at once "
-    "while the engine thread keeps running, so the replica says busy=0 and frees its semaphore mid-inference "
-    "(the next job then runs concurrently). Fix: shield the thread's future and wait for it before releasing."))
 def test_disconnect_frees_the_replica_within_one_chunk(real_server):
     """Drop a long streamed request after its first chunk: /metrics shows the replica idle and the
     slot free once the chunk in flight ends, no chunk starts after the drop, and the process is

@@ -160,3 +160,14 @@ def test_clean_text_removes_controls_keeps_words():
     assert clean_text("a\x00b\u200bc\td\r\ne") == "a bc d\ne"
     assert clean_text("one\x07two") == "one two"
     assert clean_text("zero\u200bwidth") == "zerowidth"
+
+
+def test_first_chunk_without_an_early_clause_ends_at_a_word_near_its_target():
+    # No punctuation until far past the first chunk's target: waiting for the comma would make the
+    # first chunk hold most of the paragraph and the first audio late.
+    text = ("Version two point four point one fixes a crash when importing large files from older "
+            "releases of the desktop application, and adds a dark theme.")
+    chunks = text_to_chunks(text, first_chunk_phonemes=60, chunk_phonemes=400)
+    assert len(chunks) >= 2
+    assert 15 <= len(chunks[0].ids) <= 60
+    assert " ".join(c.text for c in chunks).split() == text.split()

@@ -69,8 +69,9 @@ class Settings:
 
     # --- text ---
     first_chunk_phonemes: int = setting(
-        "KOKORO_FIRST_CHUNK_PHONEMES", 100,
-        "Target size of a request's first chunk, so its first audio arrives fast.")
+        "KOKORO_FIRST_CHUNK_PHONEMES", 60,
+        "Target size of a request's first chunk (about 4 s of speech), so its first audio arrives fast: "
+        "it ends at a clause, or at a word boundary when no clause ends in reach.")
     chunk_phonemes: int = setting("KOKORO_CHUNK_PHONEMES", 400, "Target size of later chunks (never above 510).")
 
     # --- fleet and queue ---

@@ -1,6 +1,6 @@
 """The text frontend: raw request text -> normalized text -> phonemes -> chunks of model ids.
 
-    text_to_chunks(text, lang_code="a", options=None, first_chunk_phonemes=100, chunk_phonemes=400)
+    text_to_chunks(text, lang_code="a", options=None, first_chunk_phonemes=60, chunk_phonemes=400)
 
 is the one entry point the speech service calls; the pieces (normalize, g2p, chunks) are importable
 for the CLI and tests.

@@ -45,7 +45,7 @@ def text_to_chunks(
     text: str,
     lang_code: str = "a",
     options: NormalizationOptions | None = None,
-    first_chunk_phonemes: int = 100,
+    first_chunk_phonemes: int = 60,
     chunk_phonemes: int = 400,
 ) -> list[Chunk]:
     """Normalize, phonemize and split `text`. Raises TextError for an unsupported language.
@@ -148,6 +148,8 @@ def _choose_end(costs: list[int], strengths: list[int], start: int, target: int,
         end = earliest(everything, SENTENCE)        # a whole sentence up to the hard limit
     if end is None:
         end = latest(within, CLAUSE, minimum) or latest(within, COMMA, minimum)
+    if end is None and is_first:
+        end = latest(within, WORD, minimum)         # no clause in reach: first audio matters more
     if end is None:
         end = earliest(everything, COMMA)           # the first clause, however long (<= 510)
     if end is None:
@@ -159,7 +161,7 @@ def _choose_end(costs: list[int], strengths: list[int], start: int, target: int,
     return end
 
 
-def split_tokens(tokens: list[Token], first_chunk_phonemes: int = 100, chunk_phonemes: int = 400) -> list[Chunk]:
+def split_tokens(tokens: list[Token], first_chunk_phonemes: int = 60, chunk_phonemes: int = 400) -> list[Chunk]:
     """Group phonemized tokens into chunks (see the module docstring for the rules)."""
     first_target = max(1, min(first_chunk_phonemes, MAX_PHONEMES))
     later_target = max(1, min(chunk_phonemes, MAX_PHONEMES))
