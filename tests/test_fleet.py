@@ -1,0 +1,243 @@
+"""The fleet speech service in one process: the shared queue (a real redis-server), the tiny model,
+this worker's own Dispatcher and replica. What it must keep: the same audio as the local service,
+refusals as 503s with both retry headers, slots freed however a stream ends, and serving on
+through a Redis outage (degraded, then back on the queue). Multi-process fleets (`kokoro-fleet
+serve`) are in tests/test_fleet_serve.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+
+from api.errors import CapacityError
+from api.fleet import BaselineReplica, FleetPlan, FleetSpeechService, decode_job, encode_job
+from api.metrics import Metrics
+from api.serve_cli import EmbeddedRedis, Mps, check_gpu_memory
+from api.status_cli import parse_metrics, rows_from_metrics
+from worker.queue_client import GAUGES, connect, read_stats
+from worker.speech import SpeechRequest, SpeechService
+
+TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good while longer, so that the "
+              "text needs more than one chunk of phonemes, and the fleet has several jobs to share out.")
+
+
+@pytest.fixture(scope="module")
+def local_service(tiny_weights):
+    from worker.engine import Engine
+    from worker.replica import Replica
+    from worker.settings import Settings
+    from worker.voices import VoiceBank
+
+    settings = Settings.from_env().replace(weights="tiny", first_chunk_phonemes=30, chunk_phonemes=60)
+    engine = Engine(tiny_weights, "cpu", "fp32")
+    return SpeechService(Replica(engine), VoiceBank(tiny_weights.voices), settings)
+
+
+def fleet_for(local: SpeechService, url: str, **settings) -> FleetSpeechService:
+    s = local.settings.replace(lease_seconds=2.0, **settings)
+    return FleetSpeechService(local, url, s, replicas=1, owner_ttl_s=1.0, reap_interval_s=0.2)
+
+
+async def collect(service, plan) -> list:
+    return [p async for p in service.stream(plan)]
+
+
+async def idle(url: str, timeout_s: float = 10.0):
+    client = connect(url)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            stats = await read_stats(client)
+            if all(stats[g] == 0 for g in GAUGES) or asyncio.get_running_loop().time() > deadline:
+                return stats
+            await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+
+
+def test_job_payload_round_trips():
+    payload = encode_job([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
+    assert decode_job(payload) == ([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
+
+
+def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server):
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
+            assert sum(1 for c in plan.chunks if c.ids) >= 2, "the test needs several chunk jobs"
+            local = await collect(local_service, plan)
+            admitted = await fleet.admit(plan)
+            assert isinstance(admitted, FleetPlan) and admitted.ticket is not None
+            via_queue = await collect(fleet, admitted)
+            stats = await idle(redis_server.url)
+            return local, via_queue, stats, fleet.dispatcher.jobs_done
+        finally:
+            await fleet.aclose()
+
+    local, via_queue, stats, jobs_done = asyncio.run(go())
+    assert [p.index for p in via_queue] == [p.index for p in local]
+    assert via_queue[-1].is_last
+    for a, b in zip(local, via_queue):
+        np.testing.assert_array_equal(a.pcm, b.pcm)  # float32 PCM crosses Redis unchanged
+        assert [(w.word, w.start, w.end) for w in a.words] == [(w.word, w.start, w.end) for w in b.words]
+    assert jobs_done == sum(1 for p in local if len(p.pcm))
+    assert stats["completed_total"] == jobs_done and stats["released_total"] == 1
+    assert all(stats[g] == 0 for g in GAUGES), stats.fields
+
+
+def test_a_full_fleet_refuses_with_both_retry_headers_and_frees_the_slot_after(local_service, redis_server):
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url, queue_max_requests=1).start()
+        try:
+            plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
+            first = await fleet.admit(plan)
+            with pytest.raises(CapacityError) as refused:
+                await fleet.admit(local_service.plan(SpeechRequest("Hello.", "af_heart")))
+            await collect(fleet, first)
+            again = await fleet.admit(local_service.plan(SpeechRequest("Hello.", "af_heart")))
+            await collect(fleet, again)
+            return refused.value, await idle(redis_server.url), fleet.counters
+        finally:
+            await fleet.aclose()
+
+    error, stats, counters = asyncio.run(go())
+    assert error.status == 503 and int(error.headers["Retry-After"]) >= 1
+    assert int(error.headers["retry-after-ms"]) >= 100
+    assert stats["refused_total"] == 1 and stats["admitted_total"] == 2 and stats["released_total"] == 2
+    assert counters.refused == 1 and counters.admitted == 2
+
+
+def test_a_client_that_leaves_cancels_its_remaining_jobs(local_service, redis_server):
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            plan = await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS * 2, "af_heart")))
+            got = []
+
+            async def consume():
+                async for piece in fleet.stream(plan):
+                    got.append(piece)
+
+            task = asyncio.create_task(consume())
+            while not got:
+                await asyncio.sleep(0.01)
+            task.cancel()  # what the HTTP layer does when the client disconnects
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return len(got), len(plan.chunks), await idle(redis_server.url), fleet.counters.cancelled
+        finally:
+            await fleet.aclose()
+
+    received, chunks, stats, cancelled = asyncio.run(go())
+    assert received < chunks
+    assert cancelled == 1 and stats["cancelled_total"] == 1
+    assert stats["completed_total"] < chunks, "the cancelled request's later jobs should not have run"
+    assert all(stats[g] == 0 for g in GAUGES), stats.fields
+
+
+def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, redis_server):
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            # Redis dies while a stream is running: its remaining chunks run on this replica.
+            plan = await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart")))
+            pieces = []
+            async for piece in fleet.stream(plan):
+                pieces.append(piece)
+                if len(pieces) == 1:
+                    redis_server.stop()
+            midway = (len(pieces), len(plan.chunks), fleet.counters.finished_locally)
+            # New requests while Redis is down: served locally, health says degraded.
+            during = await fleet.admit(local_service.plan(SpeechRequest("Still here.", "af_heart")))
+            degraded = (fleet.degraded, fleet.health()["mode"], during.ticket is None)
+            audio = await collect(fleet, during)
+            redis_server.start()
+            for _ in range(100):  # the owner heartbeat (every ~0.3 s here) notices Redis is back
+                if not fleet.degraded:
+                    break
+                await asyncio.sleep(0.1)
+            back = await fleet.admit(local_service.plan(SpeechRequest("Back on the queue.", "af_heart")))
+            await collect(fleet, back)
+            return midway, degraded, len(audio), back.ticket is not None, fleet.health()["mode"], \
+                await idle(redis_server.url), fleet.counters
+        finally:
+            await fleet.aclose()
+
+    (received, chunks, finished_locally), degraded, local_pieces, queued_again, mode, stats, counters = asyncio.run(go())
+    assert received == chunks and finished_locally == 1, "the stream should finish on the local replica"
+    assert degraded == (True, "degraded", True) and local_pieces >= 1
+    assert queued_again and mode == "fleet"
+    assert counters.served_locally == 1 and counters.degraded_since is None and counters.degraded_seconds > 0
+    assert stats["admitted_total"] == 1 and stats["released_total"] == 1 and all(stats[g] == 0 for g in GAUGES)
+
+
+def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            metrics = Metrics()
+            fleet.register_metrics(metrics)
+            await collect(fleet, await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))))
+            await asyncio.sleep(2.5)  # two housekeeping reads: the figures and a busy-fraction window
+            return metrics.render(), fleet.dispatcher.jobs_done
+        finally:
+            await fleet.aclose()
+
+    text, jobs = asyncio.run(go())
+    samples = parse_metrics(text)
+    rows, summary = rows_from_metrics(samples)
+    assert len(rows) == 1 and rows[0].jobs_done == jobs and rows[0].audio_seconds > 0 and rows[0].alive
+    assert summary["mode"] == "fleet" and summary["admitted_total"] == 1 and summary["live_replicas"] == 1
+    assert samples["kokoro_fleet_first_chunk_wait_seconds_count"][0][1] == 1
+    assert samples["kokoro_fleet_degraded"][0][1] == 0
+
+
+def test_baseline_runs_up_to_four_chunks_at_once_with_the_same_audio(tiny_weights):
+    from worker.engine import Engine
+
+    engine = Engine(tiny_weights, "cpu", "fp32")
+    baseline = BaselineReplica(engine)
+    style = tiny_weights.voices["af_heart"][20]
+    ids = list(range(16, 60))
+    expected = engine.synthesize(ids, style)
+
+    async def go():
+        peak = 0
+
+        async def watch():
+            nonlocal peak
+            while True:
+                peak = max(peak, baseline.running)
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        results = await asyncio.gather(*(baseline.synthesize(ids, style) for _ in range(6)))
+        watcher.cancel()
+        return results, peak
+
+    results, peak = asyncio.run(go())
+    assert 1 < peak <= 4
+    for r in results:  # each slot has its own noise buffers: concurrent runs do not disturb each other
+        np.testing.assert_array_equal(r.audio, expected.audio)
+    assert baseline.jobs_done == 6 and not baseline.busy
+
+
+def test_launcher_pieces():
+    with pytest.raises(SystemExit, match=r"--workers 3"):
+        check_gpu_memory(8, 3000, 10_000)
+    assert "fit" in check_gpu_memory(2, 3000, 10_000)
+    assert "not checked" in check_gpu_memory(2, 3000, None)
+    assert "off" in Mps("off").ensure()
+    with pytest.raises(SystemExit, match="auto, on or off"):
+        Mps("sometimes")
+    redis = EmbeddedRedis().start()
+    try:
+        assert redis.ping() and redis.url.startswith("redis://127.0.0.1:")
+    finally:
+        redis.stop()
+    assert not redis.ping()
