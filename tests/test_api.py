@@ -155,7 +155,8 @@ BAD_INPUTS = [
     ({"input": "Hello.", "speed": 10}, 400, "speed"),
     ({"input": "Hello\u0000 there."}, 400, "input"),
     ({"input": "Hello.", "temperature": 0.7}, 400, "temperature"),
-    ({"input": "Hello.", "lang_code": "xx"}, 400, None),  # TODO(text): TextError should name lang_code
+    ({"input": "Hello.", "lang_code": "xx"}, 400, "lang_code"),
+    ({"input": "Hello.", "voice": "jf_alpha"}, 400, "voice"),  # Japanese G2P is not there yet
 ]
 
 

@@ -129,3 +129,13 @@ def test_plan_refuses_audio_longer_than_the_configured_cap(voices):
     assert capped.plan(SpeechRequest("Short and sweet.")).estimated_seconds < 10.0
     uncapped = SpeechService(RecordingReplica(), voices, Settings())
     assert uncapped.plan(SpeechRequest(text)).estimated_seconds > 10.0
+
+
+def test_language_errors_name_the_field_that_chose_the_language(voices):
+    svc = service(voices, RecordingReplica())
+    with pytest.raises(TextError) as by_request:
+        svc.plan(SpeechRequest("Hello.", voice="af_heart", lang_code="xx"))
+    assert by_request.value.param == "lang_code"
+    with pytest.raises(TextError) as by_voice:
+        svc.plan(SpeechRequest("Hello.", voice="jf_alpha"))
+    assert by_voice.value.param == "voice" and "jf_alpha" in str(by_voice.value)

@@ -111,11 +111,17 @@ class SpeechService:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""
         voice = self.voices.resolve(request.voice)
         lang_code = request.lang_code or voice.lang_code
-        chunks = text_to_chunks(
-            request.text, lang_code, request.normalization,
-            first_chunk_phonemes=self.settings.first_chunk_phonemes,
-            chunk_phonemes=self.settings.chunk_phonemes,
-        )
+        try:
+            chunks = text_to_chunks(
+                request.text, lang_code, request.normalization,
+                first_chunk_phonemes=self.settings.first_chunk_phonemes,
+                chunk_phonemes=self.settings.chunk_phonemes,
+            )
+        except TextError as exc:
+            if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
+                raise TextError(f"voice {voice.name}: {exc}; pick another voice or set lang_code",
+                                param="voice") from None
+            raise
         if not any(c.ids for c in chunks):
             raise TextError("input has nothing to speak: after normalization it holds no pronounceable text")
         plan = SpeechPlan(request, voice, lang_code, chunks)

@@ -75,11 +75,11 @@ def resolve_language(lang_code: str) -> str:
     if code in UNSUPPORTED:
         raise TextError(
             f"language {lang_code!r} ({UNSUPPORTED[code]}) is not supported yet; supported lang_code values: "
-            + ", ".join(SUPPORTED_CODES))
+            + ", ".join(SUPPORTED_CODES), param="lang_code")
     if code not in SUPPORTED_CODES:
         raise TextError(
             f"unknown lang_code {lang_code!r}; supported: a (en-us), b (en-gb), e (es), f (fr-fr), h (hi), "
-            "i (it), p (pt-br)")
+            "i (it), p (pt-br)", param="lang_code")
     return code
 
 
