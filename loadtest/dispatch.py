@@ -1,0 +1,302 @@
+"""Shared-queue dispatch against blind assignment, measured side by side in one run.
+
+    python -m loadtest.dispatch [--workers 2] [--load 0.8] [--duration 60] [--rounds 2]
+                                [--texts short] [--weights tiny] [--connections reuse|close] [--out DIR]
+
+Starts two copies of the same fleet (`kokoro-fleet serve --workers N`, each with its own embedded
+Redis): one with `--dispatch shared` (any free replica runs the earliest-deadline chunk of any
+request) and one with `--dispatch local` (each worker runs only the requests whose connection it
+accepted). It measures the shared fleet's capacity (closed loop, as many users as replicas), then
+offers both the same seeded Poisson arrivals at `--load` of that capacity, interleaved in rounds
+(ABBA, so machine noise hits both alike), and prints p50/p95 time to first audio of each and the
+ratio local / shared (the goal: >= 3x at 80 % load).
+
+Where a request lands under blind assignment is not ours to choose: Uvicorn's workers share one
+listening socket, so the kernel decides which worker accepts a connection, and a client that
+keeps connections alive keeps sending to the same worker. `--connections reuse` (the default)
+keeps them alive as the load generator and most HTTP clients do; `--connections close` opens a
+new one per request (the kernel's accept distribution). The per-replica job counts printed at the
+end show how the work was actually spread.
+
+`FleetProcess` (a `kokoro-fleet serve` process tree that a test or script owns) is used by
+tests/test_fleet_serve.py too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtest import metrics
+from loadtest.cli import format_table
+from loadtest.runner import Runner, Step, Target, Workload, summarize
+from loadtest.texts import load_texts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FleetProcess:
+    """`kokoro-fleet serve` on a free loopback port, as its own process group, with its log kept."""
+
+    def __init__(self, workers: int = 2, *, dispatch: str = "shared", weights: str = "tiny",
+                 redis_url: str | None = None, baseline: bool = False, env: dict[str, str] | None = None,
+                 log_dir: str | Path | None = None, name: str = "fleet"):
+        self.workers = 1 if baseline else workers
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        self.args = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                     "--weights", weights]
+        self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
+        if redis_url:
+            self.args += ["--redis-url", redis_url]
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+                    **(env or {})}
+        if not redis_url:
+            self.env.pop("REDIS_URL", None)
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="kokoro-fleet-")) / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_timeout: float = 240.0) -> "FleetProcess":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.wait_ready(ready_timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until every worker says ready: probes on fresh connections until N distinct workers
+        answered ready (each fleet worker names itself in /health)."""
+        deadline = time.monotonic() + timeout
+        ready: set[str] = set()
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                health = httpx.get(self.url + "/health", timeout=5, headers={"Connection": "close"}).json()
+                if health.get("ready"):
+                    ready.add(health.get("worker", "single"))
+                    if len(ready) >= self.workers:
+                        return
+            except (httpx.HTTPError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: {len(ready)} of {self.workers} workers ready after {timeout} s:\n"
+                                   f"{self.log()}")
+            time.sleep(0.3)
+
+    def worker_pids(self) -> list[int]:
+        """The Uvicorn worker processes (children of the launcher running the app)."""
+        pids = []
+        for pid in _children(self.proc.pid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                pids.append(pid)
+        return sorted(pids) if pids else ([self.proc.pid] if self.workers == 1 else [])
+
+    def rss_mib(self) -> float:
+        """Resident memory of the launcher and all its descendants (Redis included)."""
+        total = 0
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except OSError:
+                continue
+        return total / 1024
+
+    def redis_url(self) -> str | None:
+        """The embedded Redis's URL, as the launcher logged it."""
+        m = re.search(r"embedded redis-server at (redis://\S+)", self.log_path.read_text(errors="replace"))
+        return m.group(1) if m else None
+
+    def log(self, tail: int = 8000) -> str:
+        return self.log_path.read_text(errors="replace")[-tail:]
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "FleetProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(x) for x in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+async def replica_jobs(redis_url: str | None) -> dict[str, int]:
+    """Jobs done per replica, read from the fleet's Redis (every prefix: shared and per-worker)."""
+    if not redis_url:
+        return {}
+    from worker.queue_client import connect
+
+    client = connect(redis_url)
+    try:
+        jobs = {}
+        async for key in client.scan_iter(match="{kf}*:replica:*"):
+            name = key.decode().rsplit(":replica:", 1)[1]
+            jobs[name] = int(await client.hget(key, "jobs_done") or 0)
+        return jobs
+    finally:
+        await client.aclose()
+
+
+async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetProcess) -> dict[str, Any]:
+    texts = load_texts(args.texts)
+    headers = {"Connection": "close"} if args.connections == "close" else {}
+    workload = Workload(texts=texts, response_format="pcm", stream=True, timeout=args.timeout,
+                        max_outstanding=args.max_outstanding, seed=args.seed)
+    a = Target(shared.url + "/v1/audio/speech", "shared", dict(headers))
+    b = Target(local.url + "/v1/audio/speech", "local", dict(headers))
+    calib = Step("closed", args.workers, args.calibrate)
+    runner = Runner(workload, [calib, Step("open", 1.0, args.duration)], progress=not args.quiet)
+    try:
+        for t in (a, b):
+            await runner.warmup(t, 2 * args.workers, args.workers)
+        capacity_run = await runner.run_step(calib, a)
+        cap = summarize([capacity_run])
+        capacity = cap["requests_per_s"]
+        if capacity <= 0:
+            raise SystemExit(f"loadtest.dispatch: the shared fleet completed nothing in {args.calibrate} s: "
+                             f"{cap['error_examples']}")
+        rate = args.load * capacity
+        print(f"capacity (closed loop, {args.workers} users): {capacity:.2f} requests/s, "
+              f"p50 E2E {cap['e2e_s']['p50']:.3f} s; offering {rate:.2f} requests/s ({args.load:.0%})", flush=True)
+        step = Step("open", rate, args.duration)
+        runs: dict[str, list] = {"shared": [], "local": []}
+        rounds = max(1, args.rounds)
+        for r in range(rounds):
+            for t in ((a, b) if r % 2 == 0 else (b, a)):
+                runs[t.label].append(await runner.run_step(step, t, duration=args.duration / rounds,
+                                                           text_offset=r * 1000))
+    finally:
+        await runner.aclose()
+    summaries = {label: summarize(rs) for label, rs in runs.items()}
+    for s in summaries.values():
+        s["max_outstanding"] = args.max_outstanding
+    p95 = {k: s["ttfa_s"]["p95"] for k, s in summaries.items()}
+    jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
+    return {"capacity_requests_per_s": capacity, "offered_rate_per_s": rate, "load": args.load,
+            "workers": args.workers, "connections": args.connections, "texts": args.texts,
+            "summaries": summaries, "p95_ttfa_s": p95, "ratio_local_over_shared": metrics.ratio(p95["local"], p95["shared"]),
+            "replica_jobs": jobs}
+
+
+def report(result: dict[str, Any]) -> str:
+    s = result["summaries"]
+    lines = [format_table([s["shared"], s["local"]]), ""]
+    for label in ("shared", "local"):
+        t = s[label]["ttfa_s"]
+        lines.append(f"{label:>6}: TTFA p50 {_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {_ms(t['p99'])}  "
+                     f"ok {s[label]['ok']}  503 {s[label]['rejected_503']}  errors {s[label]['errors']}  "
+                     f"jobs per replica {sorted(result['replica_jobs'][label].values(), reverse=True)}")
+    ratio = result["ratio_local_over_shared"]
+    lines.append(f"p95 TTFA local / shared = {'-' if ratio is None else f'{ratio:.2f}x'} "
+                 f"(target >= 3x) at {result['load']:.0%} of {result['capacity_requests_per_s']:.2f} requests/s, "
+                 f"{result['workers']} workers, connections {result['connections']}")
+    return "\n".join(lines)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.dispatch", description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2, help="workers (replicas) in each fleet")
+    p.add_argument("--load", type=float, default=0.8, help="offered load as a fraction of measured capacity")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of Poisson arrivals per fleet")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved slices per fleet (ABBA)")
+    p.add_argument("--calibrate", type=float, default=15.0, help="seconds of the capacity measurement")
+    p.add_argument("--texts", default="short", help="short | paragraphs | long | FILE")
+    p.add_argument("--weights", default="tiny", help="KOKORO_WEIGHTS of both fleets")
+    p.add_argument("--connections", choices=["reuse", "close"], default="reuse")
+    p.add_argument("--max-outstanding", type=int, default=256)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write the result JSON here")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    # No refusals: this measures queueing, and a 503 never enters the latency figures.
+    env = {"KOKORO_QUEUE_MAX_REQUESTS": "100000", "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "1000000",
+           "KOKORO_MAX_REQUESTS": "100000", "KOKORO_LIMIT_CONCURRENCY": "100000"}
+    log_dir = tempfile.mkdtemp(prefix="kokoro-dispatch-")
+    fleets = [FleetProcess(args.workers, dispatch=d, weights=args.weights, env=env, log_dir=log_dir, name=d)
+              for d in ("shared", "local")]
+    try:
+        for f in fleets:
+            f.proc = None
+        # Start both, then wait for both: the model loads overlap.
+        for f in fleets:
+            f._log = open(f.log_path, "wb")
+            f.proc = subprocess.Popen(f.args, cwd=REPO, env=f.env, stdout=f._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        for f in fleets:
+            f.wait_ready(300)
+        result = asyncio.run(measure(args, *fleets))
+    finally:
+        for f in fleets:
+            if f.proc is not None:
+                f.stop()
+    print(report(result))
+    print(f"server logs: {log_dir}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"result: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
