@@ -27,6 +27,12 @@ def random_full():
                                  voices=random_voices(["v"], seed=0), info={})
 
 
+@pytest.fixture(scope="module")
+def quiet_fp32(random_full):
+    """The plain CPU engine (float32, noise off, unpadded), shared by the tests that compare to it."""
+    return Engine(random_full, "cpu", "fp32", noise=False)
+
+
 def sample(n_tokens: int, seed: int, voices: dict) -> tuple[list[int], torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 178, (n_tokens,), generator=g).tolist()
@@ -49,10 +55,10 @@ def test_state_dict_loads_strictly_and_round_trips(random_full):
 
 
 @pytest.mark.slow
-def test_parity_with_reference_random_full(random_full):
+def test_parity_with_reference_random_full(random_full, quiet_fp32):
     reference = build_reference(random_full.config, random_full.state_dict)
-    engine = Engine(random_full, "cpu", "fp32", noise=False)
-    for n_tokens, seed in ((12, 1), (60, 2)):
+    engine = quiet_fp32
+    for n_tokens, seed in ((12, 1), (45, 2)):
         ids, style = sample(n_tokens, seed, random_full.voices)
         with reference_noise_off():
             ref_audio, ref_durations = reference_synthesize(reference, torch.tensor([[0, *ids, 0]]), style[None])
@@ -62,8 +68,8 @@ def test_parity_with_reference_random_full(random_full):
         assert snr_db(ref_audio.numpy(), ours.audio) >= 30.0
 
 
-def test_padded_run_equals_unpadded(random_full):
-    plain = Engine(random_full, "cpu", "fp32", noise=False, bucketed=False)
+def test_padded_run_equals_unpadded(random_full, quiet_fp32):
+    plain = quiet_fp32
     padded = Engine(random_full, "cpu", "fp32", noise=False, bucketed=True)
     ids, style = sample(21, 3, random_full.voices)  # 23 tokens in the 32 bucket
     a, b = plain.synthesize(ids, style), padded.synthesize(ids, style)
@@ -78,23 +84,29 @@ def test_noise_is_seeded_and_reproducible(random_full):
     ids, style = sample(10, 4, random_full.voices)
     first, second = engine.synthesize(ids, style), engine.synthesize(ids, style)
     assert np.array_equal(first.audio, second.audio)
-    other_seed = Engine(random_full, "cpu", "fp32", seed=8, noise=True).synthesize(ids, style)
-    quiet = Engine(random_full, "cpu", "fp32", noise=False).synthesize(ids, style)
+    engine.seed = 8  # the seed is read per synthesis
+    other_seed = engine.synthesize(ids, style)
+    engine.noise = False
+    quiet = engine.synthesize(ids, style)
     assert not np.array_equal(first.audio, other_seed.audio)
     assert not np.array_equal(first.audio, quiet.audio)
 
 
-def test_bf16_keeps_the_parity_bound(random_full):
-    fp32 = Engine(random_full, "cpu", "fp32", noise=False)
+def test_bf16_keeps_the_parity_bound(random_full, quiet_fp32):
+    fp32 = quiet_fp32
     bf16 = Engine(random_full, "cpu", "bf16", noise=False)
     ids, style = sample(40, 5, random_full.voices)
     a, b = fp32.synthesize(ids, style), bf16.synthesize(ids, style)
     assert (np.abs(a.durations - b.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(a.audio, b.audio) <= 1.0
+    # so `auto` may pick it where the CPU runs bf16 convolutions natively
+    from worker.engine import cpu_has_bf16, resolve_dtype
+
+    assert resolve_dtype("auto", torch.device("cpu")) == ("bf16" if cpu_has_bf16() else "fp32")
 
 
-def test_engine_rejects_what_it_cannot_synthesize(random_full):
-    engine = Engine(random_full, "cpu", "fp32", noise=False)
+def test_engine_rejects_what_it_cannot_synthesize(quiet_fp32):
+    engine = quiet_fp32
     style = torch.zeros(256)
     with pytest.raises(ValueError, match="at most 510"):
         engine.synthesize([16] * 511, style)
@@ -114,10 +126,15 @@ def real_sample(real_weights):
     return ids, real_weights.voices["af_heart"][len(ids) - 1]
 
 
+@pytest.fixture(scope="module")
+def real_fp32(real_weights):
+    return Engine(real_weights, "cpu", "fp32", noise=False)
+
+
 @pytest.mark.slow
-def test_real_weights_load_strictly_and_match_the_reference(real_weights, real_sample):
+def test_real_weights_load_strictly_and_match_the_reference(real_weights, real_sample, real_fp32):
     reference = build_reference(real_weights.config, real_weights.state_dict)  # strict inside
-    engine = Engine(real_weights, "cpu", "fp32", noise=False)
+    engine = real_fp32
     ids, style = real_sample
     with reference_noise_off():
         ref_audio, ref_durations = reference_synthesize(reference, torch.tensor([[0, *ids, 0]]), style[None])
@@ -127,12 +144,34 @@ def test_real_weights_load_strictly_and_match_the_reference(real_weights, real_s
 
 
 @pytest.mark.slow
-def test_real_weights_padded_and_bf16(real_weights, real_sample):
+def test_real_weights_padded_and_bf16(real_weights, real_sample, real_fp32):
     ids, style = real_sample
-    plain = Engine(real_weights, "cpu", "fp32", noise=False).synthesize(ids, style)
+    plain = real_fp32.synthesize(ids, style)
     padded = Engine(real_weights, "cpu", "fp32", noise=False, bucketed=True).synthesize(ids, style)
     assert np.array_equal(plain.durations, padded.durations)
     assert snr_db(plain.audio, padded.audio) >= 30.0
     bf16 = Engine(real_weights, "cpu", "bf16", noise=False).synthesize(ids, style)
     assert (np.abs(plain.durations - bf16.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(plain.audio, bf16.audio) <= 1.0
+
+
+def test_fused_kernels_match_eager_ones():
+    from worker.model import layers
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 16, 999, generator=g) * 3 + 1
+    scale, shift = torch.rand(1, 16, 1, generator=g) + 0.5, torch.randn(1, 16, 1, generator=g)
+    alpha = torch.rand(1, 16, 1, generator=g) + 0.2
+    eager = (layers._stats(x, 1e-5), layers._styled_snake(x, scale, shift, alpha, 1 / alpha, torch.float32),
+             layers._styled_leaky_relu(x, scale, shift, 0.2))
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+    assert torch.allclose(eager[0][0], mean, atol=1e-5) and torch.allclose(eager[0][1], torch.rsqrt(var + 1e-5), rtol=1e-4)
+    layers.use_compiled_kernels(True)
+    k = layers.kernels
+    fused = (k.stats(x, 1e-5), k.snake(x, scale, shift, alpha, 1 / alpha, torch.float32), k.leaky_relu(x, scale, shift, 0.2))
+    assert k.compiled, "the compiled kernels fell back to eager"
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(eager[0], fused[0]))
+    assert torch.allclose(eager[1], fused[1], rtol=1e-4, atol=1e-4)
+    assert torch.allclose(eager[2], fused[2], rtol=1e-5, atol=1e-5)
+    bf16 = k.snake(x.bfloat16(), scale, shift, alpha, 1 / alpha, torch.bfloat16)
+    assert bf16.dtype == torch.bfloat16 and torch.allclose(bf16.float(), eager[1], rtol=2e-2, atol=2e-2)

@@ -17,6 +17,7 @@ Shapes in comments: B batch (always 1 when serving), C channels, T time steps of
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -271,13 +272,31 @@ class _Kernels:
     def use_compiled(self) -> None:
         if self.compiled:
             return
-        compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
-        self.stats = compile(_stats)
-        self.snake = compile(_styled_snake_f32)
-        self.leaky_relu = compile(_styled_leaky_relu_f32)
+        self.stats = self._compiled(_stats, "stats")
+        self.snake = self._compiled(_styled_snake_f32, "snake")
+        self.leaky_relu = self._compiled(_styled_leaky_relu_f32, "leaky_relu")
         self.compiled = True
 
+    def _compiled(self, fn, name: str):
+        """torch.compile'd fn; if compiling fails (no C++ compiler, say), every kernel goes back
+        to eager for good, with one warning, instead of failing the synthesis."""
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
+        def call(*args):
+            if not self.compiled:
+                return getattr(_EAGER, name)(*args)
+            try:
+                return compiled(*args)
+            except Exception as error:  # noqa: BLE001 - any compiler failure means: run eagerly
+                warnings.warn(f"fused kernels unavailable ({type(error).__name__}: {error}); running eagerly")
+                self.use_eager()
+                return getattr(_EAGER, name)(*args)
+
+        return call
+
+
+_EAGER = type("_Eager", (), {"stats": staticmethod(_stats), "snake": staticmethod(_styled_snake),
+                              "leaky_relu": staticmethod(_styled_leaky_relu)})
 kernels = _Kernels()
 
 
