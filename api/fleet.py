@@ -20,6 +20,11 @@ loading). It returns one of three speech services with the same `plan` / `stream
 A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
 own VoiceBank (every worker loads the same voices), and returns float32 PCM, so the owner's audio
 is bit-identical to what its own replica would have made.
+
+Not done yet: ARCHITECTURE.md's "keep the bytes cheap" shortcut (the accepting worker's own free
+replica takes its request's next job without the PCM crossing Redis). Every result travels through
+Redis today (96 kB per audio second); it needs a lease-this-job script in queue/ and a completion
+that stores no PCM.
 """
 
 from __future__ import annotations
