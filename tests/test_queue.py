@@ -81,7 +81,9 @@ def test_request_bound_refuses_with_a_retry_estimate_from_the_measured_rate(redi
         await collect(client, t0)
         await client.release(t0.request_id)
         measured_rate = (await client.stats()).rate
-        assert 10 < measured_rate < 31.5  # 3.15 s of audio in 0.1 s plus Redis/loop overhead (and a busy CPU)
+        # 3.15 s of audio in 0.1 s plus Redis/loop overhead (and a busy CPU); asyncio may wake a sleeper
+        # up to its clock resolution early, so 0.1 s can measure a hair short.
+        assert 10 < measured_rate < 31.5 * 1.02
 
         a = await client.admit(jobs(100, 100))
         b = await client.admit(jobs(100))
