@@ -68,6 +68,14 @@ def test_parity_with_reference_random_full(random_full, quiet_fp32):
         assert snr_db(ref_audio.numpy(), ours.audio) >= 30.0
 
 
+def test_padded_reduced_precision_runs(random_full):
+    """A padded bf16 run (the CUDA-graph path's arithmetic) keeps its dtypes consistent (fp16 takes
+    the same path; it is exercised on the GPU, CPU fp16 convolutions being very slow)."""
+    ids, style = sample(10, 6, random_full.voices)
+    out = Engine(random_full, "cpu", "bf16", noise=False, bucketed=True, fused_kernels=False).synthesize(ids, style)
+    assert np.isfinite(out.audio).all() and len(out.audio) == int(out.durations.sum()) * 600
+
+
 def test_padded_run_equals_unpadded(random_full, quiet_fp32):
     plain = quiet_fp32
     padded = Engine(random_full, "cpu", "fp32", noise=False, bucketed=True)
@@ -153,6 +161,11 @@ def test_real_weights_padded_and_bf16(real_weights, real_sample, real_fp32):
     bf16 = Engine(real_weights, "cpu", "bf16", noise=False).synthesize(ids, style)
     assert (np.abs(plain.durations - bf16.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(plain.audio, bf16.audio) <= 1.0
+    # the CUDA-graph path's arithmetic: padded, bf16, eager elementwise kernels
+    graph_like = Engine(real_weights, "cpu", "bf16", noise=False, bucketed=True, fused_kernels=False)
+    out = graph_like.synthesize(ids, style)
+    assert (np.abs(plain.durations - out.durations) <= 1).mean() >= 0.99
+    assert log_spectral_distance_db(plain.audio, out.audio) <= 1.0
 
 
 def test_fused_kernels_match_eager_ones():

@@ -83,8 +83,8 @@ class Engine:
                  fused_kernels: bool | None = None):
         """weights: a worker.weights.Weights (config, state_dict, ...). noise=False switches the
         excitation noise off (parity tests). bucketed: pad to buckets (default: on CUDA only).
-        fused_kernels: torch.compile'd elementwise kernels on CPU (default on; process-wide;
-        the first engine in a fresh environment pays about half a minute of compiling)."""
+        fused_kernels: torch.compile'd elementwise kernels on CPU (default on; the first engine in
+        a fresh environment pays about half a minute of compiling at its first synthesis)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.seed = seed
@@ -92,8 +92,6 @@ class Engine:
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
         self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
         self.fused_kernels = (self.device.type == "cpu") if fused_kernels is None else fused_kernels
-        if self.device.type == "cpu":
-            use_compiled_kernels(self.fused_kernels)
         self.model = KokoroModel(weights.config)
         self.model.load_components(weights.state_dict)
         self.model.prepare(self.device, DTYPES[self.dtype])
@@ -115,6 +113,8 @@ class Engine:
             raise ValueError(f"speed must be positive, got {speed}")
         n_tokens = len(ids) + 2
         style = style.reshape(1, -1).to(self.device, torch.float32)
+        if self.device.type == "cpu":
+            use_compiled_kernels(self.fused_kernels)
         if self.graphs is not None:
             audio, durations = self.graphs.run(ids, style, speed)
         else:

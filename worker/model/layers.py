@@ -56,8 +56,8 @@ class Span:
 
 
 def zero_padding(x: torch.Tensor, span: Span) -> torch.Tensor:
-    """x: [B, C, T]; zeroes the padded steps (identity on unpadded runs)."""
-    return x if span.mask is None else x * span.mask
+    """x: [B, C, T]; zeroes the padded steps (identity on unpadded runs); keeps x's dtype."""
+    return x if span.mask is None else x * span.mask.to(x.dtype)
 
 
 def instance_stats(x: torch.Tensor, span: Span, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,6 +263,8 @@ def _styled_leaky_relu_f32(x, scale, shift, slope: float):
 
 class _Kernels:
     def __init__(self):
+        self._fused: tuple | None = None
+        self.broken = False
         self.use_eager()
 
     def use_eager(self) -> None:
@@ -270,11 +272,12 @@ class _Kernels:
         self.stats, self.snake, self.leaky_relu = _stats, _styled_snake, _styled_leaky_relu
 
     def use_compiled(self) -> None:
-        if self.compiled:
+        if self.compiled or self.broken:
             return
-        self.stats = self._compiled(_stats, "stats")
-        self.snake = self._compiled(_styled_snake_f32, "snake")
-        self.leaky_relu = self._compiled(_styled_leaky_relu_f32, "leaky_relu")
+        if self._fused is None:  # built once; switching back and forth costs nothing
+            self._fused = (self._compiled(_stats, "stats"), self._compiled(_styled_snake_f32, "snake"),
+                           self._compiled(_styled_leaky_relu_f32, "leaky_relu"))
+        self.stats, self.snake, self.leaky_relu = self._fused
         self.compiled = True
 
     def _compiled(self, fn, name: str):
@@ -283,12 +286,13 @@ class _Kernels:
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
         def call(*args):
-            if not self.compiled:
+            if self.broken:
                 return getattr(_EAGER, name)(*args)
             try:
                 return compiled(*args)
             except Exception as error:  # noqa: BLE001 - any compiler failure means: run eagerly
                 warnings.warn(f"fused kernels unavailable ({type(error).__name__}: {error}); running eagerly")
+                self.broken = True
                 self.use_eager()
                 return getattr(_EAGER, name)(*args)
 
@@ -301,7 +305,8 @@ kernels = _Kernels()
 
 
 def use_compiled_kernels(enabled: bool = True) -> None:
-    """Process-wide: fused (torch.compile) elementwise kernels for unpadded eager runs on CPU.
+    """Process-wide: fused (torch.compile) elementwise kernels for eager runs on CPU (each Engine
+    sets its choice before each synthesis).
     The first call of each costs a compile (about half a minute; cached on disk afterwards)."""
     kernels.use_compiled() if enabled else kernels.use_eager()
 
