@@ -16,7 +16,6 @@ Shapes in comments: B batch (always 1 when serving), C channels, T time steps of
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
