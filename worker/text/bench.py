@@ -1,8 +1,10 @@
 """How long the text frontend takes on the sample texts: `python -m worker.text.bench [FILES...]`.
 
 Prints the one-time start-up (lexicon load, espeak-ng init) apart from the per-request work, which is
-measured with espeak-ng's cache emptied so out-of-lexicon words are paid for. `kokoro-fleet bench`
-compares the per-request figure with the synthesis time of the same texts.
+measured with espeak-ng's cache emptied so out-of-lexicon words are paid for. With `--synthesize` it
+also synthesizes the same texts on this machine's engine (KOKORO_WEIGHTS, default the offline
+bundle) and prints the frontend's share of the whole: the text step must stay a small fraction
+(under 5%) of the synthesis it feeds.
 """
 
 from __future__ import annotations
@@ -45,16 +47,45 @@ def time_frontend(paths: list[Path] | None = None, lang_code: str = "a", repeats
     }
 
 
+def time_synthesis(paths: list[Path] | None = None, lang_code: str = "a", voice: str = "af_heart") -> dict:
+    """Seconds the engine takes to synthesize every chunk of the files (after one warm-up)."""
+    import sys
+
+    from worker.speech import SpeechService
+    from worker.text import text_to_chunks
+
+    service = SpeechService.from_settings()
+    engine, bank = service.replica.engine, service.voices
+    engine.warmup()
+    pack = bank.resolve(voice)
+    chunks = [c for p in (paths or sample_texts()) for c in text_to_chunks(p.read_text(encoding="utf-8"), lang_code)]
+    chunks = [c for c in chunks if c.ids]
+    audio_samples = 0
+    started = time.perf_counter()
+    for i, chunk in enumerate(chunks):
+        audio_samples += len(engine.synthesize(chunk.ids, bank.style(pack, len(chunk.ids))).audio)
+        print(f"\rsynthesizing chunk {i + 1}/{len(chunks)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return {"synthesis_s": time.perf_counter() - started, "audio_s": audio_samples / engine.sample_rate}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="text files (default: tests/data/texts/*.txt)")
     parser.add_argument("--lang", default="a")
+    parser.add_argument("--synthesize", action="store_true", help="also time the synthesis of the same texts")
     args = parser.parse_args(argv)
     r = time_frontend(args.files or None, args.lang)
     print(f"text frontend: {r['files']} files, {r['words']} words -> {r['chunks']} chunks, {r['phonemes']} phonemes")
     print(f"  start-up (lexicon load, espeak-ng init, once per process): {r['startup_s'] * 1000:.0f} ms")
     print(f"  normalize + G2P + split, all files:                         {r['frontend_s'] * 1000:.1f} ms "
           f"({r['frontend_s'] / max(r['words'], 1) * 1e6:.0f} µs/word)")
+    if args.synthesize:
+        s = time_synthesis(args.files or None, args.lang)
+        print(f"  synthesis of the same chunks:                               {s['synthesis_s']:.1f} s "
+              f"({s['audio_s']:.0f} s of audio, {s['audio_s'] / s['synthesis_s']:.1f} audio-s per s)")
+        print(f"  frontend / synthesis:                                       "
+              f"{100 * r['frontend_s'] / s['synthesis_s']:.3g}%")
     return 0
 
 
