@@ -32,6 +32,7 @@ from worker.queue_client import (
     QueueStats,
     QueueUnavailable,
     Scripts,
+    TracksAvailability,
     read_stats,
     unavailable_as_error,
 )
@@ -131,7 +132,7 @@ def retry_after(work_s: float, replicas: int, rate: float | None) -> tuple[int, 
     return max(1, math.ceil(ms / 1000)), ms
 
 
-class AdmissionClient:
+class AdmissionClient(TracksAvailability):
     """One worker's admission client. `worker_id` names this process; the reaper frees the
     requests of a worker whose alive key (refreshed by `start()`'s heartbeat and by every
     read) expires."""
@@ -258,13 +259,3 @@ class AdmissionClient:
 
     async def stats(self) -> QueueStats:
         return await read_stats(self.client, self.prefix)
-
-    async def _call(self, what: str, fn, *args):
-        try:
-            with unavailable_as_error(what):
-                reply = await fn(*args)
-        except QueueUnavailable:
-            self.degraded = True
-            raise
-        self.degraded = False
-        return reply

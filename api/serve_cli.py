@@ -96,7 +96,7 @@ def resolve_workers(settings: Settings) -> int:
 
 # --- the embedded Redis ---------------------------------------------------------------------------
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -116,7 +116,7 @@ class EmbeddedRedis:
         if self.binary is None:
             raise SystemExit("kokoro-fleet serve: several workers share their work through Redis, and neither "
                              "--redis-url/REDIS_URL is set nor redis-server installed (apt-get install redis-server)")
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.process: subprocess.Popen | None = None
 
     @property

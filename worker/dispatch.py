@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from worker.queue_client import DEFAULT_PREFIX, QueueUnavailable, Scripts, unavailable_as_error
+from worker.queue_client import DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, unavailable_as_error
 
 log = logging.getLogger("kokoro_fleet.dispatch")
 
@@ -71,7 +71,7 @@ class ReapReport:
 DELIVERED, STALE, DROPPED = 1, 0, 2
 
 
-class Dispatcher:
+class Dispatcher(TracksAvailability):
     def __init__(self, client: aioredis.Redis, replica_id: str, run_job: RunJob, *,
                  prefix: str = DEFAULT_PREFIX, lease_s: float = 10.0, heartbeat_s: float | None = None,
                  replica_ttl_s: float = 5.0, reap_interval_s: float = 1.0, max_attempts: int = 2,
@@ -246,13 +246,3 @@ class Dispatcher:
     async def _sleep_or_stop(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
-
-    async def _call(self, what: str, fn, *args):
-        try:
-            with unavailable_as_error(what):
-                reply = await fn(*args)
-        except QueueUnavailable:
-            self.degraded = True
-            raise
-        self.degraded = False
-        return reply

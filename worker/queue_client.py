@@ -43,6 +43,23 @@ def unavailable_as_error(what: str) -> Iterator[None]:
         raise QueueUnavailable(f"Redis unavailable during {what}: {e}") from e
 
 
+class TracksAvailability:
+    """Both ends of the queue call Redis through `_call`, which turns a lost connection into
+    `QueueUnavailable` and remembers in `degraded` whether the last call failed (for /health)."""
+
+    degraded = False
+
+    async def _call(self, what: str, fn, *args):
+        try:
+            with unavailable_as_error(what):
+                reply = await fn(*args)
+        except QueueUnavailable:
+            self.degraded = True
+            raise
+        self.degraded = False
+        return reply
+
+
 def connect(url: str = "redis://127.0.0.1:6379/0", *, connect_timeout_s: float = 1.0,
             socket_timeout_s: float = 5.0) -> aioredis.Redis:
     """An asyncio Redis client that fails fast: one immediate retry (a pooled connection that a
