@@ -218,6 +218,7 @@ class FleetSpeechService:
 
     def health(self) -> dict[str, Any]:
         """The fleet's part of /health."""
+        self._note_degraded()  # the counters agree with the mode this reports, even between requests
         s = self.snapshot.stats
         return {"mode": "degraded" if self.degraded else "fleet", "dispatch": self.dispatch, "worker": self.name,
                 **({"fleet_admitted": int(s["admitted"]), "live_replicas": s.live_replicas} if s and not self.degraded

@@ -46,7 +46,10 @@ async def collect(service, plan) -> list:
     return [p async for p in service.stream(plan)]
 
 
-async def idle(url: str, timeout_s: float = 10.0):
+async def idle(url: str, timeout_s: float = 60.0):
+    """The queue's stats once every gauge is back at zero. A job already running when its request was
+    cancelled still finishes on its replica (a thread cannot be interrupted) before its lease is freed,
+    and on a busy 2-core machine one chunk can take well over 10 s: wait for it, up to a minute."""
     client = connect(url)
     try:
         deadline = asyncio.get_running_loop().time() + timeout_s

