@@ -186,8 +186,17 @@ def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
             metrics = Metrics()
             fleet.register_metrics(metrics)
             await collect(fleet, await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))))
-            await asyncio.sleep(2.5)  # two housekeeping reads: the figures and a busy-fraction window
-            return metrics.render(), fleet.dispatcher.jobs_done
+            # The figures come from the fleet's periodic housekeeping reads (about one a second, later on
+            # a busy CPU): wait until they include the finished request, up to half a minute.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while True:
+                await asyncio.sleep(0.5)
+                text = metrics.render()
+                rows, summary = rows_from_metrics(parse_metrics(text))
+                caught_up = rows and rows[0].jobs_done == fleet.dispatcher.jobs_done and summary.get("admitted_total") == 1
+                if (caught_up and loop.time() > deadline - 28) or loop.time() > deadline:
+                    return text, fleet.dispatcher.jobs_done
         finally:
             await fleet.aclose()
 
