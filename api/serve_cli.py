@@ -131,6 +131,8 @@ class EmbeddedRedis:
             # Its own session: a terminal's Ctrl-C reaches the workers (which drain) but not Redis,
             # which must outlive their drain; this launcher stops it last.
             start_new_session=True, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        # A plain blocking wait is right here: this runs in the launcher before Uvicorn starts, so
+        # there is no event loop to block yet.
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
