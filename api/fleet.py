@@ -21,10 +21,12 @@ A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the vo
 own VoiceBank (every worker loads the same voices), and returns float32 PCM, so the owner's audio
 is bit-identical to what its own replica would have made.
 
-Not done yet: ARCHITECTURE.md's "keep the bytes cheap" shortcut (the accepting worker's own free
-replica takes its request's next job without the PCM crossing Redis). Every result travels through
-Redis today (96 kB per audio second); it needs a lease-this-job script in queue/ and a completion
-that stores no PCM.
+Keep the bytes cheap (ARCHITECTURE.md): the owner and replica halves of one worker share a dict.
+A job of a request this worker accepted leaves its PCM there (the completion stores only durations
+and a marker in Redis), and a free replica prefers such a job when it is due within
+KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. Only audio another worker's replica made crosses
+Redis (96 kB per audio second as float32); `kokoro_fleet_local_total` and
+`kokoro_fleet_result_bytes_total` in /metrics show the split.
 """
 
 from __future__ import annotations
@@ -161,12 +163,14 @@ class FleetSpeechService:
         self.bounds = AdmissionBounds.from_settings(settings, replicas if dispatch == "shared" else 1)
         self.chunk_timeout_s = settings.chunk_timeout_seconds or None
         self.wait_histogram = Histogram(WAIT_BUCKETS)
+        local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
-                                         owner_ttl_s=owner_ttl_s)
+                                         owner_ttl_s=owner_ttl_s, local_results=local_results)
         self.dispatcher = Dispatcher(connect(redis_url), self.name,
                                      ReplicaJobRunner(self.replica, self.voices, self.wait_histogram),
                                      prefix=self.prefix, lease_s=settings.lease_seconds,
-                                     replica_ttl_s=owner_ttl_s, reap_interval_s=reap_interval_s)
+                                     replica_ttl_s=owner_ttl_s, reap_interval_s=reap_interval_s,
+                                     local_results=local_results, own_slack_ms=settings.own_job_slack_ms)
         self._stats_client = connect(redis_url)
         self.counters = FleetCounters()
         self.snapshot = FleetSnapshot()
@@ -388,6 +392,8 @@ class FleetSpeechService:
             ("completed_total", "counter", "Chunk results delivered, fleet-wide."),
             ("cancelled_total", "counter", "Requests cancelled by their owner (client gone)."),
             ("orphaned_total", "counter", "Requests freed by the reaper because their owner worker died."),
+            ("local_total", "counter", "Chunk results handed over in memory: the owner's own replica ran them."),
+            ("result_bytes_total", "counter", "Bytes of PCM that crossed Redis (results another worker's replica made)."),
         ):
             (m.gauge if kind == "gauge" else m.counter)(f"kokoro_fleet_{field_name}", help_text, stat(field_name))
         m.gauge("kokoro_fleet_queued_work_seconds", "Estimated audio seconds of the jobs waiting in the shared queue.",

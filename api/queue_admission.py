@@ -139,8 +139,12 @@ class AdmissionClient(TracksAvailability):
 
     def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
                  prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0,
-                 ms_per_phoneme: float = DEFAULT_MS_PER_PHONEME, poll_s: float = 1.0):
+                 ms_per_phoneme: float = DEFAULT_MS_PER_PHONEME, poll_s: float = 1.0,
+                 local_results: dict[str, bytes] | None = None):
         self.client = client
+        # PCM that this process's own replica made for this owner's requests (worker.dispatch's
+        # Dispatcher fills it; fetch.lua answers "local" for those chunks).
+        self.local_results = local_results if local_results is not None else {}
         self.worker_id = worker_id
         self.bounds = bounds
         self.prefix = prefix
@@ -218,6 +222,13 @@ class AdmissionClient(TracksAvailability):
                 if status == b"ok":
                     yield ChunkResult(index, reply[1], np.frombuffer(reply[2], dtype="<i8").astype(np.int64))
                     break
+                if status == b"local":
+                    pcm = self.local_results.pop(f"{ticket.request_id}#{index}", None)
+                    if pcm is None:  # only if another process shares this worker id: a bug
+                        raise RequestLost(f"chunk {index} of request {ticket.request_id} was made by this "
+                                          "worker's replica but its audio is not in this process")
+                    yield ChunkResult(index, pcm, np.frombuffer(reply[1], dtype="<i8").astype(np.int64))
+                    break
                 if status == b"error":
                     raise RequestFailed(reply[1].decode(errors="replace"))
                 if status == b"gone":
@@ -232,12 +243,19 @@ class AdmissionClient(TracksAvailability):
                 # Completions push to the wake list, so nothing is missed between fetch and wait.
                 await self._call("result wait", self.client.blpop, [wake], max(0.01, wait))
 
+    def forget_local(self, request_id: str) -> None:
+        """Drop in-memory results of a request that ended before its owner read them."""
+        for key in [k for k in self.local_results if k.startswith(request_id + "#")]:
+            del self.local_results[key]
+
     async def cancel(self, request_id: str) -> bool:
         """The client went away: drop the request's queued jobs and free its slot."""
+        self.forget_local(request_id)
         return bool(await self._call("cancel", self.scripts.cancel, self.prefix, request_id))
 
     async def release(self, request_id: str) -> bool:
         """The last chunk has been streamed (or the error read): free the slot."""
+        self.forget_local(request_id)
         return bool(await self._call("release", self.scripts.release, self.prefix, request_id))
 
     @contextlib.asynccontextmanager

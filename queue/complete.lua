@@ -1,6 +1,8 @@
 -- complete.lua: a replica hands back a job's result (or its error) and gives up the lease.
--- ARGV: prefix, replica_id, job_id, token, status ("ok"|"error"), pcm_bytes|error_message,
+-- ARGV: prefix, replica_id, job_id, token, status ("ok"|"local"|"error"), pcm_bytes|error_message,
 --       durations_bytes, audio_ms, busy_ms, ewma_alpha
+-- "local": the replica lives in the owner's own process and handed the PCM over in memory; only
+-- the durations and a `loc:i` marker are stored, so the audio never crosses Redis.
 -- Returns 1: delivered to the owner; 0: stale (the lease was lost, the job belongs to another
 -- attempt now: result discarded); 2: dropped (the request was cancelled, released or failed).
 local replica, job, token, status = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -20,7 +22,8 @@ drop_lease(job)
 local rkey = replica_key(replica)
 redis.call('HSET', rkey, 'busy', 0, 'seen', now)
 redis.call('HDEL', rkey, 'job')
-if status == 'ok' then
+local ok = status == 'ok' or status == 'local'
+if ok then
   redis.call('HINCRBY', rkey, 'jobs_done', 1)
   redis.call('HINCRBY', rkey, 'busy_ms', busy_ms)
   redis.call('HINCRBY', rkey, 'audio_ms', audio_ms)
@@ -38,12 +41,18 @@ if redis.call('HGET', rk, 'state') ~= 'active' then
   redis.call('HINCRBY', K_STATS, 'dropped_total', 1)
   return 2
 end
-if status ~= 'ok' then
+if not ok then
   fail_request(rid, ARGV[6])
   return 1
 end
 
-redis.call('HSET', result_key(rid), 'pcm:' .. idx, ARGV[6], 'dur:' .. idx, ARGV[7])
+if status == 'local' then
+  redis.call('HSET', result_key(rid), 'loc:' .. idx, 1, 'dur:' .. idx, ARGV[7])
+  redis.call('HINCRBY', K_STATS, 'local_total', 1)
+else
+  redis.call('HSET', result_key(rid), 'pcm:' .. idx, ARGV[6], 'dur:' .. idx, ARGV[7])
+  redis.call('HINCRBY', K_STATS, 'result_bytes_total', #ARGV[6])
+end
 redis.call('RPUSH', wake_key(rid), tostring(idx))
 redis.call('HINCRBY', K_STATS, 'completed_total', 1)
 

@@ -37,9 +37,9 @@ def local_service(tiny_weights):
     return SpeechService(Replica(engine), VoiceBank(tiny_weights.voices), settings)
 
 
-def fleet_for(local: SpeechService, url: str, **settings) -> FleetSpeechService:
+def fleet_for(local: SpeechService, url: str, name: str | None = None, **settings) -> FleetSpeechService:
     s = local.settings.replace(lease_seconds=2.0, **settings)
-    return FleetSpeechService(local, url, s, replicas=1, owner_ttl_s=1.0, reap_interval_s=0.2)
+    return FleetSpeechService(local, url, s, replicas=1, name=name, owner_ttl_s=1.0, reap_interval_s=0.2)
 
 
 async def collect(service, plan) -> list:
@@ -67,9 +67,16 @@ def test_job_payload_round_trips():
     assert decode_job(payload) == ([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
 
 
-def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server):
+@pytest.mark.parametrize("runner", ["own replica", "another worker's replica"])
+def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server, runner):
+    """The same audio whichever replica runs the jobs: this worker's own (the PCM is handed over in
+    memory and never stored in Redis) or another worker's (float32 PCM through Redis)."""
     async def go():
-        fleet = await fleet_for(local_service, redis_server.url).start()
+        fleet = await fleet_for(local_service, redis_server.url, name="owner").start()
+        other = None
+        if runner != "own replica":
+            await fleet.dispatcher.close()  # this worker's replica leaves: only `other` runs jobs
+            other = await fleet_for(local_service, redis_server.url, name="other").start()
         try:
             plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
             assert sum(1 for c in plan.chunks if c.ids) >= 2, "the test needs several chunk jobs"
@@ -78,19 +85,28 @@ def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service
             assert isinstance(admitted, FleetPlan) and admitted.ticket is not None
             via_queue = await collect(fleet, admitted)
             stats = await idle(redis_server.url)
-            return local, via_queue, stats, fleet.dispatcher.jobs_done
+            return local, via_queue, stats, (other or fleet).dispatcher.jobs_done, dict(fleet.admission.local_results)
         finally:
-            await fleet.aclose()
+            for service in (fleet, other):
+                if service is not None:
+                    await service.aclose()
 
-    local, via_queue, stats, jobs_done = asyncio.run(go())
+    local, via_queue, stats, jobs_done, left_in_memory = asyncio.run(go())
     assert [p.index for p in via_queue] == [p.index for p in local]
     assert via_queue[-1].is_last
     for a, b in zip(local, via_queue):
-        np.testing.assert_array_equal(a.pcm, b.pcm)  # float32 PCM crosses Redis unchanged
+        np.testing.assert_array_equal(a.pcm, b.pcm)  # bit-identical either way
         assert [(w.word, w.start, w.end) for w in a.words] == [(w.word, w.start, w.end) for w in b.words]
     assert jobs_done == sum(1 for p in local if len(p.pcm))
     assert stats["completed_total"] == jobs_done and stats["released_total"] == 1
     assert all(stats[g] == 0 for g in GAUGES), stats.fields
+    if runner == "own replica":
+        assert stats["local_total"] == jobs_done and stats["result_bytes_total"] == 0
+    else:
+        # float32 PCM of every chunk crossed Redis (the pieces add their pauses on top of it)
+        assert stats["local_total"] == 0
+        assert 0.9 * 4 * sum(len(p.pcm) for p in local) < stats["result_bytes_total"] <= 4 * sum(len(p.pcm) for p in local)
+    assert left_in_memory == {}
 
 
 def test_a_full_fleet_refuses_with_both_retry_headers_and_frees_the_slot_after(local_service, redis_server):

@@ -156,6 +156,75 @@ def test_earliest_deadline_first_puts_a_new_first_chunk_before_older_later_chunk
     asyncio.run(go())
 
 
+def test_own_jobs_due_within_the_slack_are_leased_first_and_their_audio_skips_redis(redis_server):
+    """Keep the bytes cheap: worker w1's replica prefers w1's own job when it is due within the
+    slack of the earliest, hands its PCM over in memory (nothing stored in Redis but durations),
+    and still takes another worker's job through Redis when that one is due first."""
+    async def go():
+        shared: dict[str, bytes] = {}
+        w1 = owner(redis_server.url, "w1", local_results=shared)
+        w2 = owner(redis_server.url, "w2")
+        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=5_000)
+        theirs = await w2.admit(jobs(30))
+        await asyncio.sleep(0.02)
+        mine = await w1.admit(jobs(30))                 # due 20 ms after theirs: within the slack
+        job = await rep.lease()
+        assert (job.request_id, job.owner) == (mine.request_id, "w1")
+        assert await rep.run_one(job) == DELIVERED
+        stored = await rep.client.hgetall(f"{{kf}}:res:{mine.request_id}")
+        assert not any(k.startswith(b"pcm:") for k in stored) and b"loc:0" in stored
+        assert list(shared) == [f"{mine.request_id}#0"]
+        [result] = await collect(w1, mine)
+        pcm = np.frombuffer(result.pcm, dtype=np.int16)
+        assert len(pcm) == 32 * 3 * 600 and (pcm == 0).all() and len(result.durations) == 32
+        assert shared == {}                             # read once, then gone from memory
+        job = await rep.lease()                         # w2's job goes through Redis as before
+        assert job.request_id == theirs.request_id and await rep.run_one(job) == DELIVERED
+        [result] = await collect(w2, theirs)
+        assert len(result.pcm) == 32 * 3 * 600 * 2
+        stats = await w1.stats()
+        assert stats["local_total"] == 1 and stats["result_bytes_total"] == len(result.pcm)
+        for client, ticket in ((w1, mine), (w2, theirs)):
+            await client.release(ticket.request_id)
+        await assert_idle(w1)
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("slack_ms", [0, 1])
+def test_without_slack_the_earliest_deadline_wins_over_an_own_job(redis_server, slack_ms):
+    async def go():
+        shared: dict[str, bytes] = {}
+        w1 = owner(redis_server.url, "w1", local_results=shared)
+        w2 = owner(redis_server.url, "w2")
+        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=slack_ms)
+        theirs = await w2.admit(jobs(30))
+        await asyncio.sleep(0.05)                       # mine is due 50 ms later: beyond the slack
+        mine = await w1.admit(jobs(30))
+        assert (await rep.lease()).request_id == theirs.request_id
+        job = await rep.lease()
+        assert job.request_id == mine.request_id and await rep.run_one(job) == DELIVERED
+        assert len(shared) == 1                         # own results still skip Redis
+        await w1.cancel(mine.request_id)                # never read: dropped from memory too
+        assert shared == {}
+        await w2.cancel(theirs.request_id)
+    asyncio.run(go())
+
+
+def test_an_own_result_refused_as_stale_is_not_kept_in_memory(redis_server):
+    async def go():
+        shared: dict[str, bytes] = {}
+        w1 = owner(redis_server.url, "w1", local_results=shared)
+        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=20)
+        ticket = await w1.admit(jobs(30))
+        job = await rep.lease()
+        await w1.cancel(ticket.request_id)              # the request goes while its job runs
+        assert await rep.run_one(job) == DROPPED
+        assert shared == {}
+        await asyncio.sleep(0)
+        await assert_idle(w1)
+    asyncio.run(go())
+
+
 def test_measured_audio_moves_later_deadlines(redis_server):
     async def go():
         client = owner(redis_server.url)

@@ -93,6 +93,11 @@ class Settings:
         "`shared`: every replica takes the fleet's earliest-deadline chunk job, wherever its request "
         "arrived; `local`: each worker runs only the requests it accepted (blind assignment, kept for "
         "comparison by `python -m loadtest.dispatch`).")
+    own_job_slack_ms: int = setting(
+        "KOKORO_OWN_JOB_SLACK_MS", 20,
+        "A free replica takes a job of a request its own worker accepted instead of the fleet's earliest "
+        "job when that job's deadline is at most this much later; such results stay in the process instead "
+        "of crossing Redis (0: strict earliest-deadline order, own results still skip Redis).")
     chunk_timeout_seconds: float = setting(
         "KOKORO_CHUNK_TIMEOUT_SECONDS", 120.0,
         "Longest a request waits for any one chunk from the shared queue before it fails with an error "
