@@ -94,6 +94,20 @@ def test_first_chunk_short_later_chunks_long():
     assert sum(middle) / len(middle) > 200  # later chunks pack whole sentences
 
 
+def test_later_chunks_double_in_size_until_the_largest_target():
+    # Many short sentences: each chunk packs sentences up to its target, so the sizes follow the
+    # targets 60, 120, 240, 400, 400, ... (a chunk can end a sentence short of its target).
+    names = ["apple", "river", "garden", "window", "silver", "morning", "candle", "harbor"]
+    text = " ".join(f"The {names[n % 8]} sentence is short and plain." for n in range(80))
+    chunks = text_to_chunks(text, first_chunk_phonemes=60, chunk_phonemes=400)
+    sizes = [len(c.ids) for c in chunks]
+    targets = [60, 120, 240] + [400] * (len(sizes) - 3)
+    assert all(size <= target for size, target in zip(sizes[:-1], targets)), sizes
+    assert all(size > target * 0.6 for size, target in zip(sizes[:-1], targets)), sizes
+    assert sizes[1] > sizes[0] and sizes[2] > sizes[1] and sizes[3] > sizes[2]
+    assert " ".join(c.text for c in chunks).split() == text.split()
+
+
 def test_sentence_boundaries_preferred():
     text = "One two three four five. Six seven eight nine ten. Eleven twelve thirteen."
     chunks = text_to_chunks(text, first_chunk_phonemes=30, chunk_phonemes=30)

@@ -72,7 +72,10 @@ class Settings:
         "KOKORO_FIRST_CHUNK_PHONEMES", 60,
         "Target size of a request's first chunk (about 4 s of speech), so its first audio arrives fast: "
         "it ends at a clause, or at a word boundary when no clause ends in reach.")
-    chunk_phonemes: int = setting("KOKORO_CHUNK_PHONEMES", 400, "Target size of later chunks (never above 510).")
+    chunk_phonemes: int = setting(
+        "KOKORO_CHUNK_PHONEMES", 400,
+        "Largest target size of later chunks (never above 510): each chunk after the first aims at twice the "
+        "one before up to this, so a stream stays ahead of its listener.")
 
     # --- fleet and queue ---
     redis_url: str = setting("REDIS_URL", "", "External Redis; empty starts an embedded redis-server owned by the fleet.")

@@ -6,8 +6,12 @@ string) inside that word. Every token lands in exactly one chunk, so no text is 
 exceeds the limit whatever the input.
 
 The first chunk aims at `first_chunk_phonemes` (a clause or a short sentence) so the first audio
-comes fast; later chunks aim at `chunk_phonemes`, packing whole sentences, for throughput. A
-`[pause:0.5s]` tag ends the chunk before it and becomes that chunk's `pause_after`.
+comes fast; each later chunk aims at twice the one before (60, 120, 240, ...) until `chunk_phonemes`,
+packing whole sentences, for throughput. Doubling keeps a stream ahead of its listener: chunk k is
+synthesized while chunks 0..k-1 play, and they last about as long as chunk k, so a replica only
+needs to run a little faster than real time; a jump from 60 straight to 400 phonemes would need
+almost 7x real time to avoid a gap. A `[pause:0.5s]` tag ends the chunk before it and becomes that
+chunk's `pause_after`.
 """
 
 from __future__ import annotations
@@ -186,8 +190,9 @@ def split_tokens(tokens: list[Token], first_chunk_phonemes: int = 60, chunk_phon
         strengths = _strengths(segment)
         pos = 0
         while pos < len(segment):
-            is_first = not any(c.ids for c in chunks)
-            end = _choose_end(costs, strengths, pos, first_target if is_first else later_target, is_first)
+            voiced = sum(1 for c in chunks if c.ids)
+            target = max(first_target, min(later_target, first_target << min(voiced, 16)))
+            end = _choose_end(costs, strengths, pos, target, voiced == 0)
             chunks.append(_build_chunk(segment[pos:end]))
             pos = end
         start = stop
