@@ -67,7 +67,7 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
     summary = {k: one(f"kokoro_fleet_{k}") for k in ("degraded", "admitted", "queued_jobs", "inflight_jobs",
                                                       "queued_work_seconds", "live_replicas", "admitted_total",
                                                       "refused_total", "expired_total", "requeued_total",
-                                                      "failed_total")}
+                                                      "failed_total", "local_total", "result_bytes_total")}
     names = per_replica("kokoro_fleet_replica_jobs_total")
     if names:
         alive, busy, fraction = (per_replica("kokoro_fleet_replica_alive"), per_replica("kokoro_fleet_replica_busy"),
@@ -100,7 +100,7 @@ async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow
             for r in sorted(replicas, key=lambda r: r.replica)]
     summary = {"mode": "redis", **{g: stats[g] for g in GAUGES}, "live_replicas": stats.live_replicas,
                **{k: stats[k] for k in ("admitted_total", "refused_total", "expired_total", "requeued_total",
-                                        "failed_total")}}
+                                        "failed_total", "local_total", "result_bytes_total")}}
     summary["queued_work_seconds"] = summary.pop("queued_work_ms") / 1000
     return rows, summary
 

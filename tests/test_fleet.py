@@ -221,6 +221,8 @@ def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
     rows, summary = rows_from_metrics(samples)
     assert len(rows) == 1 and rows[0].jobs_done == jobs and rows[0].audio_seconds > 0 and rows[0].alive
     assert summary["mode"] == "fleet" and summary["admitted_total"] == 1 and summary["live_replicas"] == 1
+    # one worker: every result was its own replica's, handed over in memory
+    assert summary["local_total"] == jobs and summary["result_bytes_total"] == 0
     assert samples["kokoro_fleet_first_chunk_wait_seconds_count"][0][1] == 1
     assert samples["kokoro_fleet_degraded"][0][1] == 0
 
