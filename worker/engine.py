@@ -106,7 +106,7 @@ class Engine:
 
     @torch.inference_mode()
     def synthesize(self, ids: Sequence[int], style: torch.Tensor, speed: float = 1.0) -> Synthesis:
-        """ids: phoneme ids without the boundary pads; style: [256] (the voice pack's row)."""
+        """ids: phoneme ids without the boundary pads; style: [2S] = [256] (the voice pack's row)."""
         if len(ids) > self.max_phonemes:
             raise ValueError(f"{len(ids)} phonemes in one chunk; at most {self.max_phonemes}")
         if not speed > 0:
@@ -134,7 +134,7 @@ class Engine:
                 self.graphs = None
                 torch.cuda.synchronize()
         ids = [16, 43, 54, 16, 56, 57] * 5
-        style = torch.zeros(256)
+        style = torch.zeros(2 * self.model.style_dim)  # [2S]: a voice row (256 in Kokoro-82M)
         for _ in range(2):
             self.synthesize(ids, style)
 
@@ -179,10 +179,11 @@ class Engine:
 class CudaGraphs:
     """Both stages captured per bucket, sharing one memory pool and static input buffers.
 
-    Stage-1 graphs write the durations and features into fixed [1, 512] / [1, 512, 1152] buffers
-    (zeros past the bucket), which every stage-2 graph reads; so stage 2 depends on the frame
-    bucket alone. The noise is drawn into its static buffer before each replay (outside the graph),
-    from the engine's seeded generator.
+    Stage-1 graphs write the durations and features into fixed [1, Tmax] / [1, Tmax, D + S + D]
+    buffers (Tmax = 512 tokens, the largest bucket; D = hidden_dim, S = style_dim: 1152 wide in
+    Kokoro-82M; zeros past the bucket), which every stage-2 graph reads; so stage 2 depends on the
+    frame bucket alone. The noise is drawn into its static buffer before each replay (outside the
+    graph), from the engine's seeded generator.
     """
 
     def __init__(self, engine: Engine):
@@ -190,7 +191,7 @@ class CudaGraphs:
         model = engine.model
         device = engine.device
         self.max_tokens = TOKEN_BUCKETS[-1]
-        width = model.predictor.shared.input_size + model.config["hidden_dim"]  # 640 + 512
+        width = model.predictor.shared.input_size + model.hidden_dim  # (D + S) + D
         self.ids = torch.zeros(1, self.max_tokens, dtype=torch.long, device=device)
         self.n_tokens = torch.zeros(1, dtype=torch.long, device=device)
         self.style = torch.zeros(1, 2 * model.style_dim, device=device)

@@ -124,9 +124,15 @@ class STFT(nn.Module):
 
 
 class Generator(nn.Module):
+    """iSTFTNet's generator: G channels at 2F, halved at each upsampling (official: G = 512 ->
+    256 at 20F -> 128 at 120F + 1), then conv_post to the n_fft + 2 spectrum channels."""
+
     def __init__(self, style_dim: int, resblock_kernel_sizes, upsample_rates, upsample_initial_channel,
                  resblock_dilation_sizes, upsample_kernel_sizes, gen_istft_n_fft, gen_istft_hop_size):
         super().__init__()
+        if upsample_initial_channel // 2 ** len(upsample_rates) < 1:
+            raise ValueError(f"upsample_initial_channel {upsample_initial_channel} halves to 0 channels over "
+                             f"{len(upsample_rates)} upsamplings")
         self.num_kernels = len(resblock_kernel_sizes)
         self.num_upsamples = len(upsample_rates)
         self.m_source = SineSource(upsample_scale=math.prod(upsample_rates) * gen_istft_hop_size)
@@ -155,7 +161,7 @@ class Generator(nn.Module):
 
     def forward(self, x: torch.Tensor, style: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor | None,
                 spans: FrameSpans) -> torch.Tensor:
-        """x: [B, C, 2F], f0: [B, 2F] float32 -> waveform [B, 600F] float32."""
+        """x: [B, G, 2F], f0: [B, 2F] float32 -> waveform [B, 600F] float32."""
         source = self.m_source(f0, noise, spans)  # [B, 600F]
         har = self.stft.magnitude_phase(source, spans).to(x.dtype)  # [B, n_fft + 2, 120F + 1]
         har = zero_padding(har, spans.stft)
@@ -164,8 +170,8 @@ class Generator(nn.Module):
         dtype = har.dtype
         for i in range(self.num_upsamples):
             x = F.leaky_relu(x, 0.1).to(dtype)
-            x_source = self.noise_res[i](self.noise_convs[i](har), style, up_spans[i])  # float32
-            x = self.ups[i](zero_padding(x, in_span))
+            x_source = self.noise_res[i](self.noise_convs[i](har), style, up_spans[i])  # float32, like x below
+            x = self.ups[i](zero_padding(x, in_span))  # [B, G / 2^(i+1), 20F] then [B, G / 4, 120F]
             if i == self.num_upsamples - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
             x = x + x_source
@@ -181,34 +187,43 @@ class Generator(nn.Module):
 
 
 class Decoder(nn.Module):
+    """Aligned text features (D = hidden_dim channels) + F0 + energy -> waveform.
+
+    Channel sizes, official values in brackets: the encode/decode blocks run at H channels
+    (`decoder_dim`, 1024), the text features enter them through a 1x1 `asr_res` convolution to R
+    channels (`decoder_asr_res_dim`, 64), and the last (upsampling) block hands the generator G
+    channels (`istftnet.upsample_initial_channel`, 512).
+    """
+
     def __init__(self, dim_in: int, style_dim: int, dim_out: int, resblock_kernel_sizes, upsample_rates,
                  upsample_initial_channel, resblock_dilation_sizes, upsample_kernel_sizes,
-                 gen_istft_n_fft, gen_istft_hop_size):
+                 gen_istft_n_fft, gen_istft_hop_size, hidden_dim: int = 1024, asr_res_dim: int = 64):
         super().__init__()
-        self.encode = AdainResBlk1d(dim_in + 2, 1024, style_dim)
+        D, H, R, G = dim_in, hidden_dim, asr_res_dim, upsample_initial_channel
+        self.encode = AdainResBlk1d(D + 2, H, style_dim)
         self.decode = nn.ModuleList([
-            AdainResBlk1d(1024 + 2 + 64, 1024, style_dim),
-            AdainResBlk1d(1024 + 2 + 64, 1024, style_dim),
-            AdainResBlk1d(1024 + 2 + 64, 1024, style_dim),
-            AdainResBlk1d(1024 + 2 + 64, 512, style_dim, upsample=True),
+            AdainResBlk1d(H + 2 + R, H, style_dim),
+            AdainResBlk1d(H + 2 + R, H, style_dim),
+            AdainResBlk1d(H + 2 + R, H, style_dim),
+            AdainResBlk1d(H + 2 + R, G, style_dim, upsample=True),
         ])
         self.F0_conv = WNConv1d(1, 1, kernel_size=3, stride=2, groups=1, padding=1)
         self.N_conv = WNConv1d(1, 1, kernel_size=3, stride=2, groups=1, padding=1)
-        self.asr_res = nn.Sequential(WNConv1d(512, 64, kernel_size=1))
+        self.asr_res = nn.Sequential(WNConv1d(D, R, kernel_size=1))
         self.generator = Generator(style_dim, resblock_kernel_sizes, upsample_rates, upsample_initial_channel,
                                    resblock_dilation_sizes, upsample_kernel_sizes, gen_istft_n_fft, gen_istft_hop_size)
 
     def forward(self, asr: torch.Tensor, f0: torch.Tensor, energy: torch.Tensor, style: torch.Tensor,
                 noise: torch.Tensor | None, spans: FrameSpans) -> torch.Tensor:
-        """asr: [B, 512, F], f0 / energy: [B, 2F] float32, style: [B, 128] -> waveform [B, 600F] float32."""
+        """asr: [B, D, F], f0 / energy: [B, 2F] float32, style: [B, S] -> waveform [B, 600F] float32."""
         dtype = self.F0_conv.current_weight().dtype
         asr, style = asr.to(dtype), style.to(dtype)
         f0_down = self.F0_conv(f0.unsqueeze(1).to(dtype))  # [B, 1, F]
         energy_down = self.N_conv(energy.unsqueeze(1).to(dtype))  # [B, 1, F]
-        x = self.encode(torch.cat([asr, f0_down, energy_down], dim=1), style, spans.frames)  # [B, 1024, F]
-        asr_res = self.asr_res(asr)  # [B, 64, F]
+        x = self.encode(torch.cat([asr, f0_down, energy_down], dim=1), style, spans.frames)  # [B, H, F]
+        asr_res = self.asr_res(asr)  # [B, R, F]
         for block in self.decode[:-1]:
-            x = block(torch.cat([x, asr_res, f0_down, energy_down], dim=1), style, spans.frames)
+            x = block(torch.cat([x, asr_res, f0_down, energy_down], dim=1), style, spans.frames)  # [B, H, F]
         x = self.decode[-1](torch.cat([x, asr_res, f0_down, energy_down], dim=1), style,
-                            spans.frames, spans.frames2)  # [B, 512, 2F]
+                            spans.frames, spans.frames2)  # [B, G, 2F]
         return self.generator(x, style, f0, noise, spans)

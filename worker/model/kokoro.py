@@ -2,11 +2,14 @@
 
 The forward is two pure functions around the one data-dependent number, the total frame count:
 
-    stage1(ids, n_tokens, style, speed) -> durations [1, T], features [1, T, 1152]
+    stage1(ids, n_tokens, style, speed) -> durations [1, T], features [1, T, D + S + D]
         PL-BERT, the duration encoder and the durations; the acoustic text encoder.
     (the caller reads durations.sum() once: the only device-to-host sync of a synthesis)
     stage2(durations, features, n_frames, frames, style, noise) -> waveform [1, 600 * frames]
         alignment (built on device), F0 and energy (frame resolution, so here), the decoder.
+
+D is the text channel count (`hidden_dim`, 512 in Kokoro-82M) and S the prosody style width
+(`style_dim`, 128; a voice row is [2S] = [256]), so features are 1152 wide in Kokoro-82M.
 
 Both take padded shapes: a bucket of T tokens holding n_tokens real ones, a bucket of `frames`
 frames holding n_frames real ones; padding is masked or trimmed so a padded run computes the same
@@ -41,10 +44,14 @@ class KokoroModel(nn.Module):
         self.predictor = ProsodyPredictor(config["style_dim"], config["hidden_dim"], config["n_layer"], config["max_dur"])
         self.text_encoder = TextEncoder(config["hidden_dim"], config["text_encoder_kernel_size"], config["n_layer"],
                                         config["n_token"])
+        # decoder_dim / decoder_asr_res_dim: optional keys (absent from the official config.json,
+        # whose decoder has them as 1024 / 64 in code); the tiny config shrinks them.
         self.decoder = Decoder(dim_in=config["hidden_dim"], style_dim=config["style_dim"], dim_out=config["n_mels"],
-                               **config["istftnet"])
+                               hidden_dim=config.get("decoder_dim", 1024),
+                               asr_res_dim=config.get("decoder_asr_res_dim", 64), **config["istftnet"])
         self.max_tokens = albert.max_position_embeddings
         self.style_dim = config["style_dim"]
+        self.hidden_dim = config["hidden_dim"]
         self.decoder_dtype = torch.float32
         self.register_buffer("_arange", torch.arange(albert.max_position_embeddings), persistent=False)
 
@@ -94,10 +101,10 @@ class KokoroModel(nn.Module):
     def stage1(self, ids: torch.Tensor, n_tokens: torch.Tensor | None, style: torch.Tensor,
                speed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids: [1, T] int64 (boundary pads included; token 0 after n_tokens), n_tokens: [1] int64 or
-        None (unpadded), style: [1, 256], speed: [1] float32.
+        None (unpadded), style: [1, 2S], speed: [1] float32.
 
-        Returns durations [1, T] int64 (frames per token, 0 on padding) and features [1, T, 1152]
-        (duration-encoder output 640 ++ acoustic text encoder 512), which stage 2 aligns to frames.
+        Returns durations [1, T] int64 (frames per token, 0 on padding) and features [1, T, D + S + D]
+        (duration-encoder output D + S ++ acoustic text encoder D), which stage 2 aligns to frames.
         """
         T = ids.shape[1]
         positions = self.positions(T)
@@ -109,13 +116,13 @@ class KokoroModel(nn.Module):
             attention = ((1.0 - span.mask) * torch.finfo(torch.float32).min).view(1, 1, 1, T)
         token_types = self.bert.embeddings.token_type_ids[:, :T]  # zeros, preallocated by transformers
         h = self.bert.embeddings(ids, token_type_ids=token_types, position_ids=positions.unsqueeze(0))
-        h = self.bert.encoder(h, attention).last_hidden_state  # [1, T, 768]
-        d_en = self.bert_encoder(h)  # [1, T, 512]
+        h = self.bert.encoder(h, attention).last_hidden_state  # [1, T, plbert.hidden_size]
+        d_en = self.bert_encoder(h)  # [1, T, D]
 
-        style_prosody = style[:, self.style_dim:]  # [1, 128]
-        d = self.predictor.text_encoder(d_en, style_prosody, span)  # [1, T, 640]
+        style_prosody = style[:, self.style_dim:]  # [1, S]
+        d = self.predictor.text_encoder(d_en, style_prosody, span)  # [1, T, D + S]
         durations = self.predictor.durations(d, speed, span)  # [1, T]
-        t_en = self.text_encoder(ids, span)  # [1, 512, T]
+        t_en = self.text_encoder(ids, span)  # [1, D, T]
         return durations, torch.cat([d, t_en.transpose(1, 2)], dim=-1)
 
     # --- stage 2: aligned frames -> waveform -------------------------------------------------------
@@ -135,21 +142,23 @@ class KokoroModel(nn.Module):
 
     def stage2(self, durations: torch.Tensor, features: torch.Tensor, n_frames: torch.Tensor | None, frames: int,
                style: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-        """durations: [1, Tt] int64, features: [1, Tt, 1152] (any Tt >= the tokens used), n_frames: [1]
-        int64 true frame count or None (then frames == durations.sum()), frames: the bucket size,
-        style: [1, 256], noise: [1, 600 * frames, 9] standard normal or None -> [1, 600 * frames] float32.
+        """durations: [1, Tt] int64, features: [1, Tt, D + S + D] (any Tt >= the tokens used), n_frames:
+        [1] int64 true frame count or None (then frames == durations.sum()), frames: the bucket size,
+        style: [1, 2S], noise: [1, 600 * frames, 9] standard normal or None -> [1, 600 * frames] float32.
         """
         spans = self.frame_spans(n_frames, frames)
         # Alignment on device: frame f belongs to the token whose cumulative end first exceeds f.
         ends = durations.cumsum(dim=-1)  # [1, Tt]
         token_of_frame = torch.searchsorted(ends, self.positions(frames).unsqueeze(0), right=True)
         token_of_frame = token_of_frame.clamp_(max=durations.shape[1] - 1)  # frames past the end: masked below
-        aligned = features.gather(1, token_of_frame.unsqueeze(-1).expand(-1, -1, features.shape[-1]))  # [1, F, 1152]
+        index = token_of_frame.unsqueeze(-1).expand(-1, -1, features.shape[-1])
+        aligned = features.gather(1, index)  # [1, F, D + S + D]
         if spans.frames.mask is not None:
             aligned = aligned * spans.frames.mask.transpose(1, 2)
-        en, asr = aligned.split([aligned.shape[-1] - 512, 512], dim=-1)  # [1, F, 640], [1, F, 512]
+        D = self.hidden_dim
+        en, asr = aligned.split([aligned.shape[-1] - D, D], dim=-1)  # [1, F, D + S], [1, F, D]
 
-        style_prosody = style[:, self.style_dim:]
+        style_prosody = style[:, self.style_dim:]  # [1, S]
         f0, energy = self.predictor.f0_energy(en, style_prosody, spans.frames, spans.frames2)  # [1, 2F] each
         return self.decoder(asr.transpose(1, 2), f0, energy, style[:, :self.style_dim], noise, spans)
 
