@@ -122,6 +122,29 @@ def test_engine_rejects_what_it_cannot_synthesize(quiet_fp32):
         engine.synthesize([16], style, speed=0.0)
 
 
+# --- the sizes come from the config: the tiny one -------------------------------------------------
+
+def test_tiny_config_sizes_reach_every_stage(tiny_weights):
+    """hidden_dim, decoder_dim, decoder_asr_res_dim and upsample_initial_channel are read from the
+    config everywhere (stage 2's feature split, the decoder, the engine's static buffers): the tiny
+    model runs padded and unpadded to the same audio, at 600 samples per frame."""
+    from worker.engine import CudaGraphs
+
+    plain = Engine(tiny_weights, "cpu", "fp32", noise=False, fused_kernels=False)
+    padded = Engine(tiny_weights, "cpu", "fp32", noise=False, bucketed=True, fused_kernels=False)
+    ids, style = sample(21, 3, tiny_weights.voices)
+    a, b = plain.synthesize(ids, style), padded.synthesize(ids, style)
+    assert np.array_equal(a.durations, b.durations)
+    assert len(a.audio) == len(b.audio) == int(a.durations.sum()) * 600
+    assert np.isfinite(a.audio).all() and snr_db(a.audio, b.audio) >= 30.0
+    # the CUDA-graph static buffers (allocated on CPU here) are as wide as stage 1's features
+    cfg = tiny_weights.config
+    tokens = torch.tensor([[0, *ids, 0]])
+    _, features = plain.model.stage1(tokens, None, style.reshape(1, -1), torch.ones(1))
+    assert features.shape[-1] == 2 * cfg["hidden_dim"] + cfg["style_dim"]
+    assert CudaGraphs(plain).features.shape[-1] == features.shape[-1]
+
+
 # --- the real weights (offline bundle) -----------------------------------------------------------
 
 REAL_PHONEMES = "həlˈoʊ fɹʌm kˈoʊkəɹoʊ flˈit. ðɪs ɪz ɐ tˈɛst ʌv ðə pˈæɹɪti."

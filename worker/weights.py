@@ -540,15 +540,27 @@ def download_official(dest: str | Path, voices: Sequence[str] = VOICE_NAMES,
 # ----------------------------------------------------------------------------------------------
 
 def tiny_config() -> dict:
-    """Kokoro's architecture with a small front end: a 2-layer, 64-wide PL-BERT and one layer of
-    duration encoder / text encoder CNN. The rest keeps its official size, because the Kokoro
-    modules (ours and the reference's) fix 512 text channels and the 1024/512-channel decoder in
-    code; so the vocab, style_dim 128 (voices [510, 256]), 512 positions and the iSTFTNet rates
-    (600 samples per frame, 24 kHz) are all as in Kokoro-82M."""
+    """Kokoro's architecture at small sizes, for tests and load tests where speed matters.
+
+    A 2-layer, 64-wide PL-BERT; one layer of duration encoder / text encoder CNN; 128 text
+    channels (hidden_dim); a 128-channel decoder with a 32-channel asr_res (the optional
+    `decoder_dim` / `decoder_asr_res_dim` keys, 1024 / 64 when absent as in the official
+    config.json); a 64-channel iSTFTNet generator (64 -> 32 -> 16 over its two upsamplings).
+    What the rest of the system relies on stays as in Kokoro-82M: the vocab, style_dim 128 (voices
+    [510, 256]), 512 positions, and the iSTFTNet rates and STFT (600 samples per frame at 24 kHz).
+
+    Built from worker.model.KokoroModel, which reads every size from the config. The reference
+    `kokoro` package hard-codes the decoder's 1024/512/64 channels and cannot build this config;
+    the `_reference_modules` fallback of `make_tiny_weights` only serves configs it can build
+    (the official sizes)."""
     cfg = copy.deepcopy(official_config())
     cfg["plbert"] = {"hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128,
                      "max_position_embeddings": 512, "num_hidden_layers": 2, "dropout": 0.1}
     cfg["n_layer"] = 1
+    cfg["hidden_dim"] = 128
+    cfg["decoder_dim"] = 128
+    cfg["decoder_asr_res_dim"] = 32
+    cfg["istftnet"]["upsample_initial_channel"] = 64
     return cfg
 
 
