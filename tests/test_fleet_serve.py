@@ -48,10 +48,6 @@ def fleet(redis, tmp_path_factory):
     env = {
         "KOKORO_THREADS": "1",             # one core per replica: 2 replicas on this 2-core machine
         "KOKORO_LEASE_SECONDS": "3",       # a killed replica's jobs come back within a few seconds
-        # Equal, short chunks: each next chunk takes (RTF x its length) to make, which must fit in the
-        # playing time of the one before it; a short first chunk would leave the least room.
-        "KOKORO_FIRST_CHUNK_PHONEMES": "80",
-        "KOKORO_CHUNK_PHONEMES": "80",
         "KOKORO_CHUNK_TIMEOUT_SECONDS": "90",
         "KOKORO_DRAIN_SECONDS": "5",
     }
@@ -128,21 +124,15 @@ def test_a_long_text_fans_out_over_both_replicas_and_status_shows_them(fleet, re
     assert health(fleet.url)["mode"] == "fleet"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 5 is open: on 2 shared cores a replica makes ~2 audio-s per s, and after a 60-phoneme first "
-    "chunk the next chunk is ~400 phonemes (~12 s of work for ~4 s of audio already played), so streams "
-    "stall; growing chunk sizes (60, 120, 240, 400) or a GPU is the way to meet it"))
 def test_no_underrun_with_as_many_long_streams_as_replicas(fleet, redis):
-    # A stream stays ahead of its player only if a replica makes audio well faster than real time;
-    # on a shared CPU the replicas may not (the measured rate says), and then no dispatch can help.
-    rate = stats(redis.url)[0].rate
-    if rate is not None and rate < 1.5:
-        pytest.skip(f"replicas here make {rate:.2f} s of audio per busy second: too slow for continuous streams")
-    ((summary, rows),) = run_load(fleet.url, [Step("closed", WORKERS, 1.0)], PARAGRAPHS, timeout=240)
+    # The default chunking (60 phonemes, then doubling to 400): each stream's simulated real-time
+    # player must never wait more than 100 ms once its first byte arrived. A closed loop of WORKERS
+    # users keeps exactly that many streams in the fleet for 15 s.
+    ((summary, rows),) = run_load(fleet.url, [Step("closed", WORKERS, 15.0)], PARAGRAPHS, timeout=240)
     ok = [r for r in rows if r.outcome == "ok"]
     print("streams:", [(round(r.audio_s, 1), round(r.ttfa_s, 2), round(r.underrun_s * 1000)) for r in ok],
           "(audio s, TTFA s, underrun ms)")
-    assert len(ok) == WORKERS, [r.error for r in rows]
+    assert len(ok) >= WORKERS and len(ok) == len(rows), [r.error for r in rows]
     assert all(r.audio_s > 10 for r in ok)
     assert max(r.underrun_s for r in ok) < 0.100
 
@@ -151,7 +141,7 @@ def test_overload_gives_only_200_and_fast_503_and_keeps_admitted_latency(fleet, 
     ((at_capacity, _),) = run_load(fleet.url, [Step("closed", WORKERS, 20.0)], SHORT, warmup=WORKERS)
     capacity = at_capacity["requests_per_s"]
     rss_before = fleet.rss_mib()
-    ((over, rows),) = run_load(fleet.url, [Step("open", 4 * capacity, 30.0)], SHORT)
+    ((over, rows),) = run_load(fleet.url, [Step("open", 4 * capacity, 60.0)], SHORT)
     rss_after = fleet.rss_mib()
     refused = [r for r in rows if r.outcome == "rejected"]
     refused_ms = sorted(r.e2e_s * 1000 for r in refused)
