@@ -1,7 +1,8 @@
 """Shared-queue dispatch against blind assignment, measured side by side in one run.
 
     python -m loadtest.dispatch [--workers 2] [--load 0.8] [--duration 60] [--rounds 2]
-                                [--texts short] [--weights tiny] [--connections reuse|close] [--out DIR]
+                                [--texts short] [--weights tiny] [--connections reuse|close]
+                                [--out RESULT.json] [--plot TTFA.png]
 
 Starts two copies of the same fleet (`kokoro-fleet serve --workers N`, each with its own embedded
 Redis): one with `--dispatch shared` (any free replica runs the earliest-deadline chunk of any
@@ -42,7 +43,7 @@ import httpx
 
 from loadtest import metrics
 from loadtest.cli import format_table
-from loadtest.runner import Runner, Step, Target, Workload, summarize
+from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
 from loadtest.texts import load_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,15 +223,23 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
                                                            text_offset=r * 1000))
     finally:
         await runner.aclose()
-    summaries = {label: summarize(rs) for label, rs in runs.items()}
-    for s in summaries.values():
-        s["max_outstanding"] = args.max_outstanding
-    p95 = {k: s["ttfa_s"]["p95"] for k, s in summaries.items()}
     jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
     return {"capacity_requests_per_s": capacity, "offered_rate_per_s": rate, "load": args.load,
             "workers": args.workers, "connections": args.connections, "texts": args.texts,
-            "summaries": summaries, "p95_ttfa_s": p95, "ratio_local_over_shared": metrics.ratio(p95["local"], p95["shared"]),
-            "replica_jobs": jobs}
+            **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs}
+
+
+def side_by_side(runs: dict[str, list[StepRun]], max_outstanding: int | None = None) -> dict[str, Any]:
+    """Both sides' summaries, their TTFA samples (sorted, successful requests), p95s and the ratio."""
+    summaries = {label: summarize(rs) for label, rs in runs.items()}
+    for s in summaries.values():
+        s["max_outstanding"] = max_outstanding
+    ttfa = {label: sorted(r.ttfa_s for run in rs for r in run.rows
+                          if r.phase == "measure" and r.outcome == "ok" and r.ttfa_s is not None)
+            for label, rs in runs.items()}
+    p95 = {k: s["ttfa_s"]["p95"] for k, s in summaries.items()}
+    return {"summaries": summaries, "p95_ttfa_s": p95, "ttfa_s": ttfa,
+            "ratio_local_over_shared": metrics.ratio(p95["local"], p95["shared"])}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -246,6 +255,39 @@ def report(result: dict[str, Any]) -> str:
                  f"(target >= 3x) at {result['load']:.0%} of {result['capacity_requests_per_s']:.2f} requests/s, "
                  f"{result['workers']} workers, connections {result['connections']}")
     return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """The two TTFA distributions as CDFs on one log-time axis, p95 marked: where the tails part."""
+    from loadtest.report import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, color in (("shared", "tab:blue"), ("local", "tab:orange")):
+        values = [v * 1000 for v in result["ttfa_s"][label]]
+        if not values:
+            continue
+        ys = [(i + 1) / len(values) for i in range(len(values))]
+        p95 = result["p95_ttfa_s"][label] * 1000
+        name = "shared queue" if label == "shared" else "blind assignment (local)"
+        ax.step(values, ys, where="post", color=color, label=f"{name}: p95 {p95:.0f} ms")
+        ax.axvline(p95, color=color, linestyle=":", linewidth=1)
+    ax.axhline(0.95, color="grey", linewidth=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first audio, ms (log)")
+    ax.set_ylabel("fraction of requests")
+    ratio = result["ratio_local_over_shared"]
+    ax.set_title(f"{result['workers']} workers, Poisson arrivals at {result['load']:.0%} of capacity, "
+                 f"connections {result['connections']}: p95 ratio {'-' if ratio is None else f'{ratio:.2f}x'}",
+                 fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _ms(x: float | None) -> str:
@@ -266,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the result JSON here")
+    p.add_argument("--plot", help="draw both TTFA distributions (CDF) into this PNG")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     # No refusals: this measures queueing, and a 503 never enters the latency figures.
@@ -295,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"result: {args.out}")
+    if args.plot:
+        print(f"plot: {plot(result, args.plot)}")
     return 0
 
 

@@ -445,3 +445,27 @@ def test_hey_bodies_match_the_text_sets_and_script_is_clean():
         pytest.skip("shellcheck not installed")
     proc = subprocess.run(["shellcheck", str(here / "hey.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_dispatch_report_and_plot_show_both_sides_and_the_ratio(tmp_path):
+    from loadtest import dispatch
+    from loadtest.runner import StepRun
+
+    rng = np.random.default_rng(0)
+    step = Step("open", 3.0, 60.0)
+    runs = {}
+    for label, scale in (("shared", 0.1), ("local", 0.4)):
+        rows = [RequestResult(target=label, step=step.label, phase="measure", outcome="ok", status=200,
+                              ttfa_s=float(t), e2e_s=float(t) + 0.5, audio_s=5.0)
+                for t in rng.exponential(scale, 200)]
+        runs[label] = [StepRun(step, Target("http://x/v1/audio/speech", label), rows, 60.0, 61.0, 100.0, 4)]
+    result = {**dispatch.side_by_side(runs), "replica_jobs": {"shared": {"a": 100, "b": 100}, "local": {"a": 150, "b": 50}},
+              "load": 0.8, "capacity_requests_per_s": 4.0, "workers": 2, "connections": "close"}
+    p95 = result["p95_ttfa_s"]
+    assert p95["shared"] == pytest.approx(np.percentile(result["ttfa_s"]["shared"], 95), rel=0.05)
+    assert 2.5 < result["ratio_local_over_shared"] < 6   # exponential tails 4x apart, sampled
+    text = dispatch.report(result)
+    assert f"p95 TTFA local / shared = {result['ratio_local_over_shared']:.2f}x" in text
+    assert "jobs per replica [150, 50]" in text
+    png = dispatch.plot(result, tmp_path / "ttfa.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
