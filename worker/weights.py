@@ -695,8 +695,11 @@ def describe(settings: Settings) -> dict[str, Any]:
         return out
     if source == "tiny":
         weights = load_weights(settings)
-        return {"source": "tiny", **weights.info, "config": {"plbert": weights.config["plbert"],
-                                                             "hidden_dim": weights.config["hidden_dim"]}}
+        cfg = weights.config
+        sizes = ("hidden_dim", "decoder_dim", "decoder_asr_res_dim", "style_dim", "n_layer")
+        return {"source": "tiny", **weights.info,
+                "config": {"plbert": cfg["plbert"], **{k: cfg[k] for k in sizes if k in cfg},
+                           "upsample_initial_channel": cfg["istftnet"]["upsample_initial_channel"]}}
     directory = official_dir(settings)
     out = {"source": "official", "path": str(directory)}
     for name in ("config.json", OFFICIAL_MODEL):
