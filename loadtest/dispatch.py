@@ -193,6 +193,21 @@ async def replica_jobs(redis_url: str | None) -> dict[str, int]:
         await client.aclose()
 
 
+async def result_traffic(redis_url: str | None) -> dict[str, float]:
+    """How the shared fleet's results travelled: handed over in memory (the owner's own replica ran
+    the job) or as PCM through Redis."""
+    if not redis_url:
+        return {}
+    from worker.queue_client import connect, read_stats
+
+    client = connect(redis_url)
+    try:
+        stats = await read_stats(client)
+    finally:
+        await client.aclose()
+    return {k: stats[k] for k in ("completed_total", "local_total", "result_bytes_total")}
+
+
 async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetProcess) -> dict[str, Any]:
     texts = load_texts(args.texts)
     headers = {"Connection": "close"} if args.connections == "close" else {}
@@ -226,7 +241,8 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
     jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
     return {"capacity_requests_per_s": capacity, "offered_rate_per_s": rate, "load": args.load,
             "workers": args.workers, "connections": args.connections, "texts": args.texts,
-            **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs}
+            **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs,
+            "shared_result_traffic": await result_traffic(shared.redis_url())}
 
 
 def side_by_side(runs: dict[str, list[StepRun]], max_outstanding: int | None = None) -> dict[str, Any]:
@@ -250,6 +266,10 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"{label:>6}: TTFA p50 {_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {_ms(t['p99'])}  "
                      f"ok {s[label]['ok']}  503 {s[label]['rejected_503']}  errors {s[label]['errors']}  "
                      f"jobs per replica {sorted(result['replica_jobs'][label].values(), reverse=True)}")
+    traffic = result.get("shared_result_traffic")
+    if traffic and traffic.get("completed_total"):
+        lines.append(f"shared: {traffic['local_total']:.0f} of {traffic['completed_total']:.0f} chunk results handed "
+                     f"over in memory (own replica), {traffic['result_bytes_total'] / 1e6:.1f} MB of PCM through Redis")
     ratio = result["ratio_local_over_shared"]
     lines.append(f"p95 TTFA local / shared = {'-' if ratio is None else f'{ratio:.2f}x'} "
                  f"(target >= 3x) at {result['load']:.0%} of {result['capacity_requests_per_s']:.2f} requests/s, "
