@@ -151,6 +151,10 @@ def test_overload_gives_only_200_and_fast_503_and_keeps_admitted_latency(fleet, 
           f"{over['ttfa_s']['p95']:.3f} s, 503 latency p50 {refused_ms[len(refused_ms) // 2] if refused_ms else 0:.1f} "
           f"p95 {p95_503 or 0:.1f} max {refused_ms[-1] if refused_ms else 0:.1f} ms; RSS {rss_before:.0f} -> "
           f"{rss_after:.0f} MiB")
+    slowest = sorted(refused, key=lambda r: r.e2e_s)[-5:]
+    print("slowest 503s (ms, seconds into the step, generator lag ms):",
+          [(round(r.e2e_s * 1000, 1), round(r.scheduled_at or 0, 1), round((r.sched_lag_s or 0) * 1000, 1))
+           for r in slowest], f"p99 {refused_ms[int(0.99 * (len(refused_ms) - 1))] if refused_ms else 0:.1f} ms")
     assert {r.outcome for r in rows} <= {"ok", "rejected"}, {r.error for r in rows if r.outcome == "error"}
     assert refused, "4x capacity should be refused in part"
     assert all(r.status == 503 and r.retry_after and r.retry_after_ms for r in refused)
