@@ -170,6 +170,9 @@ class FleetSpeechService:
                                      ReplicaJobRunner(self.replica, self.voices, self.wait_histogram),
                                      prefix=self.prefix, lease_s=settings.lease_seconds,
                                      replica_ttl_s=owner_ttl_s, reap_interval_s=reap_interval_s,
+                                     # an idle replica refreshes its liveness once per wait: well within
+                                     # the TTL, or a reaper would drop its row (and its counters)
+                                     idle_wait_s=min(1.0, owner_ttl_s / 3),
                                      local_results=local_results, own_slack_ms=settings.own_job_slack_ms)
         self._stats_client = connect(redis_url)
         self.counters = FleetCounters()

@@ -11,6 +11,7 @@ queued. Warm-up requests run before the first step and never enter a summary.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import random
 import sys
@@ -233,6 +234,18 @@ class Runner:
 
     async def run_step(self, step: Step, target: Target, duration: float | None = None,
                        text_offset: int = 0, on_done: Callable[[RequestResult], None] | None = None) -> StepRun:
+        """One step against one target. Everything already allocated is frozen out of the cyclic
+        GC while it runs: a full collection in a big process (a test session that loaded models,
+        say) can pause the generator for hundreds of ms, which would read as server latency."""
+        gc.collect()
+        gc.freeze()
+        try:
+            return await self._run_step(step, target, duration, text_offset, on_done)
+        finally:
+            gc.unfreeze()
+
+    async def _run_step(self, step: Step, target: Target, duration: float | None,
+                        text_offset: int, on_done: Callable[[RequestResult], None] | None) -> StepRun:
         duration = step.duration if duration is None else duration
         slots = self.slots(target)
         slots.reserve(int(step.value) if step.kind == "closed" else self.workload.max_outstanding)

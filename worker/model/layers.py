@@ -282,6 +282,11 @@ class _Kernels:
     def _compiled(self, fn, name: str):
         """torch.compile'd fn; if compiling fails (no C++ compiler, say), every kernel goes back
         to eager for good, with one warning, instead of failing the synthesis."""
+        # Each kernel is specialized per channel count and dtype (dynamic=True keeps the time axis
+        # symbolic): a model has a handful of each, and a process that also builds the tiny test
+        # model has more. Past dynamo's default of 8 variants, fullgraph would fail and every kernel
+        # would fall back to eager for good.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
         def call(*args):
