@@ -211,3 +211,32 @@ def test_fused_kernels_match_eager_ones():
     assert torch.allclose(eager[2], fused[2], rtol=1e-5, atol=1e-5)
     bf16 = k.snake(x.bfloat16(), scale, shift, alpha, 1 / alpha, torch.bfloat16)
     assert bf16.dtype == torch.bfloat16 and torch.allclose(bf16.float(), eager[1], rtol=2e-2, atol=2e-2)
+
+
+def test_fused_kernels_stay_compiled_across_many_variants_in_a_worker_thread():
+    """Syntheses run in worker threads, where dynamo's settings are the thread's own: the raised
+    recompile limit must hold there, or the many (channels, dtype, grad mode) variants of a process
+    holding two models hit the default 8 and every kernel falls back to eager."""
+    import threading
+
+    from worker.model import layers
+
+    layers.use_compiled_kernels(True)
+    k = layers.kernels
+    seen = {}
+
+    def run():
+        for dtype in (torch.float32, torch.bfloat16):
+            for grad in (False, True):
+                for channels in (16, 22, 48, 96, 1090):
+                    x = torch.randn(1, channels, 37).to(dtype)
+                    ones = torch.ones(1, channels, 1)
+                    with torch.set_grad_enabled(grad):
+                        k.snake(x, ones, ones * 0, ones, ones, dtype)
+                        k.stats(x, 1e-5)
+        seen["limit"] = torch._dynamo.config.recompile_limit
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert seen["limit"] >= 64 and k.compiled and not k.broken

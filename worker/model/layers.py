@@ -16,6 +16,7 @@ Shapes in comments: B batch (always 1 when serving), C channels, T time steps of
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -282,16 +283,18 @@ class _Kernels:
     def _compiled(self, fn, name: str):
         """torch.compile'd fn; if compiling fails (no C++ compiler, say), every kernel goes back
         to eager for good, with one warning, instead of failing the synthesis."""
-        # Each kernel is specialized per channel count and dtype (dynamic=True keeps the time axis
-        # symbolic): a model has a handful of each, and a process that also builds the tiny test
-        # model has more. Past dynamo's default of 8 variants, fullgraph would fail and every kernel
-        # would fall back to eager for good.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
         def call(*args):
             if self.broken:
                 return getattr(_EAGER, name)(*args)
+            if not getattr(_THREAD, "recompile_limit_raised", False):
+                # Each kernel is specialized per channel count, dtype and grad mode: a model has a
+                # handful of each, a process that also builds the tiny test model more. Past
+                # dynamo's default of 8 variants fullgraph fails, and every kernel would fall back
+                # to eager for good. The setting is per thread (syntheses run in worker threads).
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+                _THREAD.recompile_limit_raised = True
             try:
                 return compiled(*args)
             except Exception as error:  # noqa: BLE001 - any compiler failure means: run eagerly
@@ -303,6 +306,7 @@ class _Kernels:
         return call
 
 
+_THREAD = threading.local()
 _EAGER = type("_Eager", (), {"stats": staticmethod(_stats), "snake": staticmethod(_styled_snake),
                               "leaky_relu": staticmethod(_styled_leaky_relu)})
 kernels = _Kernels()
