@@ -14,9 +14,9 @@ synthesis stops after the chunk in flight, and one access-log line records it.
 from __future__ import annotations
 
 import asyncio
-import gc
 import base64
 import contextlib
+import gc
 import hmac
 import json
 import logging
