@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
     "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
     "say": ("worker.say", "synthesize text to a WAV file, no server needed"),
-    "weights": ("worker.weights", "show or prepare the model weights in use"),
+    "weights": ("worker.weights.cli", "show or prepare the model weights in use"),
     "bench": ("worker.bench", "benchmark the engine against the reference implementation"),
     "normalize": ("worker.text.cli", "print the normalized text"),
     "phonemize": ("worker.text.cli", "print the chunks and their phonemes"),

@@ -7,7 +7,6 @@ ONNX export has it; ours with noise=False.
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 import pytest
@@ -15,16 +14,14 @@ import torch
 
 from worker.engine import Engine
 from worker.model import COMPONENTS, KokoroModel
-from worker.model.random_init import full_config, random_state_dict, random_voices
+from worker.model.random_init import random_full_weights
 from worker.reference import (build_reference, log_spectral_distance_db, reference_noise_off,
                               reference_synthesize, snr_db)
 
 
 @pytest.fixture(scope="module")
 def random_full():
-    cfg = full_config()
-    return types.SimpleNamespace(source="random-full", config=cfg, state_dict=random_state_dict(cfg, seed=0),
-                                 voices=random_voices(["v"], seed=0), info={})
+    return random_full_weights(["v"], seed=0)
 
 
 @pytest.fixture(scope="module")

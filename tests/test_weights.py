@@ -123,7 +123,7 @@ def test_interrupted_conversion_leaves_nothing_that_loads(real_weights, tmp_path
     downloads.mkdir(parents=True)
     for name in (W.ONNX_NAME, W.NPM_TARBALL):  # reuse the fetched inputs: no network in this test
         shutil.copyfile(real_downloads / name, downloads / name)
-    monkeypatch.setattr("worker.onnx_convert.convert_onnx", lambda path, plbert_hidden: {"bert": {"x": torch.ones(3)}})
+    monkeypatch.setattr("worker.weights.onnx_convert.convert_onnx", lambda path, plbert_hidden: {"bert": {"x": torch.ones(3)}})
     real_save = torch.save
 
     def save_then_crash(obj, path, *args, **kwargs):
@@ -221,7 +221,7 @@ def test_cli_prints_the_error_and_exits_1_without_traceback(copied_parts, monkey
     monkeypatch.setenv("KOKORO_CACHE_DIR", settings.cache_dir)
     monkeypatch.setenv("KOKORO_WEIGHTS", "offline")
     monkeypatch.setattr("worker.settings._current", None)
-    monkeypatch.setattr(W, "find_onnx_parts", lambda _settings: parts)
+    monkeypatch.setattr("worker.weights.offline.find_onnx_parts", lambda _settings: parts)
     from api.cli import main
 
     assert main(["weights", "--prepare"]) == 1
@@ -402,3 +402,65 @@ def log_spectrogram(audio: np.ndarray) -> np.ndarray:
     spec = torch.stft(torch.from_numpy(np.ascontiguousarray(audio)), 1024, 256,
                       window=torch.hann_window(1024), return_complex=True).abs()
     return 20 * np.log10(spec.numpy() + 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# the serving file: folded once per host, memory-mapped by every replica
+# ---------------------------------------------------------------------------------------------
+
+def file_mappings(path: Path) -> list[tuple[int, int]]:
+    """Address ranges at which this process maps `path` (Linux /proc/self/maps)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
+def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tmp_path):
+    """An engine's parameters live in the mapping of the serving file (so replicas on one host
+    share their pages); the file is written once, and the engine speaks exactly as a model that
+    loads the official names and folds in memory."""
+    import dataclasses
+
+    from worker.engine import Engine
+    from worker.model import KokoroModel
+
+    weights = dataclasses.replace(tiny_weights, serving_dir=tmp_path / "serving", fingerprint="tiny-test")
+    engine = Engine(weights, "cpu", "fp32", noise=False, fused_kernels=False)
+    path = W.serving.serving_path(weights, torch.float32)
+    assert path is not None and path.is_file()
+    written = path.stat().st_mtime_ns
+    ranges = file_mappings(path)
+    assert ranges, f"{path} is not mapped"
+    parameters = dict(engine.model.named_parameters())
+    assert parameters and not any(name.endswith(("weight_g", "weight_v")) for name in parameters)
+    private = [name for name, p in parameters.items()
+               if not any(start <= p.data_ptr() and p.data_ptr() + p.nbytes <= end for start, end in ranges)]
+    assert not private, f"parameters copied out of the serving file: {private[:5]}"
+
+    Engine(weights, "cpu", "fp32", noise=False, fused_kernels=False)  # a second replica maps the same file
+    assert path.stat().st_mtime_ns == written
+
+    model = KokoroModel(weights.config)
+    model.load_components(weights.state_dict)
+    model.prepare()
+    ids = phoneme_ids(weights.config)
+    style = weights.voices["af_heart"][len(ids) - 1]
+    audio, durations = model.synthesize(torch.tensor([[0, *ids, 0]]), style[None])
+    served = engine.synthesize(ids, style)
+    assert np.array_equal(served.audio, audio.numpy()) and np.array_equal(served.durations, durations.numpy())
+
+
+def test_the_serving_file_keeps_strict_loading_of_the_official_names(tiny_weights, tmp_path):
+    import dataclasses
+
+    broken = {c: dict(sd) for c, sd in tiny_weights.state_dict.items()}
+    broken["decoder"]["generator.conv_post.weight"] = broken["decoder"].pop("generator.conv_post.weight_v")
+    weights = dataclasses.replace(tiny_weights, state_dict=broken, serving_dir=tmp_path, fingerprint="broken")
+    with pytest.raises(RuntimeError, match="conv_post"):
+        W.serving_state_dict(weights, torch.float32)
+    assert not list(tmp_path.glob("*.pt"))

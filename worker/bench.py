@@ -22,6 +22,8 @@ import types
 import numpy as np
 import torch
 
+from worker.audio import SAMPLE_RATE
+
 # Phonemes of ordinary English (misaki's set), cut to the chunk sizes: real ids and a real rhythm
 # of words and punctuation, without needing the text frontend.
 PASSAGE = (
@@ -54,11 +56,9 @@ def _progress(message: str) -> None:
 
 def bench_weights(source: str):
     if source == "random-full":
-        from worker.model.random_init import full_config, random_state_dict, random_voices
+        from worker.model.random_init import random_full_weights
 
-        cfg = full_config()
-        return types.SimpleNamespace(source="random-full", config=cfg, state_dict=random_state_dict(cfg),
-                                     voices=random_voices(["af_heart"]), info={"source": "random-full"})
+        return random_full_weights()
     from worker.settings import get_settings
     from worker.weights import load_weights
 
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                     engine = engines[name]
                     engine.peak_bytes = max(engine.peak_bytes,
                                             engine.static_bytes + torch.cuda.max_memory_allocated() - before)
-                audio[name].append(len(out.audio) / 24000)
+                audio[name].append(len(out.audio) / SAMPLE_RATE)
         results[str(size)] = {name: summarize(times[name], cpu_times[name], audio[name]) for name in contenders}
 
     lines = [f"kokoro-fleet bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "

@@ -6,7 +6,8 @@ the largest frame bucket runs eagerly. Between the stages the engine reads the t
 the only device-to-host sync before the audio itself comes back.
 
 On CPU the same model code runs eagerly on exact shapes (padding would only add work there).
-Only torch, transformers and numpy are imported, so this runs on a bare GPU box.
+Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
+GPU box.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from worker.model import SAMPLES_PER_FRAME, KokoroModel
+from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from worker.model import KokoroModel
 from worker.model.layers import use_compiled_kernels
+from worker.weights.serving import serving_state_dict
 
 log = logging.getLogger("kokoro_fleet.engine")
 
@@ -56,7 +59,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """`auto`: bf16 where it is the faster mode and passes the parity bound (tests/test_engine.py
+    """`auto`: bf16 where it is the faster mode and passes the parity bound (tests/test_model.py
     checks the bound on CPU; worker/gpu_check.py on CUDA), else fp32."""
     if dtype != "auto":
         if dtype not in DTYPES:
@@ -74,14 +77,14 @@ class Synthesis:
 
 
 class Engine:
-    sample_rate = 24000
+    sample_rate = SAMPLE_RATE
     frame_samples = SAMPLES_PER_FRAME
     max_phonemes = 510
 
     def __init__(self, weights, device: str = "cpu", dtype: str = "fp32", seed: int = 0, cuda_graphs: bool = True,
                  noise: bool = True, bucketed: bool | None = None, frame_grid: Sequence[int] | None = None,
                  fused_kernels: bool | None = None):
-        """weights: a worker.weights.Weights (config, state_dict, ...). noise=False switches the
+        """weights: a worker.weights.Weights. noise=False switches the
         excitation noise off (parity tests). bucketed: pad to buckets (default: on CUDA only).
         fused_kernels: torch.compile'd elementwise kernels on CPU (default on; the first engine in
         a fresh environment pays about half a minute of compiling at its first synthesis)."""
@@ -92,9 +95,11 @@ class Engine:
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
         self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
         self.fused_kernels = (self.device.type == "cpu") if fused_kernels is None else fused_kernels
-        self.model = KokoroModel(weights.config)
-        self.model.load_components(weights.state_dict)
-        self.model.prepare(self.device, DTYPES[self.dtype])
+        # Built on `meta` around the served parameters themselves: memory-mapped from the host's
+        # serving file (shared by every replica on the host) when the weights have one.
+        decoder_dtype = DTYPES[self.dtype]
+        self.model = KokoroModel.for_serving(weights.config, serving_state_dict(weights, decoder_dtype), decoder_dtype,
+                                             self.device)
         self.generator = torch.Generator(device=self.device)
         self._noise = torch.empty(0, device=self.device)
         self._speed = torch.ones(1, device=self.device)

@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 import time
-import types
 
 import numpy as np
 import torch
@@ -33,13 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging_setup()
     from worker.engine import Engine
-    from worker.model.random_init import full_config, random_state_dict, random_voices
+    from worker.model.random_init import random_full_weights
     from worker.reference import log_spectral_distance_db, snr_db
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    cfg = full_config()
-    weights = types.SimpleNamespace(source="random-full", config=cfg, state_dict=random_state_dict(cfg),
-                                    voices=random_voices(["af_heart"]), info={})
+    weights = random_full_weights()
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "parity": [], "precision": []}
 
     eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False)

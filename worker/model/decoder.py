@@ -14,9 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from worker.audio import SAMPLE_RATE
 from worker.model.layers import AdaINResBlock1, AdainResBlk1d, Span, WNConv1d, WNConvTranspose1d, zero_padding
-
-SAMPLE_RATE = 24000
 
 
 @dataclass
@@ -42,8 +41,13 @@ class SineSource(nn.Module):
         super().__init__()
         self.upsample_scale = upsample_scale  # samples per F0 step (300)
         self.sine_amp, self.noise_std, self.voiced_threshold = sine_amp, noise_std, voiced_threshold
+        self.harmonic_num = harmonic_num
         self.l_linear = nn.Linear(harmonic_num + 1, 1)
-        self.register_buffer("harmonics", torch.arange(1, harmonic_num + 2, dtype=torch.float32), persistent=False)
+        self.make_buffers()
+
+    def make_buffers(self) -> None:
+        """The constant tensors, which no state dict holds (a model built on `meta` calls it again)."""
+        self.register_buffer("harmonics", torch.arange(1, self.harmonic_num + 2, dtype=torch.float32), persistent=False)
 
     def forward(self, f0: torch.Tensor, noise: torch.Tensor | None, spans: FrameSpans) -> torch.Tensor:
         """f0: [B, 2F] Hz (float32), noise: [B, 600F, H] standard normal or None -> [B, 600F] float32."""
@@ -78,6 +82,12 @@ class STFT(nn.Module):
     def __init__(self, n_fft: int, hop: int):
         super().__init__()
         self.n_fft, self.hop = n_fft, hop
+        self.make_buffers()
+
+    def make_buffers(self) -> None:
+        """The window and inverse-DFT basis, which no state dict holds (a model built on `meta`
+        calls it again)."""
+        n_fft = self.n_fft
         window = torch.hann_window(n_fft, periodic=True, dtype=torch.float64)
         n = torch.arange(n_fft, dtype=torch.float64)
         k = torch.arange(n_fft // 2 + 1, dtype=torch.float64)

@@ -24,12 +24,12 @@ import torch
 import torch.nn as nn
 from transformers import AlbertConfig, AlbertModel
 
+from worker.audio import SAMPLES_PER_FRAME
 from worker.model.decoder import Decoder, FrameSpans
 from worker.model.layers import AdaINResBlock1, BiLSTM, Span, fold_weight_norm
 from worker.model.prosody import ProsodyPredictor
 from worker.model.text_encoder import TextEncoder
 
-SAMPLES_PER_FRAME = 600  # 25 ms at 24 kHz
 COMPONENTS = ("bert", "bert_encoder", "predictor", "text_encoder", "decoder")
 
 
@@ -57,31 +57,78 @@ class KokoroModel(nn.Module):
 
     # --- set-up ----------------------------------------------------------------------------------
 
-    def load_components(self, state_dict: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Load the official per-component state dicts, strictly."""
+    @classmethod
+    def on_meta(cls, config: dict) -> "KokoroModel":
+        """The model with every tensor on the `meta` device: no memory, no random init. Loading a
+        state dict with `assign=True` then makes the model's parameters the loaded tensors
+        themselves (memory-mapped file pages stay shared between processes);
+        `make_buffers()` computes the constants no state dict holds."""
+        with torch.device("meta"):
+            return cls(config)
+
+    def load_components(self, state_dict: dict[str, dict[str, torch.Tensor]], assign: bool = False) -> None:
+        """Load per-component state dicts strictly: the official names (weight norm as `weight_g` /
+        `weight_v`), or the serving layout once `fold()` has run."""
         missing = [c for c in COMPONENTS if c not in state_dict]
         if missing:
             raise KeyError(f"state dict lacks component(s) {missing}; has {sorted(state_dict)}")
         for name in COMPONENTS:
-            getattr(self, name).load_state_dict(state_dict[name], strict=True)
+            getattr(self, name).load_state_dict(state_dict[name], strict=True, assign=assign)
+
+    def components_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: getattr(self, name).state_dict() for name in COMPONENTS}
 
     @torch.no_grad()
-    def prepare(self, device: str | torch.device = "cpu", decoder_dtype: torch.dtype = torch.float32) -> "KokoroModel":
-        """Make the loaded model ready to serve: eval, weight norm folded, moved, precision set.
-
-        Stage 1 and the F0/energy predictor stay float32 (they decide durations and pitch, and
-        cost little); `decoder_dtype` applies to the decoder's convolutions (the bulk of the work);
-        its excitation source, STFTs, last convolution and the generator's residual stream stay
-        float32.
-        """
-        self.eval().requires_grad_(False)
+    def fold(self, decoder_dtype: torch.dtype = torch.float32) -> "KokoroModel":
+        """Turn the parameters into the ones served: weight norm folded into plain weights, the
+        decoder's convolutions cast to `decoder_dtype`. Stage 1 and the F0/energy predictor stay
+        float32 (they decide durations and pitch, and cost little); the decoder's excitation
+        source, STFTs, last convolution and the generator's residual stream stay float32.
+        On a `meta` model it changes the structure only, so a folded state dict loads into it."""
         fold_weight_norm(self)
-        self.to(device)
         self.decoder.to(decoder_dtype)
         self.decoder.generator.m_source.float()
         self.decoder.generator.stft.float()
         self.decoder.generator.conv_post.float()
         self.decoder_dtype = decoder_dtype
+        return self
+
+    def make_buffers(self) -> None:
+        """(Re)compute the non-persistent buffers on the CPU: after a `meta` build they have no values."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "make_buffers"):
+                module.make_buffers()
+        embeddings = self.bert.embeddings
+        positions = torch.arange(embeddings.position_ids.shape[-1]).expand((1, -1))
+        embeddings.register_buffer("position_ids", positions, persistent=False)
+        embeddings.register_buffer("token_type_ids", torch.zeros(positions.shape, dtype=torch.long), persistent=False)
+        self.register_buffer("_arange", torch.arange(self._arange.numel()), persistent=False)
+        on_meta = [name for name, t in [*self.named_parameters(), *self.named_buffers()] if t.is_meta]
+        if on_meta:
+            raise RuntimeError(f"tensors left on the meta device after loading: {on_meta[:5]}")
+
+    @classmethod
+    def for_serving(cls, config: dict, folded_state_dict: dict[str, dict[str, torch.Tensor]],
+                    decoder_dtype: torch.dtype, device: str | torch.device = "cpu") -> "KokoroModel":
+        """A model ready to serve whose parameters are the tensors of `folded_state_dict` (the
+        output of `fold(decoder_dtype).components_state_dict()`), not copies of them: with a
+        memory-mapped state dict on the CPU, every process serving from the same file shares
+        its pages."""
+        model = cls.on_meta(config).fold(decoder_dtype)
+        model.load_components(folded_state_dict, assign=True)
+        model.make_buffers()
+        return model.finish(device)
+
+    @torch.no_grad()
+    def prepare(self, device: str | torch.device = "cpu", decoder_dtype: torch.dtype = torch.float32) -> "KokoroModel":
+        """Make a model loaded with the official names ready to serve: folded (see `fold`), moved."""
+        return self.fold(decoder_dtype).finish(device)
+
+    @torch.no_grad()
+    def finish(self, device: str | torch.device) -> "KokoroModel":
+        """eval, no gradients, moved to `device`, per-layer caches built."""
+        self.eval().requires_grad_(False)
+        self.to(device)
         for m in self.modules():
             if isinstance(m, BiLSTM):
                 m.split_directions()

@@ -52,6 +52,15 @@ def random_state_dict(config: dict | None = None, seed: int = 0) -> dict[str, di
     return state
 
 
+def random_full_weights(voice_names=("af_heart",), seed: int = 0):
+    """`random_state_dict()` of the full config as `Weights` (built in memory, no serving file)."""
+    from worker.weights.common import Weights
+
+    config = full_config()
+    return Weights("random-full", config, random_state_dict(config, seed=seed), random_voices(voice_names, seed=seed),
+                   {"source": "random-full"})
+
+
 def random_voices(names, seed: int = 0) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed + 1)
     return {name: torch.randn(510, 256, generator=generator) * 0.3 for name in names}

