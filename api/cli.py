@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from worker.settings import SettingsError
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
@@ -39,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except SettingsError as error:  # a mistyped setting: one line that names it, no traceback
+        print(f"kokoro-fleet {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

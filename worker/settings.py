@@ -9,18 +9,31 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
 
 
-def setting(env: str, default: Any, doc: str) -> Any:
-    """A settings field: the environment variable that sets it, its default and what it means."""
-    return field(default=default, metadata={"env": env, "doc": doc})
+def setting(env: str, default: Any, doc: str, *, choices: tuple[str, ...] = (),
+            also: tuple[str, Callable[[str], bool]] | None = None) -> Any:
+    """A settings field: the environment variable that sets it, its default and what it means.
+    An enumerated setting is typed `Literal[...]`, or takes `choices` plus `also`: (how the error
+    message names the other accepted values, the test that accepts them)."""
+    return field(default=default, metadata={"env": env, "doc": doc, "choices": choices, "also": also})
 
 
 class SettingsError(ValueError):
-    """An environment variable holds a value of the wrong type; the message names it."""
+    """An environment variable holds a value of the wrong type or outside its choices; the message
+    names the variable and what it accepts."""
+
+
+def _is_cuda_index(value: str) -> bool:
+    return re.fullmatch(r"cuda:\d+", value) is not None
+
+
+def _is_directory(value: str) -> bool:
+    return Path(value).expanduser().is_dir()
 
 
 @dataclass(frozen=True)
@@ -30,15 +43,17 @@ class Settings:
         "KOKORO_WEIGHTS", "offline",
         "Weight source: `offline` (the embedded bundle, converted once and cached), `official` "
         "(hexgrad/Kokoro-82M files in KOKORO_WEIGHTS_DIR, or fetched from the hub by image builds), "
-        "`tiny` (random weights of a small config, for tests), or a directory holding the official files.")
+        "`tiny` (random weights of a small config, for tests), or a directory holding the official files.",
+        choices=("offline", "official", "tiny"), also=("an existing directory holding the official files", _is_directory))
     weights_dir: str = setting(
         "KOKORO_WEIGHTS_DIR", "",
         "Directory with the official `config.json`, `kokoro-v1_0.pth` and `voices/*.pt` (used by `official`).")
     cache_dir: str = setting(
         "KOKORO_CACHE_DIR", str(Path.home() / ".cache" / "kokoro-fleet"),
         "Where the converted offline bundle and downloaded files are cached.")
-    device: str = setting("KOKORO_DEVICE", "auto", "`auto` (CUDA when present), `cuda`, `cuda:N` or `cpu`.")
-    dtype: str = setting(
+    device: str = setting("KOKORO_DEVICE", "auto", "`auto` (CUDA when present), `cuda`, `cuda:N` or `cpu`.",
+                          choices=("auto", "cuda", "cpu"), also=("cuda:N", _is_cuda_index))
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = setting(
         "KOKORO_DTYPE", "auto",
         "Inference precision: `auto` (the fastest mode that passes the parity bound on this device), "
         "`fp32`, `bf16` or `fp16`.")
@@ -91,7 +106,7 @@ class Settings:
         "KOKORO_LEASE_SECONDS", 10.0,
         "A replica's lease on a chunk job, renewed by heartbeats; a replica silent this long loses the job, "
         "which is re-queued once and then fails its request.")
-    dispatch: str = setting(
+    dispatch: Literal["shared", "local"] = setting(
         "KOKORO_DISPATCH", "shared",
         "`shared`: every replica takes the fleet's earliest-deadline chunk job, wherever its request "
         "arrived; `local`: each worker runs only the requests it accepted (blind assignment, kept for "
@@ -115,7 +130,7 @@ class Settings:
         "replicas than the free GPU memory holds.")
 
     # --- deployment (read by docker/entrypoint.sh) ---
-    mps: str = setting(
+    mps: Literal["auto", "on", "off"] = setting(
         "KOKORO_MPS", "auto",
         "CUDA MPS daemon, so the replicas' kernels share the GPU: `auto` (start it when a GPU and "
         "`nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`.")
@@ -129,14 +144,22 @@ class Settings:
             raw = environ.get(f.metadata["env"])
             if raw is None or raw == "":
                 continue
-            values[f.name] = _parse(hints[f.name], raw, f.metadata["env"])
+            values[f.name] = _parse(hints[f.name], raw, f.metadata["env"], f.metadata)
         return cls(**values)
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
 
-def _parse(kind: type, raw: str, env: str) -> Any:
+def _parse(kind: Any, raw: str, env: str, metadata: Any = None) -> Any:
+    choices: tuple[str, ...] = get_args(kind) if get_origin(kind) is Literal else (metadata or {}).get("choices", ())
+    if choices:
+        value = raw.strip()
+        also = (metadata or {}).get("also")
+        if value in choices or (also is not None and also[1](value)):
+            return value
+        expected = ", ".join(choices) + (f" or {also[0]}" if also else "")
+        raise SettingsError(f"{env}={raw!r}: expected {'one of ' if len(choices) > 1 else ''}{expected}")
     if kind is bool:
         lowered = raw.strip().lower()
         if lowered in ("1", "true", "yes", "on"):

@@ -1,0 +1,50 @@
+"""Settings fail early: an enumerated setting outside its choices stops the program as the
+settings are read, with one line naming the variable and what it accepts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from worker.settings import Settings, SettingsError
+
+ENUMERATED = {
+    "KOKORO_DTYPE": ("bf16", "bf17", "auto, fp32, bf16, fp16"),
+    "KOKORO_DEVICE": ("cuda:1", "gpu", "auto, cuda, cpu or cuda:N"),
+    "KOKORO_DISPATCH": ("local", "sharde", "shared, local"),
+    "KOKORO_MPS": ("off", "yes", "auto, on, off"),
+    "KOKORO_WEIGHTS": ("tiny", "ofline", "offline, official, tiny or an existing directory"),
+}
+
+
+@pytest.mark.parametrize("env", sorted(ENUMERATED))
+def test_enumerated_settings_accept_their_choices_and_name_them_on_a_typo(env):
+    good, typo, choices = ENUMERATED[env]
+    field = next(f.name for f in Settings.__dataclass_fields__.values() if f.metadata["env"] == env)
+    assert getattr(Settings.from_env({env: good}), field) == good
+    with pytest.raises(SettingsError) as error:
+        Settings.from_env({env: typo})
+    assert env in str(error.value) and repr(typo) in str(error.value) and choices in str(error.value)
+
+
+def test_weights_accept_an_existing_directory(tmp_path):
+    assert Settings.from_env({"KOKORO_WEIGHTS": str(tmp_path)}).weights == str(tmp_path)
+    with pytest.raises(SettingsError, match="KOKORO_WEIGHTS"):
+        Settings.from_env({"KOKORO_WEIGHTS": str(tmp_path / "nowhere")})
+
+
+def test_a_mistyped_dtype_stops_serve_at_once_with_one_line():
+    env = dict(os.environ, KOKORO_DTYPE="bf17", KOKORO_PORT="1")  # port 1: nothing may ever listen
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "api.cli", "serve", "--workers", "2"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "KOKORO_DTYPE" in lines[0] and "auto, fp32, bf16, fp16" in lines[0] and "Traceback" not in proc.stderr
+    print(f"serve with KOKORO_DTYPE=bf17 exited {proc.returncode} after {elapsed:.2f} s: {lines[0]}")
