@@ -46,7 +46,7 @@ from worker.speech import SpeechRequest as WorkerSpeechRequest  # the text front
 log = logging.getLogger("kokoro_fleet.api")
 access_log = logging.getLogger("kokoro_fleet.access")
 
-FRAME_SAMPLES = 600  # one model duration frame: 25 ms at 24 kHz, the unit of "output tokens"
+from worker.audio import SAMPLES_PER_FRAME as FRAME_SAMPLES  # one model duration frame, the unit of "output tokens"
 # Speaking rate used to estimate a request's audio length from its phoneme count before any
 # synthesis (KOKORO_MAX_REQUEST_AUDIO_SECONDS). Kokoro at speed 1 says about 12-16 phoneme symbols
 # a second (spaces and punctuation included); the high end keeps the estimate from over-refusing.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-SAMPLE_RATE = 24000
+from worker.audio import SAMPLE_RATE
 
 # What each `response_format` is on the wire.
 CONTENT_TYPES: dict[str, str] = {

@@ -24,7 +24,7 @@ import httpx
 from loadtest import metrics
 
 # The API's `pcm`: raw 16-bit little-endian mono at Kokoro's 24 kHz.
-PCM_SAMPLE_RATE = 24000
+from worker.audio import SAMPLE_RATE as PCM_SAMPLE_RATE
 
 # PyAV demuxer names for the API's response formats (`pcm` is counted from bytes, never decoded).
 AV_FORMATS = {"mp3": "mp3", "wav": "wav", "flac": "flac", "aac": "aac", "opus": "ogg", "ogg": "ogg"}

@@ -1,8 +1,9 @@
 """The figures of a load test, as pure functions over what the client saw.
 
 Nothing here touches the network or the clock: `client.py` records arrival times and byte counts,
-and these functions turn them into the words of ARCHITECTURE.md (TTFA, E2E, RTF, underrun,
-throughput, percentiles), so each can be tested on synthetic input with known answers.
+and these functions turn them into the words we measure with (TTFA, E2E, RTF, underrun,
+throughput, percentiles; loadtest/README.md defines them), so each can be tested on synthetic
+input with known answers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-# What a stream must stay under to count as continuous (ARCHITECTURE.md, "Underrun").
+from worker.audio import SAMPLE_RATE
+
+# A stream counts as continuous when its longest underrun stays under this.
 CONTINUOUS_UNDERRUN_S = 0.100
 
 
@@ -52,7 +55,7 @@ def underrun(arrivals: Iterable[tuple[float, float]]) -> Underrun:
     return Underrun(longest_s=longest, total_s=total, stalls=stalls)
 
 
-def pcm_seconds(num_bytes: int, sample_rate: int = 24000, sample_width: int = 2, channels: int = 1) -> float:
+def pcm_seconds(num_bytes: int, sample_rate: int = SAMPLE_RATE, sample_width: int = 2, channels: int = 1) -> float:
     """Seconds of audio in raw PCM bytes (16-bit mono 24 kHz by default, the API's `pcm`)."""
     return num_bytes / float(sample_rate * sample_width * channels)
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-SAMPLE_RATE = 24000
+from worker.audio import SAMPLE_RATE
 
 # response_format -> (PyAV container, codec) for the formats the stub encodes with PyAV.
 _ENCODERS = {"wav": ("wav", "pcm_s16le"), "mp3": ("mp3", "libmp3lame"), "flac": ("flac", "flac"),

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-FRAME_SAMPLES = 600
+from worker.audio import SAMPLES_PER_FRAME as FRAME_SAMPLES
 MS_PER_PHONEME = 75  # the fake voice speaks 3 frames (75 ms) per phoneme
 
 

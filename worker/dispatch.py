@@ -32,7 +32,7 @@ from worker.queue_client import DEFAULT_PREFIX, QueueUnavailable, Scripts, Track
 
 log = logging.getLogger("kokoro_fleet.dispatch")
 
-FRAME_SECONDS = 600 / 24_000  # one duration frame of Kokoro's output
+from worker.audio import FRAME_SECONDS  # one duration frame of Kokoro's output
 
 
 @dataclass(frozen=True)

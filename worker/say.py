@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from worker.audio import SAMPLE_RATE
 from worker.settings import get_settings
 
 
@@ -30,7 +31,7 @@ def read_text(arg: str) -> str:
     return arg
 
 
-def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int = 24_000) -> None:
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
     pcm16 = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
@@ -40,7 +41,7 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int = 24_000) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.speech import SAMPLE_RATE, SpeechRequest, SpeechService
+    from worker.speech import SpeechRequest, SpeechService
     from worker.text import TextError
     from worker.voices import VoiceError
     from worker.weights import WeightsError

@@ -2,8 +2,8 @@
 
 `SpeechService.plan` does everything that can reject a request (voice spec, language, text) before
 any audio exists, so the API can still answer 400; `SpeechService.stream` then synthesizes the plan
-chunk by chunk and yields each piece as soon as it exists. The fleet's shared queue later replaces
-the one local `Replica` here; the API keeps calling the same two methods.
+chunk by chunk on this process's one `Replica` and yields each piece as soon as it exists. The
+fleet's speech service offers the same two methods over the shared queue.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from worker.audio import SAMPLE_RATE
 from worker.settings import Settings, get_settings
 from worker.text import Chunk, NormalizationOptions, TextError, text_to_chunks
 from worker.timestamps import WordTimestamp, word_timestamps
 from worker.voices import Voice, VoiceBank
 
-SAMPLE_RATE = 24_000
 # Chunks are synthesized independently, so their edges need not meet at zero. A short raised-cosine
 # fade at each edge makes every join continuous (no click) without audibly touching speech: Kokoro
 # starts and ends each chunk on the pad token's near-silence anyway.

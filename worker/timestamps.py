@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SAMPLE_RATE = 24_000
-FRAME_SAMPLES = 600
-FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE  # 0.025
+from worker.audio import FRAME_SECONDS
 
 
 @dataclass
