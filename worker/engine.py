@@ -24,7 +24,7 @@ import torch
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.model import KokoroModel
 from worker.model.layers import use_compiled_kernels
-from worker.weights.serving import serving_state_dict
+from worker.weights.serving import fold, serving_state_dict
 
 log = logging.getLogger("kokoro_fleet.engine")
 
@@ -95,11 +95,12 @@ class Engine:
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
         self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
         self.fused_kernels = (self.device.type == "cpu") if fused_kernels is None else fused_kernels
-        # Built on `meta` around the served parameters themselves: memory-mapped from the host's
-        # serving file (shared by every replica on the host) when the weights have one.
+        # Built on `meta` around the served parameters themselves. On the CPU they are the pages of
+        # the host's serving file, shared by every replica on the host; a GPU holds its own copy
+        # anyway, so there they are folded in memory on their way to it.
         decoder_dtype = DTYPES[self.dtype]
-        self.model = KokoroModel.for_serving(weights.config, serving_state_dict(weights, decoder_dtype), decoder_dtype,
-                                             self.device)
+        served = serving_state_dict(weights, decoder_dtype) if self.device.type == "cpu" else fold(weights, decoder_dtype)
+        self.model = KokoroModel.for_serving(weights.config, served, decoder_dtype, self.device)
         self.generator = torch.Generator(device=self.device)
         self._noise = torch.empty(0, device=self.device)
         self._speed = torch.ones(1, device=self.device)

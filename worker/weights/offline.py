@@ -288,9 +288,10 @@ def load_offline(settings: Settings, onnx_parts: Sequence[Path] | None = None) -
     manifest = prepare_offline(settings, onnx_parts)
     bundle = offline_dir(settings)
     try:
-        # mmap: several replicas on one machine share the pages of one file instead of each a copy
+        # mmap: pages are read only when used (serving reads the serving file instead), and the
+        # voices' pages are shared by every replica on the host instead of each holding a copy
         state_dict = torch.load(bundle / "kokoro.pt", map_location="cpu", weights_only=True, mmap=True)
-        voices = torch.load(bundle / "voices.pt", map_location="cpu", weights_only=True)
+        voices = torch.load(bundle / "voices.pt", map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # a cache file damaged after it was written
         raise WeightsError(f"cannot read the converted weights in {bundle} ({exc}); delete that directory "
                            "and run `kokoro-fleet weights --prepare` again") from None
@@ -299,7 +300,11 @@ def load_offline(settings: Settings, onnx_parts: Sequence[Path] | None = None) -
             "converter_version": manifest["converter_version"],
             "files": {name: {"path": str(bundle / name), **meta} for name, meta in manifest["files"].items()},
             "voice_count": len(voices)}
-    model_sha256 = manifest["files"]["kokoro.pt"]["sha256"]
     return Weights("offline", official_config(), state_dict, voices, info, serving_dir=serving_dir(settings),
-                   fingerprint=f"offline-v{manifest['converter_version']}-{model_sha256[:16]}")
+                   fingerprint=offline_fingerprint(manifest))
+
+
+def offline_fingerprint(manifest: dict) -> str:
+    """Names the converted state dict's content: the converter and the hash of its file."""
+    return f"offline-v{manifest['converter_version']}-{manifest['files']['kokoro.pt']['sha256'][:16]}"
 

@@ -25,8 +25,16 @@ def serving_path(weights: Weights, decoder_dtype: "torch.dtype") -> Path | None:
     """Where the serving file of `weights` for `decoder_dtype` lives, or None (built in memory)."""
     if weights.serving_dir is None:
         return None
-    dtype = str(decoder_dtype).removeprefix("torch.")
-    return weights.serving_dir / f"kokoro-{re.sub(r'[^0-9A-Za-z_.-]', '_', weights.fingerprint)}-{dtype}.pt"
+    return weights.serving_dir / f"{_stem(weights.fingerprint)}-{str(decoder_dtype).removeprefix('torch.')}.pt"
+
+
+def serving_files(directory: Path, fingerprint: str) -> list[Path]:
+    """The serving files written for the weights named `fingerprint`, one per precision."""
+    return sorted(directory.glob(f"{_stem(fingerprint)}-*.pt"))
+
+
+def _stem(fingerprint: str) -> str:
+    return "kokoro-" + re.sub(r"[^0-9A-Za-z_.-]", "_", fingerprint)
 
 
 def fold(weights: Weights, decoder_dtype: "torch.dtype") -> dict[str, dict[str, "torch.Tensor"]]:
