@@ -48,3 +48,15 @@ def test_a_mistyped_dtype_stops_serve_at_once_with_one_line():
     assert len(lines) == 1, proc.stderr
     assert "KOKORO_DTYPE" in lines[0] and "auto, fp32, bf16, fp16" in lines[0] and "Traceback" not in proc.stderr
     print(f"serve with KOKORO_DTYPE=bf17 exited {proc.returncode} after {elapsed:.2f} s: {lines[0]}")
+
+
+def test_the_weights_command_reads_only_the_settings_it_uses():
+    """docker/entrypoint.sh asks `kokoro-fleet weights` first: a mistyped server setting is refused
+    by `serve` (or the entrypoint), not reported as unusable weights."""
+    env = dict(os.environ, KOKORO_MPS="bogus", KOKORO_DISPATCH="sharde", KOKORO_WEIGHTS="tiny")
+    shown = subprocess.run([sys.executable, "-m", "api.cli", "weights", "--json"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert shown.returncode == 0 and '"source": "tiny"' in shown.stdout, shown.stderr
+    typo = subprocess.run([sys.executable, "-m", "api.cli", "weights"], capture_output=True, text=True,
+                          env=dict(env, KOKORO_WEIGHTS="ofline"), timeout=120)
+    assert typo.returncode != 0 and "KOKORO_WEIGHTS" in typo.stderr and "Traceback" not in typo.stderr

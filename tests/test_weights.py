@@ -420,18 +420,19 @@ def file_mappings(path: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
-def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tmp_path, dtype):
     """An engine's parameters live in the mapping of the serving file (so replicas on one host
-    share their pages); the file is written once, and the engine speaks exactly as a model that
-    loads the official names and folds in memory."""
+    share their pages); the file is written once, and the engine speaks bit for bit as a model
+    that loads the official names and folds in memory."""
     import dataclasses
 
-    from worker.engine import Engine
+    from worker.engine import DTYPES, Engine
     from worker.model import KokoroModel
 
     weights = dataclasses.replace(tiny_weights, serving_dir=tmp_path / "serving", fingerprint="tiny-test")
-    engine = Engine(weights, "cpu", "fp32", noise=False, fused_kernels=False)
-    path = W.serving.serving_path(weights, torch.float32)
+    engine = Engine(weights, "cpu", dtype, noise=False, fused_kernels=False)
+    path = W.serving.serving_path(weights, DTYPES[dtype])
     assert path is not None and path.is_file()
     written = path.stat().st_mtime_ns
     ranges = file_mappings(path)
@@ -442,17 +443,19 @@ def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tm
                if not any(start <= p.data_ptr() and p.data_ptr() + p.nbytes <= end for start, end in ranges)]
     assert not private, f"parameters copied out of the serving file: {private[:5]}"
 
-    Engine(weights, "cpu", "fp32", noise=False, fused_kernels=False)  # a second replica maps the same file
+    Engine(weights, "cpu", dtype, noise=False, fused_kernels=False)  # a second replica maps the same file
     assert path.stat().st_mtime_ns == written
 
     model = KokoroModel(weights.config)
     model.load_components(weights.state_dict)
-    model.prepare()
+    model.prepare("cpu", DTYPES[dtype])
     ids = phoneme_ids(weights.config)
     style = weights.voices["af_heart"][len(ids) - 1]
-    audio, durations = model.synthesize(torch.tensor([[0, *ids, 0]]), style[None])
+    with torch.inference_mode():
+        audio, durations = model.synthesize(torch.tensor([[0, *ids, 0]]), style[None])
     served = engine.synthesize(ids, style)
-    assert np.array_equal(served.audio, audio.numpy()) and np.array_equal(served.durations, durations.numpy())
+    assert np.array_equal(served.audio, audio.float().numpy())
+    assert np.array_equal(served.durations, durations.numpy())
 
 
 def test_the_serving_file_keeps_strict_loading_of_the_official_names(tiny_weights, tmp_path):

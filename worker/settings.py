@@ -136,11 +136,15 @@ class Settings:
         "`nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`.")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
+    def from_env(cls, environ: dict[str, str] | None = None, only: tuple[str, ...] | None = None) -> "Settings":
+        """Every setting from the environment; `only` names the fields to read (the others keep their
+        defaults), for a tool that must not fail on a setting it never uses."""
         environ = os.environ if environ is None else environ
         hints = get_type_hints(cls)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if only is not None and f.name not in only:
+                continue
             raw = environ.get(f.metadata["env"])
             if raw is None or raw == "":
                 continue

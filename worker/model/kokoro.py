@@ -103,9 +103,6 @@ class KokoroModel(nn.Module):
         embeddings.register_buffer("position_ids", positions, persistent=False)
         embeddings.register_buffer("token_type_ids", torch.zeros(positions.shape, dtype=torch.long), persistent=False)
         self.register_buffer("_arange", torch.arange(self._arange.numel()), persistent=False)
-        on_meta = [name for name, t in [*self.named_parameters(), *self.named_buffers()] if t.is_meta]
-        if on_meta:
-            raise RuntimeError(f"tensors left on the meta device after loading: {on_meta[:5]}")
 
     @classmethod
     def for_serving(cls, config: dict, folded_state_dict: dict[str, dict[str, torch.Tensor]],
@@ -114,9 +111,15 @@ class KokoroModel(nn.Module):
         output of `fold(decoder_dtype).components_state_dict()`), not copies of them: with a
         memory-mapped state dict on the CPU, every process serving from the same file shares
         its pages."""
-        model = cls.on_meta(config).fold(decoder_dtype)
-        model.load_components(folded_state_dict, assign=True)
+        model = cls.on_meta(config)
+        # Buffers first, so that fold() casts them exactly as it does those of a model built on the
+        # CPU: the same arithmetic, bit for bit, whichever way the model was built.
         model.make_buffers()
+        model.fold(decoder_dtype)
+        model.load_components(folded_state_dict, assign=True)
+        on_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if on_meta:
+            raise RuntimeError(f"tensors left on the meta device after loading: {on_meta[:5]}")
         return model.finish(device)
 
     @torch.no_grad()

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from worker.settings import Settings, get_settings
+from worker.settings import Settings
 from worker.weights import (NPM_SPEC, NPM_TARBALL_SHA256, OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_SHA256, ONNX_NAME,
                             ONNX_PARTS, ONNX_SHA256, PARTS_VERSION, WeightsError, download_official, load_weights,
                             offline_dir, offline_ready, official_dir, prepare_offline, serving_dir,
@@ -88,8 +88,13 @@ def prepare_serving_file(settings: Settings, weights) -> None:
         print(f"serving file ({dtype}): {path}")
 
 
+# What this command reads: a mistyped setting of the server (KOKORO_MPS, say) is for `serve` to
+# refuse, not a reason to call the weights unusable.
+WEIGHTS_SETTINGS = ("weights", "weights_dir", "cache_dir", "device", "dtype", "seed")
+
+
 def run(args: argparse.Namespace) -> int:
-    settings = get_settings()
+    settings = Settings.from_env(only=WEIGHTS_SETTINGS)
     if args.weights:
         settings = settings.replace(weights=args.weights)
     try:
