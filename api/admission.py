@@ -2,7 +2,7 @@
 
 The HTTP layer asks `admission.admit(...)` before any synthesis and releases the ticket when the
 response ends, however it ends (done, error, client gone). This process's `LocalAdmission` is a
-bounded counter over its own replica; the fleet's shared queue (api/queue_admission.py) can take
+bounded counter over its own replica; the fleet's shared queue (api/fleet/owner.py) can take
 its place behind the same small protocol, so the HTTP code does not change when the queue arrives.
 """
 

@@ -255,7 +255,7 @@ async def _load_service(state: AppState) -> None:
     /ready and speech requests say 503 until it is done."""
     started = time.perf_counter()
     try:
-        from api.fleet import build_service
+        from api.fleet.service import build_service
 
         if state.settings.threads > 0:  # KOKORO_THREADS: this process's one replica's intra-op threads
             import torch

@@ -1,4 +1,4 @@
-"""The HTTP side's client of the fleet queue: admit a request, read its audio back in order.
+"""The owner side of the fleet queue: admit a request, read its audio back in order.
 
 A worker holding a client's connection calls, per request:
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from worker.queue_client import (
+from api.fleet.protocol import (
     DEFAULT_PREFIX,
     QueueStats,
     QueueUnavailable,
@@ -142,7 +142,7 @@ class AdmissionClient(TracksAvailability):
                  ms_per_phoneme: float = DEFAULT_MS_PER_PHONEME, poll_s: float = 1.0,
                  local_results: dict[str, bytes] | None = None):
         self.client = client
-        # PCM that this process's own replica made for this owner's requests (worker.dispatch's
+        # PCM that this process's own replica made for this owner's requests (api.fleet.replica's
         # Dispatcher fills it; fetch.lua answers "local" for those chunks).
         self.local_results = local_results if local_results is not None else {}
         self.worker_id = worker_id

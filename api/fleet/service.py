@@ -33,24 +33,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import json
 import logging
-import os
-import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from api.errors import CapacityError
+from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
+                             RequestLost, Ticket)
+from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, read_replicas,
+                                read_stats, worker_id)
+from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
-from api.queue_admission import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused,
-                                 RequestFailed, RequestLost, Ticket)
-from worker.dispatch import Dispatcher, Job, JobOutput
-from worker.queue_client import DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, read_replicas, read_stats
 from worker.settings import Settings
 from worker.speech import SAMPLE_RATE, AudioPiece, SpeechPlan, SpeechService, fade_edges
 from worker.timestamps import WordTimestamp, word_timestamps
@@ -58,8 +55,6 @@ from worker.timestamps import WordTimestamp, word_timestamps
 log = logging.getLogger("kokoro_fleet.fleet")
 
 DISPATCH_MODES = ("shared", "local")
-# Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
-BASELINE_CONCURRENCY = 4
 # A ticket admitted for a request whose response never started streaming (the client left between
 # the headers and the first read) is cancelled after this long, so its slot cannot leak.
 UNCLAIMED_TICKET_S = 30.0
@@ -67,42 +62,6 @@ UNCLAIMED_TICKET_S = 30.0
 STATS_REFRESH_S = 1.0
 # Histogram buckets for the wait of a request's first chunk in the shared queue.
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-def worker_id() -> str:
-    """This process's name in the queue (owner and replica): unique across hosts and restarts."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-# --- jobs: what crosses Redis ----------------------------------------------------------------------
-
-def encode_job(ids: Sequence[int], voice: str, speed: float) -> bytes:
-    return json.dumps({"ids": [int(i) for i in ids], "voice": voice, "speed": float(speed)},
-                      separators=(",", ":")).encode()
-
-
-def decode_job(payload: bytes) -> tuple[list[int], str, float]:
-    d = json.loads(payload)
-    return list(d["ids"]), str(d["voice"]), float(d["speed"])
-
-
-class ReplicaJobRunner:
-    """The Dispatcher's `run_job`: synthesize one chunk job on this worker's replica."""
-
-    def __init__(self, replica, voices, wait_histogram: Histogram | None = None):
-        self.replica = replica
-        self.voices = voices
-        self.wait_histogram = wait_histogram
-
-    async def __call__(self, job: Job) -> JobOutput:
-        if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:
-            # A first chunk's deadline is its request's arrival: the difference is its queue wait.
-            self.wait_histogram.observe(max(0.0, (job.leased_at_ms - job.deadline_ms) / 1000))
-        ids, voice_spec, speed = decode_job(job.payload)
-        voice = self.voices.resolve(voice_spec)
-        result = await self.replica.synthesize(ids, self.voices.style(voice, len(ids)), speed)
-        audio = np.ascontiguousarray(result.audio, dtype="<f4")
-        return JobOutput(audio.tobytes(), result.durations, len(audio) / SAMPLE_RATE)
 
 
 # --- the fleet speech service -----------------------------------------------------------------------
@@ -449,76 +408,12 @@ def _redacted(url: str) -> str:
     return scheme + sep + rest
 
 
-# --- the baseline ----------------------------------------------------------------------------------
-
-class BaselineReplica:
-    """One model, up to `concurrency` chunks on it at once in worker threads (Kokoro-FastAPI's
-    `Semaphore(4)`). Each concurrent slot has its own view of the engine (shared model weights,
-    own noise and speed buffers, no CUDA graphs: their static buffers cannot be shared)."""
-
-    def __init__(self, engine, concurrency: int = BASELINE_CONCURRENCY):
-        self.engine = engine
-        self._views: asyncio.Queue = asyncio.Queue()
-        for _ in range(concurrency):
-            self._views.put_nowait(_engine_view(engine))
-        self._slots = asyncio.Semaphore(concurrency)
-        self.concurrency = concurrency
-        self.running = 0
-        self.jobs_done = 0
-        self.busy_seconds = 0.0  # wall seconds with at least one chunk running
-        self.audio_seconds = 0.0
-        self._busy_since: float | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self.running > 0
-
-    async def synthesize(self, ids, style, speed: float = 1.0):
-        async with self._slots:
-            view = await self._views.get()
-            self._enter()
-            try:
-                result = await asyncio.to_thread(view.synthesize, ids, style, speed)
-            finally:
-                self._leave()
-                self._views.put_nowait(view)
-            self.jobs_done += 1
-            self.audio_seconds += len(result.audio) / self.engine.sample_rate
-            return result
-
-    async def warmup(self) -> None:
-        await asyncio.to_thread(self.engine.warmup)
-
-    def _enter(self) -> None:
-        if self.running == 0:
-            self._busy_since = time.perf_counter()
-        self.running += 1
-
-    def _leave(self) -> None:
-        self.running -= 1
-        if self.running == 0 and self._busy_since is not None:
-            self.busy_seconds += time.perf_counter() - self._busy_since
-            self._busy_since = None
-
-
-def _engine_view(engine):
-    import torch
-
-    view = copy.copy(engine)
-    view.graphs = None
-    view.want_graphs = False
-    view.generator = torch.Generator(device=engine.device)
-    view._noise = torch.empty(0, device=engine.device)
-    view._speed = torch.ones(1, device=engine.device)
-    return view
-
-
 # --- what a worker process starts with --------------------------------------------------------------
 
 async def build_service(settings: Settings, metrics: Metrics | None = None):
     """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
     from worker.engine import Engine
-    from worker.replica import Replica
+    from worker.replica import BaselineReplica, Replica
     from worker.speech import resolve_device
     from worker.voices import VoiceBank
     from worker.weights import load_weights
