@@ -42,9 +42,6 @@ __all__ = [
     "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "retry_after",
 ]
 
-# Kokoro speaks roughly 12-14 phonemes a second at speed 1; the queue replaces this prior with
-# the measured figure after the first completed chunk.
-DEFAULT_MS_PER_PHONEME = 75.0
 # Audio seconds per busy second of one replica, assumed until a completion has measured it.
 # Deliberately low (CPU-like), so the first Retry-After errs on the side of waiting.
 DEFAULT_RATE_PRIOR = 1.0
@@ -138,8 +135,7 @@ class AdmissionClient(TracksAvailability):
     read) expires."""
 
     def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
-                 prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0,
-                 ms_per_phoneme: float = DEFAULT_MS_PER_PHONEME, poll_s: float = 1.0,
+                 ms_per_phoneme: float, prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0, poll_s: float = 1.0,
                  local_results: dict[str, bytes] | None = None):
         self.client = client
         # PCM that this process's own replica made for this owner's requests (api.fleet.replica's
@@ -149,6 +145,8 @@ class AdmissionClient(TracksAvailability):
         self.bounds = bounds
         self.prefix = prefix
         self.owner_ttl_ms = int(owner_ttl_s * 1000)
+        # The speaking-rate prior (the fleet service passes worker.speech.SECONDS_PER_PHONEME); the
+        # queue replaces it with the measured figure after the first completed chunk.
         self.ms_per_phoneme = ms_per_phoneme
         self.poll_s = poll_s  # longest single blocking read; must stay below the socket timeout
         self.scripts = Scripts(client)

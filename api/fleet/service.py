@@ -1,27 +1,18 @@
-"""The fleet: every Uvicorn worker is an HTTP front and one model replica; the work is shared.
+"""The fleet's speech service: every Uvicorn worker is an HTTP front and one model replica; the
+work is shared through Redis.
 
-`build_service(settings, metrics)` is what each worker process starts with (api.app calls it while
-loading). It returns one of three speech services with the same `plan` / `stream` interface:
+`FleetSpeechService` implements the speech-service contract (api/service.py) when REDIS_URL is set
+(the launcher sets it to its embedded Redis server when it runs several workers). `admit(plan)`
+turns the plan's chunks into jobs in the shared, deadline-ordered queue (or refuses: 503 with
+Retry-After) and returns a `FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from
+the in-order results, whichever replica ran them. Beside it this worker's `Dispatcher` leases the
+fleet's earliest-deadline job whenever its replica is free. When Redis is unreachable (at start or
+mid-run) the service serves its own requests on its own replica instead (still bounded by the
+HTTP layer's per-process `ProcessAdmission`), says so in /health and /metrics, and goes back to the
+queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining chunks
+locally.
 
-- **local** (`SpeechService`): one replica, no Redis: one worker without REDIS_URL.
-- **fleet** (`FleetSpeechService`): REDIS_URL set (the launcher sets it to its embedded
-  redis-server when it runs several workers). `admit(plan)` turns the plan's chunks into jobs in
-  the shared, deadline-ordered queue (or refuses: 503 with Retry-After); `stream(plan)` yields the
-  pieces from the in-order results, whichever replica ran them. Beside it this worker's
-  `Dispatcher` leases the fleet's earliest-deadline job whenever its replica is free. When Redis is
-  unreachable (at start or mid-run) the service serves its own requests on its own replica instead
-  (still bounded by the app's LocalAdmission), says so in /health and /metrics, and goes back to
-  the queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining
-  chunks locally.
-- **baseline** (`BaselineReplica` in a `SpeechService`): one process, one model, chunks of all
-  requests run under `asyncio.Semaphore(4)` in threads: Kokoro-FastAPI's architecture with our
-  engine, for `loadtest compare`.
-
-A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
-own VoiceBank (every worker loads the same voices), and returns float32 PCM, so the owner's audio
-is bit-identical to what its own replica would have made.
-
-Keep the bytes cheap (ARCHITECTURE.md): the owner and replica halves of one worker share a dict.
+Keep the bytes cheap: the owner and replica halves of one worker share a dict.
 A job of a request this worker accepted leaves its PCM there (the completion stores only durations
 and a marker in Redis), and a free replica prefers such a job when it is due within
 KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. Only audio another worker's replica made crosses
@@ -49,7 +40,8 @@ from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, conne
 from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
 from worker.settings import Settings
-from worker.speech import SAMPLE_RATE, AudioPiece, SpeechPlan, SpeechService, fade_edges
+from worker.speech import (SAMPLE_RATE, SECONDS_PER_PHONEME, AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest,
+                           SpeechService, fade_edges)
 from worker.timestamps import WordTimestamp, word_timestamps
 
 log = logging.getLogger("kokoro_fleet.fleet")
@@ -67,17 +59,17 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 # --- the fleet speech service -----------------------------------------------------------------------
 
 @dataclass
-class FleetPlan:
-    """A validated plan plus where it runs: `ticket` in the shared queue, or None (this worker's
+class FleetPlan(SpeechPlan):
+    """An admitted plan plus where it runs: `ticket` in the shared queue, or None (this worker's
     own replica, because Redis was unreachable when it was admitted)."""
 
-    plan: SpeechPlan
-    ticket: Ticket | None
+    ticket: Ticket | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     claimed: bool = False
 
-    def __getattr__(self, name: str) -> Any:  # phoneme_count, chunks, request, ... as the plan has them
-        return getattr(self.plan, name)
+    @classmethod
+    def admitted(cls, plan: SpeechPlan, ticket: Ticket | None) -> "FleetPlan":
+        return cls(plan.request, plan.voice, plan.lang_code, plan.chunks, ticket=ticket)
 
 
 @dataclass
@@ -103,7 +95,7 @@ class FleetSnapshot:
 
 
 class FleetSpeechService:
-    """SpeechService's interface over the shared queue, with the local service as its fallback."""
+    """The speech-service contract over the shared queue, with the local service as its fallback."""
 
     def __init__(self, local: SpeechService, redis_url: str, settings: Settings, *, replicas: int,
                  dispatch: str = "shared", name: str | None = None, owner_ttl_s: float = 5.0,
@@ -124,7 +116,8 @@ class FleetSpeechService:
         self.wait_histogram = Histogram(WAIT_BUCKETS)
         local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
-                                         owner_ttl_s=owner_ttl_s, local_results=local_results)
+                                         owner_ttl_s=owner_ttl_s, ms_per_phoneme=SECONDS_PER_PHONEME * 1000,
+                                         local_results=local_results)
         self.dispatcher = Dispatcher(connect(redis_url), self.name,
                                      ReplicaJobRunner(self.replica, self.voices, self.wait_histogram),
                                      prefix=self.prefix, lease_s=settings.lease_seconds,
@@ -191,7 +184,10 @@ class FleetSpeechService:
                    else {})}
 
     # --- the request's life ---------------------------------------------------------------------
-    def plan(self, request) -> SpeechPlan:
+    def stats(self) -> ReplicaStats:
+        return self.local.stats()
+
+    def plan(self, request: SpeechRequest) -> SpeechPlan:
         return self.local.plan(request)
 
     async def admit(self, plan: SpeechPlan) -> FleetPlan:
@@ -209,17 +205,17 @@ class FleetSpeechService:
                 log.warning("fleet worker %s: %s", self.name, e)
             else:
                 self.counters.admitted += 1
-                fleet_plan = FleetPlan(plan, ticket)
+                fleet_plan = FleetPlan.admitted(plan, ticket)
                 self._unclaimed[ticket.request_id] = fleet_plan
                 return fleet_plan
         self._note_degraded()
         self.counters.served_locally += 1
-        return FleetPlan(plan, None)
+        return FleetPlan.admitted(plan, None)
 
-    async def stream(self, plan: FleetPlan | SpeechPlan) -> AsyncIterator[AudioPiece]:
+    async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
         """The plan's pieces in order, from the shared queue's results (or this replica's)."""
         if not isinstance(plan, FleetPlan) or plan.ticket is None:
-            async with contextlib.aclosing(self.local.stream(getattr(plan, "plan", plan))) as pieces:
+            async with contextlib.aclosing(self.local.stream(plan)) as pieces:
                 async for piece in pieces:
                     yield piece
             return
@@ -229,7 +225,7 @@ class FleetSpeechService:
         remote = True
         finished = failed = False
         offset_s = 0.0
-        chunks = plan.plan.chunks
+        chunks = plan.chunks
         try:
             for index, chunk in enumerate(chunks):
                 pcm = np.zeros(0, dtype=np.float32)
@@ -253,8 +249,8 @@ class FleetSpeechService:
                             failed = True  # the owner has read the error: release, not cancel
                             raise
                     if audio is None:
-                        style = self.voices.style(plan.plan.voice, len(chunk.ids))
-                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.plan.request.speed)
+                        style = self.voices.style(plan.voice, len(chunk.ids))
+                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
                         audio, durations = synthesis.audio, synthesis.durations
                     pcm = fade_edges(audio)
                     words = word_timestamps(chunk, durations, offset_s)
@@ -406,31 +402,3 @@ def _redacted(url: str) -> str:
     if "@" in rest:
         rest = "***@" + rest.split("@", 1)[1]
     return scheme + sep + rest
-
-
-# --- what a worker process starts with --------------------------------------------------------------
-
-async def build_service(settings: Settings, metrics: Metrics | None = None):
-    """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
-    from worker.engine import Engine
-    from worker.replica import BaselineReplica, Replica
-    from worker.speech import resolve_device
-    from worker.voices import VoiceBank
-    from worker.weights import load_weights
-
-    def build() -> SpeechService:
-        weights = load_weights(settings)
-        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
-                        cuda_graphs=settings.cuda_graphs and not settings.baseline)
-        replica = BaselineReplica(engine) if settings.baseline else Replica(engine)
-        return SpeechService(replica, VoiceBank(weights.voices), settings)
-
-    local = await asyncio.to_thread(build)
-    await local.replica.warmup()
-    if settings.baseline or not settings.redis_url:
-        return local
-    fleet = FleetSpeechService(local, settings.redis_url, settings, replicas=max(1, settings.workers),
-                               dispatch=settings.dispatch)
-    if metrics is not None:
-        fleet.register_metrics(metrics)
-    return await fleet.start()
