@@ -3,10 +3,10 @@
 A request is read and validated (api.protocol, api.errors), given a slot in this process's bound
 (api.admission), planned by the speech service (text and voice checks and the audio-length limit,
 still able to answer 400), admitted by the service (the fleet's bound), then streamed: each audio
-piece the service yields goes through the response's one encoder (api.encoders), in the process's
-encode thread pool so the event loop keeps serving other streams, and leaves at once as raw audio,
-SSE events or NDJSON captions. However the response ends (done, failed, client gone) the slot is
-released and the synthesis stops after the chunk in flight.
+piece the service yields goes through the response's one encoder (api.encoders; PyAV's codecs in
+the process's encode thread pool, so the event loop keeps serving other streams meanwhile), and
+leaves at once as raw audio, SSE events or NDJSON captions. However the response ends (done,
+failed, client gone) the slot is released and the synthesis stops after the chunk in flight.
 
     await speech_response(state, request)      # POST /v1/audio/speech
     await captioned_response(state, request)   # POST /v1/audio/speech/captioned
@@ -41,6 +41,9 @@ from worker.timestamps import FRAME_SAMPLES
 
 log = logging.getLogger("kokoro_fleet.api")
 
+# Written on the event loop: a few numpy operations per piece, cheaper than a hop to a pool thread.
+# The other formats go through PyAV's codecs (LAME, Opus, AAC, FLAC), in the encode pool.
+INLINE_FORMATS = ("pcm", "wav")
 # nginx's "client closed request": what the log shows for a non-streamed request whose client left
 # (nobody receives it).
 CLIENT_CLOSED_REQUEST = 499
@@ -130,12 +133,13 @@ class ClientGone(Exception):
 
 
 class PooledEncoder:
-    """A response's encoder run in the process's encode pool, one call at a time.
+    """A response's encoder run in the process's encode pool (or inline when `pool` is None), one
+    call at a time.
 
     A call whose awaiting task is cancelled (client gone) still runs to its end in its thread; the
     codec is closed only after that, never under a running encode."""
 
-    def __init__(self, encoder: Encoder, pool: Executor):
+    def __init__(self, encoder: Encoder, pool: Executor | None):
         self.encoder = encoder
         self.pool = pool
         self._running: asyncio.Future | None = None
@@ -147,6 +151,8 @@ class PooledEncoder:
         return await self._run(self.encoder.finish)
 
     async def _run(self, call: Callable[..., bytes], *args) -> bytes:
+        if self.pool is None:
+            return call(*args)
         self._running = asyncio.get_running_loop().run_in_executor(self.pool, call, *args)
         return await asyncio.shield(self._running)
 
@@ -164,7 +170,7 @@ async def _encoded(state: AppState, req: SpeechRequest, plan: SpeechPlan, slot: 
     counts its audio and notes how it ended, whether it finishes, fails or is cancelled."""
     service = state.require_service()
     encoder = PooledEncoder(make_encoder(req.response_format, streamed=streamed, volume=req.volume_multiplier),
-                            state.encoders)
+                            None if req.response_format in INLINE_FORMATS else state.encoders)
     samples = 0
     finished = False
     try:

@@ -1,5 +1,5 @@
 """What one server process serves with: its settings, speech service, per-process admission,
-metrics, and the thread pool its audio encoders run in."""
+metrics, and the thread pool its PyAV encoders run in."""
 
 from __future__ import annotations
 
