@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         if settings.baseline:
             os.environ.pop("REDIS_URL", None)
             log.info("baseline: one process, one model, no queue, chunks four at a time")
-        elif settings.redis_url:
+        elif settings.queue_url:
             log.info("fleet of %d workers on the Redis at REDIS_URL (%s dispatch)", workers, settings.dispatch)
         elif workers > 1:
             redis = EmbeddedRedis().start()

@@ -64,9 +64,9 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
 
     local = await asyncio.to_thread(build)
     await local.replica.warmup()
-    if settings.baseline or not settings.redis_url:
+    if settings.baseline or not settings.queue_url:
         return local
-    fleet = FleetSpeechService(local, settings.redis_url, settings, replicas=max(1, settings.workers),
+    fleet = FleetSpeechService(local, settings.queue_url, settings, replicas=max(1, settings.workers),
                                dispatch=settings.dispatch)
     if metrics is not None:
         fleet.register_metrics(metrics)
