@@ -20,7 +20,7 @@ new one per request (the kernel's accept distribution). The per-replica job coun
 end show how the work was actually spread.
 
 `FleetProcess` (a `kokoro-fleet serve` process tree that a test or script owns) is used by
-tests/test_fleet_serve.py too.
+tests/servers/test_fleet_serve.py too.
 """
 
 from __future__ import annotations

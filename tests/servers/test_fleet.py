@@ -2,7 +2,7 @@
 this worker's own Dispatcher and replica. What it must keep: the same audio as the local service,
 refusals as 503s with both retry headers, slots freed however a stream ends, and serving on
 through a Redis outage (degraded, then back on the queue). Multi-process fleets (`kokoro-fleet
-serve`) are in tests/test_fleet_serve.py.
+serve`) are in tests/servers/test_fleet_serve.py.
 """
 
 from __future__ import annotations

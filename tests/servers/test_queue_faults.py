@@ -34,8 +34,8 @@ from api.fleet.owner import (
 from api.fleet.protocol import GAUGES, QueueStats, connect, read_stats
 from api.fleet.replica import Dispatcher
 
-REPO = Path(__file__).resolve().parents[1]
-PROC = Path(__file__).with_name("queue_proc.py")
+REPO = Path(__file__).resolve().parents[2]
+PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"
 
 
 def every_slot_freed_once(stats: QueueStats) -> bool:

@@ -28,7 +28,7 @@ from api.fleet.protocol import GAUGES, connect, read_replicas, read_stats
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2
 SHORT = load_texts("short")
 PARAGRAPHS = load_texts("paragraphs")

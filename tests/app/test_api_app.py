@@ -1,6 +1,6 @@
 """The HTTP layer on its own: a real Uvicorn server (in a thread of this process) in front of a
 scripted speech service whose timing and failures the tests control. What the real engine adds
-(actual speech, voice mixes, first-audio timing) is in tests/test_api.py.
+(actual speech, voice mixes, first-audio timing) is in tests/servers/test_api.py.
 
 The scripted service makes one 0.4 s tone piece per sentence of the input and spends
 `PIECE_SECONDS` of wall time "synthesizing" each in a worker thread, as the real replica does
