@@ -142,7 +142,7 @@ APP_DIR = "/app"
 ENTRYPOINT = f"{APP_DIR}/docker/entrypoint.sh"
 WEIGHTS_DIR = "/opt/kokoro-fleet/weights"
 CACHE_DIR = "/opt/kokoro-fleet/cache"
-# Kept equal to docker/Dockerfile's CUDA_IMAGE, TORCH_SPEC and gpu-stage packages by tests/test_deploy.py.
+# Kept equal to docker/Dockerfile's CUDA_IMAGE, TORCH_SPEC and gpu-stage packages by tests/servers/test_deploy.py.
 CUDA_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu24.04"
 TORCH_SPEC = "torch==2.13.0"
 APT_PACKAGES = ("espeak-ng", "redis-server")

@@ -1,42 +1,36 @@
-"""Admission: whether a request may start now, and when to come back if not.
+"""The per-process admission bound: whether this server process takes one more speech request now.
 
-The HTTP layer asks `admission.admit(...)` before any synthesis and releases the ticket when the
-response ends, however it ends (done, error, client gone). This process's `LocalAdmission` is a
-bounded counter over its own replica; the fleet's shared queue (api/queue_admission.py) can take
-its place behind the same small protocol, so the HTTP code does not change when the queue arrives.
+Two bounds admit a request, each with its own name. `ProcessAdmission` (this module,
+KOKORO_MAX_REQUESTS) counts the requests this process is streaming or holding, whatever service
+makes their audio; the fleet's bound (`api.fleet.owner.AdmissionBounds`, KOKORO_QUEUE_MAX_*) counts
+the whole fleet's in Redis and is the speech service's own `admit` step. The HTTP layer takes a
+`ProcessSlot` before planning and gives it back through one call, `slot.release(...)`, however the
+response ends (refused, done, failed, client gone); releasing twice is harmless.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from api.errors import CapacityError
 
 
 @dataclass
-class Ticket:
+class ProcessSlot:
+    """One admitted request's place in this process's bound."""
+
+    admission: "ProcessAdmission"
     request_id: str
-    cost: float                 # estimated work, in input characters
     admitted_at: float = field(default_factory=time.monotonic)
     released: bool = False
 
-
-class Admission(Protocol):
-    def admit(self, request_id: str, cost: float) -> Ticket:
-        """A ticket, or CapacityError (503 with Retry-After) when the bound is reached."""
-
-    def release(self, ticket: Ticket, service_seconds: float | None = None) -> None:
-        """Frees the slot; service_seconds (replica time the request used) feeds the retry estimate."""
-
-    @property
-    def admitted(self) -> int: ...
-
-    def healthy(self) -> bool: ...
+    def release(self, service_seconds: float | None = None) -> None:
+        """Free the slot; service_seconds (replica time the request used) feeds the retry estimate."""
+        self.admission.release(self, service_seconds)
 
 
-class LocalAdmission:
+class ProcessAdmission:
     """At most `max_requests` admitted at once in this process (streaming or waiting for the replica).
 
     Retry-After is the expected time until one slot frees: with one replica serving requests one
@@ -51,33 +45,31 @@ class LocalAdmission:
         self.max_requests = max_requests
         self.replicas = max(1, replicas)
         self.mean_service_s = initial_service_s
-        self._tickets: dict[int, Ticket] = {}
+        self._slots: dict[int, ProcessSlot] = {}
         self.rejected = 0
 
     @property
     def admitted(self) -> int:
-        return len(self._tickets)
-
-    def healthy(self) -> bool:
-        return True
+        return len(self._slots)
 
     def retry_after_s(self) -> float:
         return min(60.0, max(0.05, self.mean_service_s / self.replicas))
 
-    def admit(self, request_id: str, cost: float) -> Ticket:
-        if len(self._tickets) >= self.max_requests:
+    def admit(self, request_id: str) -> ProcessSlot:
+        """A slot, or CapacityError (503 with Retry-After) when the bound is reached."""
+        if len(self._slots) >= self.max_requests:
             self.rejected += 1
             wait = self.retry_after_s()
             raise CapacityError(wait, f"The server is at capacity ({self.max_requests} requests in progress); "
                                       f"retry in {wait:.2f} s.")
-        ticket = Ticket(request_id, cost)
-        self._tickets[id(ticket)] = ticket
-        return ticket
+        slot = ProcessSlot(self, request_id)
+        self._slots[id(slot)] = slot
+        return slot
 
-    def release(self, ticket: Ticket, service_seconds: float | None = None) -> None:
-        if ticket.released:
+    def release(self, slot: ProcessSlot, service_seconds: float | None = None) -> None:
+        if slot.released:
             return
-        ticket.released = True
-        self._tickets.pop(id(ticket), None)
+        slot.released = True
+        self._slots.pop(id(slot), None)
         if service_seconds is not None and service_seconds > 0:
             self.mean_service_s = 0.8 * self.mean_service_s + 0.2 * service_seconds

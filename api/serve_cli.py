@@ -4,7 +4,7 @@
                        [--dispatch shared|local] [--baseline]
 
 Each Uvicorn worker is an HTTP front and one model replica (api.app:app_factory builds both, see
-api/fleet.py). Several workers share their work through Redis: without `--redis-url` (or REDIS_URL)
+api/fleet/service.py). Several workers share their work through Redis: without `--redis-url` (or REDIS_URL)
 this command starts and owns an embedded `redis-server` (loopback, a free port, no persistence),
 stopped with the fleet, also on SIGTERM/SIGINT; with one it uses that Redis (passwords and
 `rediss://` TLS URLs go straight to redis-py). One worker without a Redis URL serves alone, no
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         if settings.baseline:
             os.environ.pop("REDIS_URL", None)
             log.info("baseline: one process, one model, no queue, chunks four at a time")
-        elif settings.redis_url:
+        elif settings.queue_url:
             log.info("fleet of %d workers on the Redis at REDIS_URL (%s dispatch)", workers, settings.dispatch)
         elif workers > 1:
             redis = EmbeddedRedis().start()

@@ -88,7 +88,7 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
 
 
 async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow], dict]:
-    from worker.queue_client import DEFAULT_PREFIX, GAUGES, connect, read_replicas, read_stats
+    from api.fleet.protocol import DEFAULT_PREFIX, GAUGES, connect, read_replicas, read_stats
 
     client = connect(url)
     try:

@@ -20,7 +20,7 @@ new one per request (the kernel's accept distribution). The per-replica job coun
 end show how the work was actually spread.
 
 `FleetProcess` (a `kokoro-fleet serve` process tree that a test or script owns) is used by
-tests/test_fleet_serve.py too.
+tests/servers/test_fleet_serve.py too.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ async def replica_jobs(redis_url: str | None) -> dict[str, int]:
     """Jobs done per replica, read from the fleet's Redis (every prefix: shared and per-worker)."""
     if not redis_url:
         return {}
-    from worker.queue_client import connect
+    from api.fleet.protocol import connect
 
     client = connect(redis_url)
     try:
@@ -198,7 +198,7 @@ async def result_traffic(redis_url: str | None) -> dict[str, float]:
     the job) or as PCM through Redis."""
     if not redis_url:
         return {}
-    from worker.queue_client import connect, read_stats
+    from api.fleet.protocol import connect, read_stats
 
     client = connect(redis_url)
     try:

@@ -1,14 +1,22 @@
-"""A replica: one Engine per process, one inference at a time, never on the event loop."""
+"""A replica: one Engine per process, one inference at a time, never on the event loop.
+
+`BaselineReplica` is the comparison point for `loadtest compare`: one model running up to four
+chunks at once in threads, as Kokoro-FastAPI does.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from typing import Sequence
 
 import torch
 
 from worker.engine import Engine, Synthesis
+
+# Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
+BASELINE_CONCURRENCY = 4
 
 
 class Replica:
@@ -49,3 +57,63 @@ class Replica:
             finally:
                 self.busy = False
                 self.busy_seconds += time.perf_counter() - start
+
+
+class BaselineReplica:
+    """One model, up to `concurrency` chunks on it at once in worker threads (Kokoro-FastAPI's
+    `Semaphore(4)`). Each concurrent slot has its own view of the engine (shared model weights,
+    own noise and speed buffers, no CUDA graphs: their static buffers cannot be shared)."""
+
+    def __init__(self, engine, concurrency: int = BASELINE_CONCURRENCY):
+        self.engine = engine
+        self._views: asyncio.Queue = asyncio.Queue()
+        for _ in range(concurrency):
+            self._views.put_nowait(_engine_view(engine))
+        self._slots = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self.running = 0
+        self.jobs_done = 0
+        self.busy_seconds = 0.0  # wall seconds with at least one chunk running
+        self.audio_seconds = 0.0
+        self._busy_since: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0
+
+    async def synthesize(self, ids, style, speed: float = 1.0):
+        async with self._slots:
+            view = await self._views.get()
+            self._enter()
+            try:
+                result = await asyncio.to_thread(view.synthesize, ids, style, speed)
+            finally:
+                self._leave()
+                self._views.put_nowait(view)
+            self.jobs_done += 1
+            self.audio_seconds += len(result.audio) / self.engine.sample_rate
+            return result
+
+    async def warmup(self) -> None:
+        await asyncio.to_thread(self.engine.warmup)
+
+    def _enter(self) -> None:
+        if self.running == 0:
+            self._busy_since = time.perf_counter()
+        self.running += 1
+
+    def _leave(self) -> None:
+        self.running -= 1
+        if self.running == 0 and self._busy_since is not None:
+            self.busy_seconds += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+
+def _engine_view(engine):
+    view = copy.copy(engine)
+    view.graphs = None
+    view.want_graphs = False
+    view.generator = torch.Generator(device=engine.device)
+    view._noise = torch.empty(0, device=engine.device)
+    view._speed = torch.ones(1, device=engine.device)
+    return view

@@ -93,7 +93,8 @@ class Settings:
         "one before up to this, so a stream stays ahead of its listener.")
 
     # --- fleet and queue ---
-    redis_url: str = setting("REDIS_URL", "", "External Redis; empty starts an embedded redis-server owned by the fleet.")
+    queue_url: str = setting(
+        "REDIS_URL", "", "External Redis URL; empty: the fleet starts and owns an embedded Redis server.")
     queue_max_requests: int = setting(
         "KOKORO_QUEUE_MAX_REQUESTS", 0,
         "Requests admitted at once across the whole fleet (shared queue); beyond it 503 with Retry-After "

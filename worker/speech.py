@@ -1,9 +1,10 @@
 """One speech request, from text to PCM pieces: the seam between the API and a replica.
 
-`SpeechService.plan` does everything that can reject a request (voice spec, language, text) before
-any audio exists, so the API can still answer 400; `SpeechService.stream` then synthesizes the plan
-chunk by chunk on this process's one `Replica` and yields each piece as soon as it exists. The
-fleet's speech service offers the same two methods over the shared queue.
+`SpeechService.plan` does everything that can reject a request (voice spec, language, text, the
+audio-length limit) before any audio exists, so the API can still answer 400; `SpeechService.stream`
+then synthesizes the plan chunk by chunk on this process's replica and yields each piece as soon as
+it exists. `admit`, `health`, `stats` and `aclose` complete the contract the HTTP layer serves
+through (api/service.py); the fleet's service implements the same contract over the shared queue.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from worker.voices import Voice, VoiceBank
 # starts and ends each chunk on the pad token's near-silence anyway.
 EDGE_FADE_SAMPLES = 96  # 4 ms at 24 kHz
 # Before synthesis the only measure of a request's length is its phoneme count; Kokoro speaks about
-# 13 phonemes a second at speed 1 (75 ms each), which is what the fleet's queue assumes until it has
-# measured better.
+# 13 phonemes a second at speed 1 (75 ms each). The one speaking-rate estimate: the audio-length
+# limit checks it, and the fleet's queue starts from it until it has measured better.
 SECONDS_PER_PHONEME = 0.075
 
 
@@ -63,6 +64,21 @@ class SpeechPlan:
         return speech + sum(c.pause_after for c in self.chunks)
 
 
+@dataclass(frozen=True)
+class ReplicaStats:
+    """What this process's replica has done so far, for /metrics and the Retry-After estimate."""
+
+    busy: bool
+    jobs_done: int
+    busy_seconds: float   # wall seconds spent running inferences
+    audio_seconds: float  # audio those inferences made
+
+    @property
+    def seconds_per_audio_second(self) -> float | None:
+        """Replica seconds one audio second costs, as measured (None before the first job)."""
+        return self.busy_seconds / self.audio_seconds if self.audio_seconds > 0 else None
+
+
 @dataclass
 class AudioPiece:
     pcm: np.ndarray  # float32 [samples], 24 kHz mono, edges faded, pause silence appended
@@ -87,7 +103,7 @@ def fade_edges(audio: np.ndarray) -> np.ndarray:
 
 
 class SpeechService:
-    """Turns speech requests into audio pieces on one replica (the fleet swaps the replica for the queue)."""
+    """Turns speech requests into audio pieces on this process's one replica."""
 
     def __init__(self, replica, voices: VoiceBank, settings: Settings | None = None):
         self.replica = replica
@@ -131,6 +147,21 @@ class SpeechService:
                 f"input would make about {plan.estimated_seconds:.0f} s of audio, more than the {limit:.0f} s "
                 "this server allows in one request: split the text into several requests")
         return plan
+
+    async def admit(self, plan: SpeechPlan) -> SpeechPlan:
+        """Nothing to reserve beyond the HTTP layer's per-process bound: the plan streams as it is."""
+        return plan
+
+    def health(self) -> dict[str, object]:
+        """This service's part of /health: nothing beyond what the HTTP layer reports."""
+        return {}
+
+    def stats(self) -> ReplicaStats:
+        r = self.replica
+        return ReplicaStats(bool(r.busy), int(r.jobs_done), float(r.busy_seconds), float(r.audio_seconds))
+
+    async def aclose(self) -> None:
+        """Nothing to stop: the replica's threads end with the process."""
 
     async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
         """Synthesize the plan chunk by chunk; each piece leaves as soon as it exists.

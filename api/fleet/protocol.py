@@ -1,18 +1,26 @@
-"""What both halves of the fleet's Redis protocol share: scripts, connection, errors, figures.
+"""What both halves of the fleet's Redis protocol share: keys, scripts, connection, errors,
+figures, and the chunk job's payload.
 
 The protocol itself (keys, scripts, their atomic steps) lives in `queue/` as Lua plus
-`queue/PROTOCOL.md`; `api/queue_admission.py` (the side holding the HTTP connection) and
-`worker/dispatch.py` (the side running the model) are its two Python clients. This module loads the
-scripts (each is `queue/lib.lua` followed by its body, registered with EVALSHA and re-loaded
+`queue/PROTOCOL.md`; `api/fleet/owner.py` (the side holding the HTTP connection) and
+`api/fleet/replica.py` (the side running the model) are its two Python clients. This module loads
+the scripts (each is `queue/lib.lua` followed by its body, registered with EVALSHA and re-loaded
 transparently after a Redis restart), opens connections that fail fast, and turns every way Redis
 can be unreachable into one exception, `QueueUnavailable`, so callers can fall back to local
 serving. It imports neither torch nor FastAPI.
+
+A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
+own VoiceBank (every worker loads the same voices) and returns float32 PCM, so the owner's audio is
+bit-identical to what its own replica would have made.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +30,27 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-QUEUE_DIR = Path(__file__).resolve().parents[1] / "queue"
+QUEUE_DIR = Path(__file__).resolve().parents[2] / "queue"
 SCRIPT_NAMES = ("admit", "lease", "heartbeat", "complete", "fetch", "cancel", "release", "reap")
 DEFAULT_PREFIX = "{kf}"  # braces: a Redis Cluster hash tag, so all of one fleet's keys share a slot
 
 # The gauges that must return to zero when the fleet is idle (what the fault tests check).
 GAUGES = ("admitted", "queued_jobs", "queued_work_ms", "inflight_jobs", "inflight_work_ms")
+
+
+def worker_id() -> str:
+    """This process's name in the queue (owner and replica): unique across hosts and restarts."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def encode_job(ids: Sequence[int], voice: str, speed: float) -> bytes:
+    return json.dumps({"ids": [int(i) for i in ids], "voice": voice, "speed": float(speed)},
+                      separators=(",", ":")).encode()
+
+
+def decode_job(payload: bytes) -> tuple[list[int], str, float]:
+    d = json.loads(payload)
+    return list(d["ids"]), str(d["voice"]), float(d["speed"])
 
 
 class QueueUnavailable(RuntimeError):

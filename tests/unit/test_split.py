@@ -13,7 +13,7 @@ from worker.text import MAX_PHONEMES, NormalizationOptions, text_to_chunks
 from worker.text.normalize import MARKUP, clean_text, normalize_text
 from worker.text.vocab import to_ids
 
-TEXTS = Path(__file__).parent / "data" / "texts"
+TEXTS = Path(__file__).resolve().parents[1] / "data" / "texts"
 RAW = NormalizationOptions(normalize=False)
 
 

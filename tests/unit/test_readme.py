@@ -10,7 +10,7 @@ from worker.settings import settings_table
 from worker.settings_cli import readme_block
 from worker.voices import openai_voice_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 

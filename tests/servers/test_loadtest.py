@@ -436,7 +436,7 @@ def test_hey_bodies_match_the_text_sets_and_script_is_clean():
 
     from loadtest.texts import load_texts
 
-    here = Path(__file__).resolve().parents[1] / "loadtest"
+    here = Path(__file__).resolve().parents[2] / "loadtest"
     for name in ("short", "paragraphs", "long"):
         body = json.loads((here / "bodies" / f"{name}.json").read_text())
         assert body["input"] in load_texts(name)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.queue_admission import (
+from api.fleet.owner import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -26,8 +26,8 @@ from api.queue_admission import (
     ResultTimeout,
     retry_after,
 )
-from worker.dispatch import DELIVERED, DROPPED, STALE, Dispatcher
-from worker.queue_client import GAUGES, connect, read_replicas, read_stats
+from api.fleet.protocol import GAUGES, connect, read_replicas, read_stats
+from api.fleet.replica import DELIVERED, DROPPED, STALE, Dispatcher
 
 
 def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:

@@ -2,7 +2,7 @@
 this worker's own Dispatcher and replica. What it must keep: the same audio as the local service,
 refusals as 503s with both retry headers, slots freed however a stream ends, and serving on
 through a Redis outage (degraded, then back on the queue). Multi-process fleets (`kokoro-fleet
-serve`) are in tests/test_fleet_serve.py.
+serve`) are in tests/servers/test_fleet_serve.py.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from api.errors import CapacityError
-from api.fleet import BaselineReplica, FleetPlan, FleetSpeechService, decode_job, encode_job
+from api.fleet.protocol import GAUGES, connect, decode_job, encode_job, read_stats
+from api.fleet.service import FleetPlan, FleetSpeechService
 from api.metrics import Metrics
 from api.serve_cli import EmbeddedRedis, Mps, check_gpu_memory
 from api.status_cli import parse_metrics, rows_from_metrics
-from worker.queue_client import GAUGES, connect, read_stats
+from worker.replica import BaselineReplica
 from worker.speech import SpeechRequest, SpeechService
 
 TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good while longer, so that the "

@@ -4,7 +4,7 @@ official `openai` client, as users drive it.
 Two servers for the whole file: one on the tiny random weights (fast: the request contract, errors,
 listings, SSE, captions) and one on the real Kokoro-82M weights (marked slow: audio lengths against
 `kokoro-fleet say`, first-audio timing, 503 + retry, disconnects). The HTTP layer's finer behaviour,
-with a scripted service whose timing the tests control, is in tests/test_api_app.py.
+with a scripted service whose timing the tests control, is in tests/app/test_api_app.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import httpx
 import openai
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARAGRAPHS = [p for p in (ROOT / "tests/data/texts/paragraphs.txt").read_text(encoding="utf-8").splitlines() if p.strip()]
 SR = 24000
 FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]

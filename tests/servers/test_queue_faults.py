@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.queue_admission import (
+from api.fleet.owner import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -31,11 +31,11 @@ from api.queue_admission import (
     RequestFailed,
     ResultTimeout,
 )
-from worker.dispatch import Dispatcher
-from worker.queue_client import GAUGES, QueueStats, connect, read_stats
+from api.fleet.protocol import GAUGES, QueueStats, connect, read_stats
+from api.fleet.replica import Dispatcher
 
-REPO = Path(__file__).resolve().parents[1]
-PROC = Path(__file__).with_name("queue_proc.py")
+REPO = Path(__file__).resolve().parents[2]
+PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"
 
 
 def every_slot_freed_once(stats: QueueStats) -> bool:

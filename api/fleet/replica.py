@@ -10,8 +10,8 @@ died twice and frees the slots of requests whose owner died. Every worker runs o
 repairs itself as long as any worker lives.
 
 The job runner is any `async def run_job(job: Job) -> JobOutput | (pcm_bytes, durations)`: the
-real one decodes the payload and calls `Replica.synthesize`; tests use one that sleeps and returns
-silence. This module imports neither torch nor FastAPI. When Redis is unreachable the loop marks
+real one (`ReplicaJobRunner`, below) decodes the payload and calls `Replica.synthesize`; tests use
+one that sleeps and returns silence. This module imports neither torch nor FastAPI. When Redis is unreachable the loop marks
 itself `degraded`, backs off and tries again; it never crashes on a Redis outage.
 """
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from worker.queue_client import DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, unavailable_as_error
+from api.fleet.protocol import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
+                                unavailable_as_error)
+from worker.audio import FRAME_SECONDS, SAMPLE_RATE
 
 log = logging.getLogger("kokoro_fleet.dispatch")
-
-from worker.audio import FRAME_SECONDS  # one duration frame of Kokoro's output
 
 
 @dataclass(frozen=True)
@@ -260,3 +260,22 @@ class Dispatcher(TracksAvailability):
     async def _sleep_or_stop(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+class ReplicaJobRunner:
+    """The Dispatcher's `run_job`: synthesize one chunk job on this worker's replica."""
+
+    def __init__(self, replica, voices, wait_histogram=None):
+        self.replica = replica
+        self.voices = voices
+        self.wait_histogram = wait_histogram  # api.metrics.Histogram of first chunks' queue waits
+
+    async def __call__(self, job: Job) -> JobOutput:
+        if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:
+            # A first chunk's deadline is its request's arrival: the difference is its queue wait.
+            self.wait_histogram.observe(max(0.0, (job.leased_at_ms - job.deadline_ms) / 1000))
+        ids, voice_spec, speed = decode_job(job.payload)
+        voice = self.voices.resolve(voice_spec)
+        result = await self.replica.synthesize(ids, self.voices.style(voice, len(ids)), speed)
+        audio = np.ascontiguousarray(result.audio, dtype="<f4")
+        return JobOutput(audio.tobytes(), result.durations, len(audio) / SAMPLE_RATE)

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-TEXTS = Path(__file__).parent / "data" / "texts"
+TEXTS = Path(__file__).resolve().parents[1] / "data" / "texts"
 
 
 def say(tmp_path: Path, text: str, *extra: str) -> tuple[np.ndarray, int, str]:

@@ -1,27 +1,18 @@
-"""The fleet: every Uvicorn worker is an HTTP front and one model replica; the work is shared.
+"""The fleet's speech service: every Uvicorn worker is an HTTP front and one model replica; the
+work is shared through Redis.
 
-`build_service(settings, metrics)` is what each worker process starts with (api.app calls it while
-loading). It returns one of three speech services with the same `plan` / `stream` interface:
+`FleetSpeechService` implements the speech-service contract (api/service.py) when REDIS_URL is set
+(the launcher sets it to its embedded Redis server when it runs several workers). `admit(plan)`
+turns the plan's chunks into jobs in the shared, deadline-ordered queue (or refuses: 503 with
+Retry-After) and returns a `FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from
+the in-order results, whichever replica ran them. Beside it this worker's `Dispatcher` leases the
+fleet's earliest-deadline job whenever its replica is free. When Redis is unreachable (at start or
+mid-run) the service serves its own requests on its own replica instead (still bounded by the
+HTTP layer's per-process `ProcessAdmission`), says so in /health and /metrics, and goes back to the
+queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining chunks
+locally.
 
-- **local** (`SpeechService`): one replica, no Redis: one worker without REDIS_URL.
-- **fleet** (`FleetSpeechService`): REDIS_URL set (the launcher sets it to its embedded
-  redis-server when it runs several workers). `admit(plan)` turns the plan's chunks into jobs in
-  the shared, deadline-ordered queue (or refuses: 503 with Retry-After); `stream(plan)` yields the
-  pieces from the in-order results, whichever replica ran them. Beside it this worker's
-  `Dispatcher` leases the fleet's earliest-deadline job whenever its replica is free. When Redis is
-  unreachable (at start or mid-run) the service serves its own requests on its own replica instead
-  (still bounded by the app's LocalAdmission), says so in /health and /metrics, and goes back to
-  the queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining
-  chunks locally.
-- **baseline** (`BaselineReplica` in a `SpeechService`): one process, one model, chunks of all
-  requests run under `asyncio.Semaphore(4)` in threads: Kokoro-FastAPI's architecture with our
-  engine, for `loadtest compare`.
-
-A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
-own VoiceBank (every worker loads the same voices), and returns float32 PCM, so the owner's audio
-is bit-identical to what its own replica would have made.
-
-Keep the bytes cheap (ARCHITECTURE.md): the owner and replica halves of one worker share a dict.
+Keep the bytes cheap: the owner and replica halves of one worker share a dict.
 A job of a request this worker accepted leaves its PCM there (the completion stores only durations
 and a marker in Redis), and a free replica prefers such a job when it is due within
 KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. Only audio another worker's replica made crosses
@@ -33,33 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import json
 import logging
-import os
-import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from api.errors import CapacityError
+from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
+                             RequestLost, Ticket)
+from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, read_replicas,
+                                read_stats, worker_id)
+from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
-from api.queue_admission import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused,
-                                 RequestFailed, RequestLost, Ticket)
-from worker.dispatch import Dispatcher, Job, JobOutput
-from worker.queue_client import DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, read_replicas, read_stats
+from worker.audio import SAMPLE_RATE
 from worker.settings import Settings
-from worker.speech import SAMPLE_RATE, AudioPiece, SpeechPlan, SpeechService, fade_edges
+from worker.speech import (SECONDS_PER_PHONEME, AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest,
+                           SpeechService, fade_edges)
 from worker.timestamps import WordTimestamp, word_timestamps
 
 log = logging.getLogger("kokoro_fleet.fleet")
 
 DISPATCH_MODES = ("shared", "local")
-# Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
-BASELINE_CONCURRENCY = 4
 # A ticket admitted for a request whose response never started streaming (the client left between
 # the headers and the first read) is cancelled after this long, so its slot cannot leak.
 UNCLAIMED_TICKET_S = 30.0
@@ -69,56 +57,20 @@ STATS_REFRESH_S = 1.0
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-def worker_id() -> str:
-    """This process's name in the queue (owner and replica): unique across hosts and restarts."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-# --- jobs: what crosses Redis ----------------------------------------------------------------------
-
-def encode_job(ids: Sequence[int], voice: str, speed: float) -> bytes:
-    return json.dumps({"ids": [int(i) for i in ids], "voice": voice, "speed": float(speed)},
-                      separators=(",", ":")).encode()
-
-
-def decode_job(payload: bytes) -> tuple[list[int], str, float]:
-    d = json.loads(payload)
-    return list(d["ids"]), str(d["voice"]), float(d["speed"])
-
-
-class ReplicaJobRunner:
-    """The Dispatcher's `run_job`: synthesize one chunk job on this worker's replica."""
-
-    def __init__(self, replica, voices, wait_histogram: Histogram | None = None):
-        self.replica = replica
-        self.voices = voices
-        self.wait_histogram = wait_histogram
-
-    async def __call__(self, job: Job) -> JobOutput:
-        if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:
-            # A first chunk's deadline is its request's arrival: the difference is its queue wait.
-            self.wait_histogram.observe(max(0.0, (job.leased_at_ms - job.deadline_ms) / 1000))
-        ids, voice_spec, speed = decode_job(job.payload)
-        voice = self.voices.resolve(voice_spec)
-        result = await self.replica.synthesize(ids, self.voices.style(voice, len(ids)), speed)
-        audio = np.ascontiguousarray(result.audio, dtype="<f4")
-        return JobOutput(audio.tobytes(), result.durations, len(audio) / SAMPLE_RATE)
-
-
 # --- the fleet speech service -----------------------------------------------------------------------
 
 @dataclass
-class FleetPlan:
-    """A validated plan plus where it runs: `ticket` in the shared queue, or None (this worker's
+class FleetPlan(SpeechPlan):
+    """An admitted plan plus where it runs: `ticket` in the shared queue, or None (this worker's
     own replica, because Redis was unreachable when it was admitted)."""
 
-    plan: SpeechPlan
-    ticket: Ticket | None
+    ticket: Ticket | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     claimed: bool = False
 
-    def __getattr__(self, name: str) -> Any:  # phoneme_count, chunks, request, ... as the plan has them
-        return getattr(self.plan, name)
+    @classmethod
+    def admitted(cls, plan: SpeechPlan, ticket: Ticket | None) -> "FleetPlan":
+        return cls(plan.request, plan.voice, plan.lang_code, plan.chunks, ticket=ticket)
 
 
 @dataclass
@@ -144,7 +96,7 @@ class FleetSnapshot:
 
 
 class FleetSpeechService:
-    """SpeechService's interface over the shared queue, with the local service as its fallback."""
+    """The speech-service contract over the shared queue, with the local service as its fallback."""
 
     def __init__(self, local: SpeechService, redis_url: str, settings: Settings, *, replicas: int,
                  dispatch: str = "shared", name: str | None = None, owner_ttl_s: float = 5.0,
@@ -165,7 +117,8 @@ class FleetSpeechService:
         self.wait_histogram = Histogram(WAIT_BUCKETS)
         local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
-                                         owner_ttl_s=owner_ttl_s, local_results=local_results)
+                                         owner_ttl_s=owner_ttl_s, ms_per_phoneme=SECONDS_PER_PHONEME * 1000,
+                                         local_results=local_results)
         self.dispatcher = Dispatcher(connect(redis_url), self.name,
                                      ReplicaJobRunner(self.replica, self.voices, self.wait_histogram),
                                      prefix=self.prefix, lease_s=settings.lease_seconds,
@@ -232,7 +185,10 @@ class FleetSpeechService:
                    else {})}
 
     # --- the request's life ---------------------------------------------------------------------
-    def plan(self, request) -> SpeechPlan:
+    def stats(self) -> ReplicaStats:
+        return self.local.stats()
+
+    def plan(self, request: SpeechRequest) -> SpeechPlan:
         return self.local.plan(request)
 
     async def admit(self, plan: SpeechPlan) -> FleetPlan:
@@ -250,17 +206,17 @@ class FleetSpeechService:
                 log.warning("fleet worker %s: %s", self.name, e)
             else:
                 self.counters.admitted += 1
-                fleet_plan = FleetPlan(plan, ticket)
+                fleet_plan = FleetPlan.admitted(plan, ticket)
                 self._unclaimed[ticket.request_id] = fleet_plan
                 return fleet_plan
         self._note_degraded()
         self.counters.served_locally += 1
-        return FleetPlan(plan, None)
+        return FleetPlan.admitted(plan, None)
 
-    async def stream(self, plan: FleetPlan | SpeechPlan) -> AsyncIterator[AudioPiece]:
+    async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
         """The plan's pieces in order, from the shared queue's results (or this replica's)."""
         if not isinstance(plan, FleetPlan) or plan.ticket is None:
-            async with contextlib.aclosing(self.local.stream(getattr(plan, "plan", plan))) as pieces:
+            async with contextlib.aclosing(self.local.stream(plan)) as pieces:
                 async for piece in pieces:
                     yield piece
             return
@@ -270,7 +226,7 @@ class FleetSpeechService:
         remote = True
         finished = failed = False
         offset_s = 0.0
-        chunks = plan.plan.chunks
+        chunks = plan.chunks
         try:
             for index, chunk in enumerate(chunks):
                 pcm = np.zeros(0, dtype=np.float32)
@@ -294,8 +250,8 @@ class FleetSpeechService:
                             failed = True  # the owner has read the error: release, not cancel
                             raise
                     if audio is None:
-                        style = self.voices.style(plan.plan.voice, len(chunk.ids))
-                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.plan.request.speed)
+                        style = self.voices.style(plan.voice, len(chunk.ids))
+                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
                         audio, durations = synthesis.audio, synthesis.durations
                     pcm = fade_edges(audio)
                     words = word_timestamps(chunk, durations, offset_s)
@@ -447,95 +403,3 @@ def _redacted(url: str) -> str:
     if "@" in rest:
         rest = "***@" + rest.split("@", 1)[1]
     return scheme + sep + rest
-
-
-# --- the baseline ----------------------------------------------------------------------------------
-
-class BaselineReplica:
-    """One model, up to `concurrency` chunks on it at once in worker threads (Kokoro-FastAPI's
-    `Semaphore(4)`). Each concurrent slot has its own view of the engine (shared model weights,
-    own noise and speed buffers, no CUDA graphs: their static buffers cannot be shared)."""
-
-    def __init__(self, engine, concurrency: int = BASELINE_CONCURRENCY):
-        self.engine = engine
-        self._views: asyncio.Queue = asyncio.Queue()
-        for _ in range(concurrency):
-            self._views.put_nowait(_engine_view(engine))
-        self._slots = asyncio.Semaphore(concurrency)
-        self.concurrency = concurrency
-        self.running = 0
-        self.jobs_done = 0
-        self.busy_seconds = 0.0  # wall seconds with at least one chunk running
-        self.audio_seconds = 0.0
-        self._busy_since: float | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self.running > 0
-
-    async def synthesize(self, ids, style, speed: float = 1.0):
-        async with self._slots:
-            view = await self._views.get()
-            self._enter()
-            try:
-                result = await asyncio.to_thread(view.synthesize, ids, style, speed)
-            finally:
-                self._leave()
-                self._views.put_nowait(view)
-            self.jobs_done += 1
-            self.audio_seconds += len(result.audio) / self.engine.sample_rate
-            return result
-
-    async def warmup(self) -> None:
-        await asyncio.to_thread(self.engine.warmup)
-
-    def _enter(self) -> None:
-        if self.running == 0:
-            self._busy_since = time.perf_counter()
-        self.running += 1
-
-    def _leave(self) -> None:
-        self.running -= 1
-        if self.running == 0 and self._busy_since is not None:
-            self.busy_seconds += time.perf_counter() - self._busy_since
-            self._busy_since = None
-
-
-def _engine_view(engine):
-    import torch
-
-    view = copy.copy(engine)
-    view.graphs = None
-    view.want_graphs = False
-    view.generator = torch.Generator(device=engine.device)
-    view._noise = torch.empty(0, device=engine.device)
-    view._speed = torch.ones(1, device=engine.device)
-    return view
-
-
-# --- what a worker process starts with --------------------------------------------------------------
-
-async def build_service(settings: Settings, metrics: Metrics | None = None):
-    """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
-    from worker.engine import Engine
-    from worker.replica import Replica
-    from worker.speech import resolve_device
-    from worker.voices import VoiceBank
-    from worker.weights import load_weights
-
-    def build() -> SpeechService:
-        weights = load_weights(settings)
-        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
-                        cuda_graphs=settings.cuda_graphs and not settings.baseline)
-        replica = BaselineReplica(engine) if settings.baseline else Replica(engine)
-        return SpeechService(replica, VoiceBank(weights.voices), settings)
-
-    local = await asyncio.to_thread(build)
-    await local.replica.warmup()
-    if settings.baseline or not settings.redis_url:
-        return local
-    fleet = FleetSpeechService(local, settings.redis_url, settings, replicas=max(1, settings.workers),
-                               dispatch=settings.dispatch)
-    if metrics is not None:
-        fleet.register_metrics(metrics)
-    return await fleet.start()

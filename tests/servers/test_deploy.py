@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 COMPOSE = ROOT / "docker" / "compose.yaml"

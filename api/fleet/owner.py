@@ -1,4 +1,4 @@
-"""The HTTP side's client of the fleet queue: admit a request, read its audio back in order.
+"""The owner side of the fleet queue: admit a request, read its audio back in order.
 
 A worker holding a client's connection calls, per request:
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from worker.queue_client import (
+from api.fleet.protocol import (
     DEFAULT_PREFIX,
     QueueStats,
     QueueUnavailable,
@@ -42,9 +42,6 @@ __all__ = [
     "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "retry_after",
 ]
 
-# Kokoro speaks roughly 12-14 phonemes a second at speed 1; the queue replaces this prior with
-# the measured figure after the first completed chunk.
-DEFAULT_MS_PER_PHONEME = 75.0
 # Audio seconds per busy second of one replica, assumed until a completion has measured it.
 # Deliberately low (CPU-like), so the first Retry-After errs on the side of waiting.
 DEFAULT_RATE_PRIOR = 1.0
@@ -138,17 +135,18 @@ class AdmissionClient(TracksAvailability):
     read) expires."""
 
     def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
-                 prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0,
-                 ms_per_phoneme: float = DEFAULT_MS_PER_PHONEME, poll_s: float = 1.0,
+                 ms_per_phoneme: float, prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0, poll_s: float = 1.0,
                  local_results: dict[str, bytes] | None = None):
         self.client = client
-        # PCM that this process's own replica made for this owner's requests (worker.dispatch's
+        # PCM that this process's own replica made for this owner's requests (api.fleet.replica's
         # Dispatcher fills it; fetch.lua answers "local" for those chunks).
         self.local_results = local_results if local_results is not None else {}
         self.worker_id = worker_id
         self.bounds = bounds
         self.prefix = prefix
         self.owner_ttl_ms = int(owner_ttl_s * 1000)
+        # The speaking-rate prior (the fleet service passes worker.speech.SECONDS_PER_PHONEME); the
+        # queue replaces it with the measured figure after the first completed chunk.
         self.ms_per_phoneme = ms_per_phoneme
         self.poll_s = poll_s  # longest single blocking read; must stay below the socket timeout
         self.scripts = Scripts(client)

@@ -24,11 +24,11 @@ import pytest
 from loadtest.dispatch import FleetProcess
 from loadtest.runner import Runner, Step, Target, Workload, summarize
 from loadtest.texts import load_texts
-from worker.queue_client import GAUGES, connect, read_replicas, read_stats
+from api.fleet.protocol import GAUGES, connect, read_replicas, read_stats
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2
 SHORT = load_texts("short")
 PARAGRAPHS = load_texts("paragraphs")

@@ -1,6 +1,6 @@
 """The HTTP layer on its own: a real Uvicorn server (in a thread of this process) in front of a
 scripted speech service whose timing and failures the tests control. What the real engine adds
-(actual speech, voice mixes, first-audio timing) is in tests/test_api.py.
+(actual speech, voice mixes, first-audio timing) is in tests/servers/test_api.py.
 
 The scripted service makes one 0.4 s tone piece per sentence of the input and spends
 `PIECE_SECONDS` of wall time "synthesizing" each in a worker thread, as the real replica does
@@ -27,6 +27,8 @@ import uvicorn
 
 from api.app import create_app
 from worker.settings import Settings
+from worker.speech import ReplicaStats, SpeechPlan
+from worker.text import Chunk
 
 SR = 24000
 PIECE_SECONDS = 0.15
@@ -92,6 +94,8 @@ class ScriptedVoices:
 
 
 class ScriptedService:
+    """The speech-service contract (api/service.py) with a scripted replica: one chunk per sentence."""
+
     def __init__(self):
         self.replica = ScriptedReplica()
         self.voices = ScriptedVoices()
@@ -103,17 +107,27 @@ class ScriptedService:
         if request.voice not in ("af_heart", "bm_george", "alloy"):
             raise ScriptedVoiceError(f"unknown voice {request.voice!r}")
         sentences = [s.strip() for s in request.text.split(".") if s.strip()]
-        return sentences
+        return SpeechPlan(request, None, "a", [Chunk(s, "", []) for s in sentences])
 
-    @property
-    def phoneme_count(self):
-        return 0
+    async def admit(self, plan):
+        return plan
+
+    def health(self):
+        return {}
+
+    def stats(self):
+        r = self.replica
+        return ReplicaStats(r.busy, r.jobs_done, r.busy_seconds, r.audio_seconds)
+
+    async def aclose(self):
+        pass
 
     async def stream(self, plan):
         if self.semaphore is None:
             self.semaphore = asyncio.Semaphore(1)
         offset = 0.0
-        for i, sentence in enumerate(plan):
+        sentences = [c.text for c in plan.chunks]
+        for i, sentence in enumerate(sentences):
             if self.fail_after is not None and i >= self.fail_after:
                 raise RuntimeError("scripted failure")
             async with self.semaphore:
@@ -122,7 +136,7 @@ class ScriptedService:
                 pcm = await asyncio.shield(asyncio.to_thread(self.replica.run, PIECE_SECONDS))
             words = [Word(w, offset + 0.1 * k, offset + 0.1 * (k + 1)) for k, w in enumerate(sentence.split())]
             offset += len(pcm) / SR
-            yield Piece(pcm, words, i, i == len(plan) - 1)
+            yield Piece(pcm, words, i, i == len(sentences) - 1)
 
 
 def free_port() -> int:
@@ -456,3 +470,54 @@ def test_not_ready_until_loaded():
     assert first.status_code == 503 and speech.status_code == 503
     assert assert_openai_error(after, 503)["code"] == "model_unavailable"
     assert health.status_code == 200 and health.json()["ready"] is False
+
+
+def test_audio_is_encoded_off_the_event_loop(monkeypatch):
+    """Encoding (LAME, Opus, AAC through PyAV) runs in the process's encode pool: an encode never
+    runs on the event loop's thread, and the loop keeps serving while one is in progress."""
+    import api.serving
+    from api.encoders import make_encoder
+
+    ticks = 0
+    encodes: list[tuple[int, int]] = []  # (thread id, loop ticks that happened during the encode)
+
+    class SlowEncoder:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def encode(self, pcm):
+            before = ticks
+            time.sleep(0.1)  # a long encode; a loop blocked here could not tick
+            encodes.append((threading.get_ident(), ticks - before))
+            return self.inner.encode(pcm)
+
+        def finish(self):
+            encodes.append((threading.get_ident(), 1))
+            return self.inner.finish()
+
+        def close(self):
+            self.inner.close()
+
+    monkeypatch.setattr(api.serving, "make_encoder", lambda *a, **kw: SlowEncoder(make_encoder(*a, **kw)))
+    app = create_app(Settings(), service=ScriptedService())
+
+    async def go():
+        nonlocal ticks
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        tick = asyncio.create_task(ticker())
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            resp = await c.post("/v1/audio/speech", json={"input": TEXT, "response_format": "mp3"})
+        tick.cancel()
+        return threading.get_ident(), resp
+
+    loop_thread, resp = asyncio.run(go())
+    assert resp.status_code == 200 and decode(resp.content, "mp3")[0] == pytest.approx(1.2, abs=0.12)
+    assert len(encodes) == 4  # three pieces and the flush
+    assert all(thread != loop_thread for thread, _ in encodes), "an encode ran on the event loop's thread"
+    assert all(during > 0 for _, during in encodes), "the event loop stood still while audio was encoded"

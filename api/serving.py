@@ -1,0 +1,256 @@
+"""Serving one speech request: from the HTTP request to a stream of encoded bytes.
+
+A request is read and validated (api.protocol, api.errors), given a slot in this process's bound
+(api.admission), planned by the speech service (text and voice checks and the audio-length limit,
+still able to answer 400), admitted by the service (the fleet's bound), then streamed: each audio
+piece the service yields goes through the response's one encoder (api.encoders; PyAV's codecs in
+the process's encode thread pool, so the event loop keeps serving other streams meanwhile), and
+leaves at once as raw audio, SSE events or NDJSON captions. However the response ends (done,
+failed, client gone) the slot is released and the synthesis stops after the chunk in flight.
+
+    await speech_response(state, request)      # POST /v1/audio/speech
+    await captioned_response(state, request)   # POST /v1/audio/speech/captioned
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from api.admission import ProcessSlot
+from api.encoders import CONTENT_TYPES, Encoder, make_encoder
+from api.errors import bad_request, internal_error, read_json_object, validation_error
+from api.protocol import (CaptionedSpeechResponse, SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage,
+                          StreamError, WordTimestampModel)
+from api.service import SpeechBackend
+from api.state import AppState
+from api.transport import DisconnectAwareStreamingResponse, RequestInfo
+from worker.speech import AudioPiece, SpeechPlan
+from worker.speech import SpeechRequest as WorkerSpeechRequest
+from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+
+log = logging.getLogger("kokoro_fleet.api")
+
+# Written on the event loop: a few numpy operations per piece, cheaper than a hop to a pool thread.
+# The other formats go through PyAV's codecs (LAME, Opus, AAC, FLAC), in the encode pool.
+INLINE_FORMATS = ("pcm", "wav")
+# nginx's "client closed request": what the log shows for a non-streamed request whose client left
+# (nobody receives it).
+CLIENT_CLOSED_REQUEST = 499
+
+
+async def speech_response(state: AppState, request: Request) -> Response:
+    """Chunked audio, SSE events, or (`stream: false`) one body."""
+    req, plan, slot = await _prepare(request, state)
+    info: RequestInfo = request.state.info
+    if req.stream_format == "sse":
+        return DisconnectAwareStreamingResponse(
+            _sse_events(state, req, plan, slot, info), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    if req.stream:
+        return DisconnectAwareStreamingResponse(
+            _audio_bytes(state, req, plan, slot, info, request), media_type=CONTENT_TYPES[req.response_format],
+            headers={"X-Accel-Buffering": "no"})
+    try:
+        body = b"".join([b async for b in _audio_bytes(state, req, plan, slot, info, request, streamed=False)])
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return Response(body, media_type=CONTENT_TYPES[req.response_format])
+
+
+async def captioned_response(state: AppState, request: Request) -> Response:
+    """Audio and per-word timestamps: one JSON body, or NDJSON lines when streamed."""
+    req, plan, slot = await _prepare(request, state)
+    info: RequestInfo = request.state.info
+    if req.stream:
+        return DisconnectAwareStreamingResponse(_caption_lines(state, req, plan, slot, info),
+                                                media_type="application/x-ndjson")
+    audio = bytearray()
+    words: list[WordTimestampModel] = []
+    try:
+        async for data, piece in _encoded(state, req, plan, slot, info, request, streamed=False):
+            audio += data
+            if piece is not None:
+                words += _word_models(piece)
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(CaptionedSpeechResponse(
+        audio=base64.b64encode(bytes(audio)).decode(), audio_format=req.response_format, timestamps=words,
+    ).model_dump())
+
+
+# --- admission and planning ---------------------------------------------------------------------
+
+async def _prepare(request: Request, state: AppState) -> tuple[SpeechRequest, SpeechPlan, ProcessSlot]:
+    """Read, validate, admit and plan; every refusal here is a clean 4xx/5xx before any audio."""
+    info: RequestInfo = request.state.info
+    data = await read_json_object(request, state.settings.max_body_bytes)
+    # Best effort for the access log, so a refused request still shows what it asked for.
+    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
+    info.chars = len(data["input"]) if isinstance(data.get("input"), str) else None
+    info.format = data.get("response_format", "mp3") if isinstance(data.get("response_format", "mp3"), str) else None
+    try:
+        req = SpeechRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
+    except ValidationError as e:
+        raise validation_error(e) from None
+    info.voice, info.chars, info.format, info.stream = req.voice_spec, len(req.input), req.response_format, req.stream
+    service = state.require_service()
+    slot = state.admission.admit(info.id)
+    try:
+        plan = await service.admit(_plan(service, req))  # the fleet: a place in the shared queue, or 503
+    except BaseException:
+        slot.release()
+        raise
+    return req, plan, slot
+
+
+def _plan(service: SpeechBackend, req: SpeechRequest) -> SpeechPlan:
+    """The service's plan; its TextError / VoiceError (a ValueError naming the field) becomes a 400."""
+    try:
+        return service.plan(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
+                                                lang_code=req.lang_code, normalization=req.normalization()))
+    except ValueError as e:
+        param = getattr(e, "param", None)
+        if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug
+            raise
+        raise bad_request(str(e), param=param, code=f"invalid_{param}") from None
+
+
+# --- the stream of encoded bytes ----------------------------------------------------------------
+
+class ClientGone(Exception):
+    """The client of a non-streamed request disconnected before its body was ready."""
+
+
+class PooledEncoder:
+    """A response's encoder run in the process's encode pool (or inline when `pool` is None), one
+    call at a time.
+
+    A call whose awaiting task is cancelled (client gone) still runs to its end in its thread; the
+    codec is closed only after that, never under a running encode."""
+
+    def __init__(self, encoder: Encoder, pool: Executor | None):
+        self.encoder = encoder
+        self.pool = pool
+        self._running: asyncio.Future | None = None
+
+    async def encode(self, pcm: np.ndarray) -> bytes:
+        return await self._run(self.encoder.encode, pcm)
+
+    async def finish(self) -> bytes:
+        return await self._run(self.encoder.finish)
+
+    async def _run(self, call: Callable[..., bytes], *args) -> bytes:
+        if self.pool is None:
+            return call(*args)
+        self._running = asyncio.get_running_loop().run_in_executor(self.pool, call, *args)
+        return await asyncio.shield(self._running)
+
+    def close(self) -> None:
+        if self._running is not None and not self._running.done():
+            self._running.add_done_callback(lambda _: self.encoder.close())
+        else:
+            self.encoder.close()
+
+
+async def _encoded(state: AppState, req: SpeechRequest, plan: SpeechPlan, slot: ProcessSlot, info: RequestInfo,
+                   request: Request | None, streamed: bool = True) -> AsyncIterator[tuple[bytes, AudioPiece | None]]:
+    """The response's bytes, with the piece they came from: (bytes, piece) per synthesized piece,
+    then (tail, None) once the encoder is flushed. Owns the request's life: releases its slot,
+    counts its audio and notes how it ended, whether it finishes, fails or is cancelled."""
+    service = state.require_service()
+    encoder = PooledEncoder(make_encoder(req.response_format, streamed=streamed, volume=req.volume_multiplier),
+                            None if req.response_format in INLINE_FORMATS else state.encoders)
+    samples = 0
+    finished = False
+    try:
+        async with contextlib.aclosing(service.stream(plan)) as pieces:
+            async for piece in pieces:
+                samples += len(piece.pcm)
+                data = await encoder.encode(piece.pcm)
+                if data:
+                    info.first_audio()
+                yield data, piece
+                # Non-streamed bodies never touch the network until the end, so nothing cancels
+                # them when the client leaves: look between chunks instead.
+                if request is not None and not streamed and await request.is_disconnected():
+                    raise ClientGone()
+        tail = await encoder.finish()
+        if tail:
+            info.first_audio()
+        finished = True
+        yield tail, None
+    except (asyncio.CancelledError, ClientGone, GeneratorExit):
+        info.outcome = "disconnected"
+        raise
+    except Exception:
+        info.outcome = "error"
+        raise
+    finally:
+        encoder.close()
+        info.audio_s = samples / SAMPLE_RATE
+        if not finished and info.outcome == "ok":
+            info.outcome = "disconnected"
+        state.metrics.audio_seconds += info.audio_s
+        cost = service.stats().seconds_per_audio_second
+        slot.release(service_seconds=info.audio_s * cost if cost and info.audio_s > 0 else None)
+
+
+async def _audio_bytes(state, req, plan, slot, info, request, streamed: bool = True) -> AsyncIterator[bytes]:
+    async for data, _ in _encoded(state, req, plan, slot, info, request, streamed):
+        if data:
+            yield data
+
+
+async def _sse_events(state, req, plan, slot, info) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE stream: audio deltas (base64 of the encoded file's next bytes), then
+    `speech.audio.done` with usage; an `error` event instead if synthesis fails midway."""
+    samples = 0
+    try:
+        async for data, piece in _encoded(state, req, plan, slot, info, None):
+            if piece is not None:
+                samples += len(piece.pcm)
+            if data:
+                yield _sse(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
+    except Exception:
+        log.exception("synthesis failed midway through request %s", info.id)
+        yield _sse(StreamError(error=internal_error().detail()))
+        return
+    phonemes = plan.phoneme_count
+    frames = round(samples / SAMPLES_PER_FRAME)  # one duration frame is the unit of "output tokens"
+    yield _sse(SpeechAudioDone(usage=SpeechUsage(input_tokens=phonemes, output_tokens=frames, total_tokens=phonemes + frames)))
+
+
+def _sse(event) -> bytes:
+    return b"data: " + event.model_dump_json().encode() + b"\n\n"
+
+
+async def _caption_lines(state, req, plan, slot, info) -> AsyncIterator[bytes]:
+    """NDJSON: one CaptionedSpeechResponse per piece (its bytes of the one encoded file and its
+    words, in absolute seconds); the last line carries the encoder's tail."""
+    try:
+        async for data, piece in _encoded(state, req, plan, slot, info, None):
+            if not data and piece is None:
+                continue
+            words = _word_models(piece) if piece is not None else []
+            line = CaptionedSpeechResponse(audio=base64.b64encode(data).decode(), audio_format=req.response_format,
+                                           timestamps=words)
+            yield line.model_dump_json().encode() + b"\n"
+    except Exception:
+        log.exception("synthesis failed midway through request %s", info.id)
+        yield json.dumps(StreamError(error=internal_error().detail()).model_dump()).encode() + b"\n"
+
+
+def _word_models(piece: AudioPiece) -> list[WordTimestampModel]:
+    return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3))
+            for w in piece.words]

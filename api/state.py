@@ -1,0 +1,40 @@
+"""What one server process serves with: its settings, speech service, per-process admission,
+metrics, and the thread pool its PyAV encoders run in."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from api.admission import ProcessAdmission
+from api.errors import ApiError, CapacityError
+from api.metrics import Metrics
+from api.service import SpeechBackend
+from worker.settings import Settings
+
+
+def encode_pool() -> ThreadPoolExecutor:
+    """One pool per process: PyAV releases the GIL while it encodes, so encodes of several streams
+    run on several cores while the event loop keeps serving."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="kokoro-encode")
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    service: SpeechBackend | None
+    admission: ProcessAdmission
+    metrics: Metrics = field(default_factory=Metrics)
+    encoders: ThreadPoolExecutor = field(default_factory=encode_pool)
+    ready: bool = False
+    load_error: str | None = None
+    api_keys: tuple[str, ...] = ()
+
+    def require_service(self) -> SpeechBackend:
+        if self.service is None or not self.ready:
+            if self.load_error:
+                raise ApiError(503, "The model failed to load; the operator has to fix the server (see its log).",
+                               type="server_error", code="model_unavailable")
+            raise CapacityError(2.0, "The model is still loading; retry in a few seconds.")
+        return self.service

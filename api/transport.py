@@ -1,0 +1,126 @@
+"""The transport pieces under the routes: a streaming response that notices a departed client at
+once, and the middleware that gives every request an id, one access-log line and its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
+
+from api.metrics import Metrics
+
+access_log = logging.getLogger("kokoro_fleet.access")
+
+
+@dataclass
+class RequestInfo:
+    """What the access log and metrics record about one request; handlers fill it in."""
+
+    id: str
+    started: float
+    voice: str | None = None
+    chars: int | None = None
+    format: str | None = None
+    stream: bool | None = None
+    ttfa_s: float | None = None
+    audio_s: float = 0.0
+    outcome: str = "ok"  # ok | error | disconnected
+
+    def first_audio(self) -> None:
+        if self.ttfa_s is None:
+            self.ttfa_s = time.perf_counter() - self.started
+
+
+class DisconnectAwareStreamingResponse(StreamingResponse):
+    """A streaming response that stops producing the moment its client disconnects.
+
+    Starlette's own listens for `http.disconnect` only when the server speaks ASGI spec < 2.4;
+    under 2.4 it notices a departed client when the next send fails, i.e. after the next chunk
+    has been synthesized for nobody. Here a listener always runs and cancels the producer at
+    once: the chunk in flight is the last one, and the request's slot frees immediately.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        producer = asyncio.ensure_future(self.stream_response(send))
+        listener = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait({producer, listener}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (producer, listener):
+                task.cancel()
+            await asyncio.gather(producer, listener, return_exceptions=True)
+        if producer.done() and not producer.cancelled():
+            error = producer.exception()
+            if error is not None and not isinstance(error, OSError):  # OSError: the client went away mid-send
+                raise error
+
+
+class AccessLogMiddleware:
+    """One structured log line and one metrics sample per request, whatever its outcome."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = given[:64] if given and given.isprintable() else f"req_{uuid.uuid4().hex[:16]}"
+        info = RequestInfo(id=request_id, started=time.perf_counter())
+        scope.setdefault("state", {})["info"] = info
+        status: int | None = None
+        completed = False
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status, completed
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        except BaseException:
+            if info.outcome == "ok":
+                info.outcome = "error"
+            raise
+        finally:
+            self._record(scope, info, status, completed)
+
+    def _record(self, scope: Scope, info: RequestInfo, status: int | None, completed: bool) -> None:
+        e2e = time.perf_counter() - info.started
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        if not completed and info.outcome == "ok":
+            info.outcome = "disconnected"
+        shown_status = status if status is not None else 500
+        m = self.metrics
+        m.count_request(route, shown_status if info.outcome != "disconnected" else "disconnected")
+        if status == 200 and info.stream is not None:  # a speech response
+            if info.ttfa_s is not None:
+                m.ttfa.observe(info.ttfa_s)
+            if info.outcome == "ok":
+                m.e2e.observe(e2e)
+            elif info.outcome == "disconnected":
+                m.disconnects += 1
+        record = {
+            "id": info.id, "method": scope.get("method"), "path": scope.get("path"), "status": shown_status,
+            "outcome": info.outcome, "voice": info.voice, "chars": info.chars, "format": info.format,
+            "stream": info.stream,
+            "ttfa_ms": None if info.ttfa_s is None else round(info.ttfa_s * 1000, 1),
+            "e2e_ms": round(e2e * 1000, 1), "audio_s": round(info.audio_s, 3),
+        }
+        quiet = route in ("/health", "/ready", "/metrics")  # probes and scrapes: every few seconds
+        access_log.log(logging.DEBUG if quiet else logging.INFO, json.dumps(record))
+
