@@ -37,6 +37,7 @@ from api.encoders import CONTENT_TYPES, SAMPLE_RATE, make_encoder
 from api.errors import (ApiError, CapacityError, bad_request, install_error_handlers, internal_error,
                         read_json_object, validation_error)
 from api.metrics import Metrics
+from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, ModelCard, ModelList,
                           SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, StreamError,
                           VoiceEntry, VoiceList, WordTimestampModel, model_cards)
@@ -247,6 +248,8 @@ def create_app(settings: Settings | None = None, service: SpeechServiceLike | No
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if settings.playground:
+        app.include_router(playground_router(state))
     return app
 
 
@@ -544,6 +547,6 @@ class AccessLogMiddleware:
             "ttfa_ms": None if info.ttfa_s is None else round(info.ttfa_s * 1000, 1),
             "e2e_ms": round(e2e * 1000, 1), "audio_s": round(info.audio_s, 3),
         }
-        quiet = route in ("/health", "/ready", "/metrics")  # probes and scrapes: every few seconds
+        quiet = route in ("/health", "/ready", "/metrics", FLEET_PATH)  # probes and scrapes: every few seconds
         access_log.log(logging.DEBUG if quiet else logging.INFO, json.dumps(record))
 
