@@ -99,6 +99,7 @@ class Tab:
             word: Number(document.querySelector('#transcript').dataset.currentWord ?? -1),
             words: document.querySelectorAll('#transcript .word').length,
             status: document.querySelector('#status').textContent,
+            streaming: document.querySelector('#rtf').dataset.value === undefined,
         })""")
 
 
@@ -225,6 +226,8 @@ def test_play_streams_and_highlights_the_spoken_words(tab, server, request):
     assert positions == sorted(positions), "the playback position never goes back"
     assert positions[-1] >= total - 0.1 > 1.0, (positions[-1], total)  # it played to the end
     assert len(set(round(p, 2) for p in positions if 0 < p < total)) >= 5, "it advanced while playing"
+    if server.name == "offline":  # the tiny model may finish a short text within the first piece's lead
+        assert any(f["position"] > 0 and f["streaming"] for f in samples), "audio started before the stream ended"
 
     words = [f["word"] for f in samples]
     assert words == sorted(words), "the highlight only moves forward"

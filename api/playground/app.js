@@ -295,17 +295,32 @@
     return played;
   }
 
+  // Each timed word is found in the text as typed, so the transcript keeps its punctuation and
+  // spacing; a word the text does not show nearby (a spelled-out number) is shown as spoken.
+  const WORD_SEARCH_CHARS = 40;
+
   function addWords(s, words) {
     for (const w of words) {
       const span = document.createElement('span');
       span.className = 'word';
-      span.textContent = w.word;
       span.dataset.start = String(w.start_time);
       span.dataset.end = String(w.end_time);
-      if (s.words.length) els.transcript.append(' ');
+      const at = s.text.indexOf(w.word, s.cursor);
+      if (w.word && at >= 0 && at - s.cursor <= WORD_SEARCH_CHARS) {
+        els.transcript.append(s.text.slice(s.cursor, at));
+        s.cursor = at + w.word.length;
+      } else if (s.words.length) {
+        els.transcript.append(' ');
+      }
+      span.textContent = w.word;
       els.transcript.append(span);
       s.words.push({ start: w.start_time, end: w.end_time, el: span });
     }
+  }
+
+  function addTextTail(s) {
+    const tail = s.text.slice(s.cursor);
+    if (s.words.length && tail.length <= WORD_SEARCH_CHARS) els.transcript.append(tail);
   }
 
   function highlight(s, played) {
@@ -378,6 +393,7 @@
     clearError();
     const s = {
       controller: new AbortController(), sources: [], segments: [], words: [], current: -1, carry: null,
+      text: els.text.value, cursor: 0,
       audioSeconds: 0, nextTime: 0, ttfa: null, done: false, failed: false, ticker: null,
       startedAt: performance.now(),
     };
@@ -429,6 +445,7 @@
         }
       }
       if (pending.trim()) handleLine(s, JSON.parse(pending));
+      addTextTail(s);
     } catch (e) {
       if (s.controller.signal.aborted) return;
       s.failed = true;
