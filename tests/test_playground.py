@@ -313,3 +313,33 @@ def test_a_full_fleet_shows_503_with_its_retry_time(browser, tiny_fleet):
                                timeout=15_000)
     finally:
         context.close()
+
+
+def test_api_key_field_when_keys_are_configured(browser, tmp_path):
+    """With KOKORO_API_KEYS set, the page asks for a key, shows the 401's message for a wrong one,
+    then loads the voices and plays with the right one."""
+    server = FleetProcess(1, weights="tiny", log_dir=tmp_path, name="keys",
+                          env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key"})
+    server.start(ready_timeout=240)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(server.url + "/")
+        expect(page.locator("#api-key-field")).to_be_visible()
+        expect(page.locator("#status")).to_have_text("Enter the API key to load the voices.")
+        page.fill("#api-key", "wrong-key")
+        page.locator("#api-key").dispatch_event("change")
+        expected = httpx.get(server.url + "/v1/audio/voices", headers={"Authorization": "Bearer wrong-key"})
+        expect(page.locator("#error")).to_contain_text(expected.json()["error"]["message"])
+        page.fill("#api-key", "second-key")
+        page.locator("#api-key").dispatch_event("change")
+        page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        expect(page.locator("#error")).to_be_hidden()
+        page.fill("#text", "Keys work.")
+        page.click("#play")
+        page.wait_for_function("() => document.querySelector('#status').textContent === 'Done.'",
+                               timeout=PLAY_TIMEOUT_S * 1000)
+        assert float(page.locator("#ttfa").get_attribute("data-seconds")) > 0
+    finally:
+        context.close()
+        server.stop()
