@@ -10,8 +10,9 @@ TORCH_SPEC ?= torch==2.13.0
 # The reference implementation, for the parity tests and `kokoro-fleet bench` (its own
 # dependencies would pull spaCy and a hub download, so it is installed without them).
 REFERENCE_SPEC ?= kokoro==0.9.4 loguru
-# shellcheck: tests/servers/test_deploy.py lints docker/entrypoint.sh.
-APT_PACKAGES ?= espeak-ng redis-server hey shellcheck
+# shellcheck: tests/servers/test_deploy.py lints docker/entrypoint.sh; chromium:
+# tests/servers/test_playground.py drives the playground page in it.
+APT_PACKAGES ?= espeak-ng redis-server hey shellcheck chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo)
 PORT ?= 8880
 PYTEST_ARGS ?=

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from api.admission import ProcessAdmission
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
+from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, ModelCard, ModelList, VoiceEntry,
                           VoiceList, model_cards)
 from api.service import SpeechBackend
@@ -73,7 +74,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     app.state.kokoro = state
     install_error_handlers(app)
     _register_metrics(state)
-    app.add_middleware(AccessLogMiddleware, metrics=state.metrics)
+    app.add_middleware(AccessLogMiddleware, metrics=state.metrics,
+                       quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH))
 
     def require_api_key(request: Request) -> None:
         if not state.api_keys:
@@ -142,6 +144,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if settings.playground:
+        app.include_router(playground_router(state))
     return app
 
 

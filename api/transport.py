@@ -64,9 +64,10 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
 class AccessLogMiddleware:
     """One structured log line and one metrics sample per request, whatever its outcome."""
 
-    def __init__(self, app, metrics: Metrics):
+    def __init__(self, app, metrics: Metrics, quiet_paths: tuple[str, ...] = ("/health", "/ready", "/metrics")):
         self.app = app
         self.metrics = metrics
+        self.quiet_paths = quiet_paths  # probes, scrapes and panels that poll every few seconds: logged at debug
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -121,6 +122,5 @@ class AccessLogMiddleware:
             "ttfa_ms": None if info.ttfa_s is None else round(info.ttfa_s * 1000, 1),
             "e2e_ms": round(e2e * 1000, 1), "audio_s": round(info.audio_s, 3),
         }
-        quiet = route in ("/health", "/ready", "/metrics")  # probes and scrapes: every few seconds
-        access_log.log(logging.DEBUG if quiet else logging.INFO, json.dumps(record))
+        access_log.log(logging.DEBUG if route in self.quiet_paths else logging.INFO, json.dumps(record))
 

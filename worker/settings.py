@@ -67,6 +67,10 @@ class Settings:
     workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU, the core count on CPU).")
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop (0: derived from the admission bound).")
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
+    playground: bool = setting(
+        "KOKORO_PLAYGROUND", True,
+        "Serve the playground page at `/` (type, pick or mix voices, hear it stream, see the fleet); "
+        "false: `/` answers 404.")
     max_input_chars: int = setting("KOKORO_MAX_INPUT_CHARS", 4096, "Longest `input` accepted by /v1/audio/speech.")
     max_body_bytes: int = setting("KOKORO_MAX_BODY_BYTES", 1 << 20, "Largest request body accepted (413 above).")
     max_requests: int = setting(

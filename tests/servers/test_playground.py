@@ -1,0 +1,345 @@
+"""The playground page at `/`, in a real browser against a real server.
+
+Debian's `chromium` (Makefile's APT_PACKAGES) driven by Playwright's Python package (the dev extra;
+never its own browser downloads), against `kokoro-fleet serve` in its own process: the tiny random
+weights as a two-worker fleet on its embedded Redis (as `make serve` runs on a 2-core machine), and
+the real offline weights on one worker (marked slow). Each test opens a fresh page and records its
+console errors and every URL it requested. Screenshots land in test-artifacts/ (git-ignored).
+
+The page's own figures are what the tests read: the playback position it derives from its
+AudioContext's clock (`#position[data-seconds]`), the index of the highlighted word
+(`#transcript[data-current-word]`), the measured first audio (`#ttfa[data-seconds]`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import re
+import socket
+import time
+import tomllib
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from playwright.sync_api import Page, expect, sync_playwright
+
+from api.app import create_app
+from loadtest.dispatch import FleetProcess
+from worker.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+# Root in a container: no sandbox; no GPU; nothing that would call out to the network by itself;
+# audio may start without a click (Playwright's clicks are not trusted user gestures for autoplay).
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--autoplay-policy=no-user-gesture-required"]
+TEXT = "The quick brown fox jumps over the lazy dog. Then it sleeps in the warm afternoon sun."
+PLAY_TIMEOUT_S = 180  # real weights on one thread of a shared 2-core CPU
+
+
+# --- servers and the browser ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_fleet(tmp_path_factory):
+    # Two admitted requests fill the fleet, so the 503 test needs to hold only two streams; the
+    # queued-audio bound is lifted so those two may be long enough to stay open.
+    fleet = FleetProcess(2, weights="tiny", log_dir=tmp_path_factory.mktemp("playground"), name="tiny",
+                         env={"KOKORO_THREADS": "1", "KOKORO_QUEUE_MAX_REQUESTS": "2",
+                              "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "100000"})
+    fleet.start(ready_timeout=240)
+    yield fleet
+    fleet.stop()
+    assert "Traceback" not in fleet.log(), fleet.log()
+
+
+@pytest.fixture(scope="module")
+def offline_server(tmp_path_factory, real_weights):  # real_weights: the bundle converted and cached first
+    server = FleetProcess(1, weights="offline", log_dir=tmp_path_factory.mktemp("playground"), name="offline",
+                          env={"KOKORO_THREADS": "1"})
+    server.start(ready_timeout=300)
+    yield server
+    server.stop()
+    assert "Traceback" not in server.log(), server.log()
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("offline", marks=pytest.mark.slow)])
+def server(request) -> FleetProcess:
+    return request.getfixturevalue({"tiny": "tiny_fleet", "offline": "offline_server"}[request.param])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make install` installs Debian's chromium"
+    with sync_playwright() as playwright:
+        # Playwright gives every launch a fresh temporary profile (user-data-dir).
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@dataclass
+class Tab:
+    page: Page
+    url: str
+    console_errors: list[str] = field(default_factory=list)
+    requested: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict:
+        """The page's own playback figures, read in one round trip."""
+        return self.page.evaluate("""() => ({
+            position: Number(document.querySelector('#position').dataset.seconds),
+            word: Number(document.querySelector('#transcript').dataset.currentWord ?? -1),
+            words: document.querySelectorAll('#transcript .word').length,
+            status: document.querySelector('#status').textContent,
+            streaming: document.querySelector('#rtf').dataset.value === undefined,
+        })""")
+
+
+@pytest.fixture
+def tab(browser, server):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    t = Tab(page, server.url)
+    page.on("console", lambda m: t.console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: t.console_errors.append(f"uncaught: {e}"))
+    page.on("request", lambda r: t.requested.append(r.url))
+    yield t
+    context.close()
+
+
+def open_playground(tab: Tab):
+    response = tab.page.goto(tab.url + "/")
+    assert response is not None and response.status == 200
+    # voices loaded (the mixer's first select is filled) and the fleet panel has its first figures
+    tab.page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+    expect(tab.page.locator("#fleet-replicas")).not_to_have_text("–")
+    return response
+
+
+def api_error(url: str, body: dict) -> dict:
+    response = httpx.post(url + "/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code >= 400, response.text
+    return response.json()["error"]
+
+
+# --- in process: the route and its setting ----------------------------------------------------------
+
+def test_setting_turns_the_page_off():
+    on = TestClient(create_app(Settings().replace(playground=True)))
+    page = on.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    for asset in re.findall(r'(?:src|href)="(/playground/[^"]+)"', page.text):
+        assert on.get(asset).status_code == 200, asset
+    assert on.get("/playground/fleet").json()["ready"] is False  # no model yet: nothing pretends otherwise
+    off = TestClient(create_app(Settings().replace(playground=False)))
+    for path in ("/", "/playground/app.js", "/playground/config", "/playground/fleet"):
+        response = off.get(path)
+        assert response.status_code == 404 and set(response.json()) == {"error"}, path
+
+
+def test_config_says_when_a_key_is_needed():
+    config = TestClient(create_app(Settings().replace(api_keys="k1", max_input_chars=123))).get("/playground/config")
+    assert config.json()["api_key_required"] is True and config.json()["max_input_chars"] == 123
+    assert TestClient(create_app(Settings())).get("/playground/config").json()["api_key_required"] is False
+
+
+def test_the_package_ships_every_page_file():
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["api.playground"]
+    shipped = [p.name for p in (ROOT / "api/playground").iterdir() if p.is_file() and p.suffix != ".py"]
+    assert shipped and all(any(fnmatch.fnmatch(name, pat) for pat in patterns) for name in shipped), shipped
+
+
+# --- in the browser ------------------------------------------------------------------------------
+
+def test_page_loads_offline_with_labels_and_no_console_errors(tab, server):
+    response = open_playground(tab)
+    assert "default-src 'self'" in response.headers["content-security-policy"]
+    assert tab.console_errors == []
+    outside = [u for u in tab.requested if not (u.startswith(server.url + "/") or u.startswith("data:"))]
+    assert outside == [], "the page must load nothing from outside its server"
+    # every control has a label a screen reader announces
+    unlabelled = tab.page.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
+        .filter(el => !el.closest('[hidden]'))
+        .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.textContent.trim())
+        .map(el => el.id || el.outerHTML)""")
+    assert unlabelled == []
+    # voices grouped by language and gender: every voice the API lists, under its gender's group
+    voices = {v["id"]: v for v in httpx.get(server.url + "/v1/audio/voices").json()["voices"]}
+    options = tab.page.evaluate("""() => [...document.querySelectorAll('#mix-voice-1 option')]
+        .map(o => [o.value, o.parentElement.label])""")
+    assert sorted(v for v, _ in options) == sorted(voices)
+    groups: dict[str, set[str]] = {}
+    for voice, label in options:
+        assert label.endswith(" · " + voices[voice]["gender"]), (voice, label)
+        groups.setdefault(label, set()).add(voices[voice]["language"])
+    assert all(len(languages) == 1 for languages in groups.values()), groups
+    limit = httpx.get(server.url + "/playground/config").json()["max_input_chars"]
+    text = tab.page.locator("#text").input_value()
+    expect(tab.page.locator("#char-count")).to_have_text(f"{len(text)} / {limit} characters")
+
+
+def test_play_streams_and_highlights_the_spoken_words(tab, server, request):
+    page = tab.page
+    open_playground(tab)
+    page.fill("#text", TEXT)
+    # the mixer: af_bella weighted 2, af_sky 1
+    page.select_option("#mix-voice-1", "af_bella")
+    page.click("#add-voice")
+    page.select_option("#mix-voice-2", "af_sky")
+    page.fill("#mix-weight-1", "2")
+    expect(page.locator("#voice-spec")).to_have_value("af_bella(2)+af_sky(1)")
+
+    clicked = time.monotonic()
+    page.click("#play")
+    page.wait_for_function("() => document.querySelector('#ttfa').dataset.seconds !== undefined",
+                           timeout=PLAY_TIMEOUT_S * 1000)
+    ttfa = float(page.locator("#ttfa").get_attribute("data-seconds"))
+    assert 0 < ttfa <= time.monotonic() - clicked
+    print(f"\n{server.name}: first audio {ttfa * 1000:.0f} ms after Play (the page's own measure)")
+
+    samples, shot = [], None
+    deadline = time.monotonic() + PLAY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        f = tab.figures()
+        samples.append(f)
+        if shot is None and f["words"] and f["word"] >= f["words"] // 2:
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / f"playground-{server.name}.png"
+            page.screenshot(path=str(shot), full_page=True)
+        if f["status"] == "Done.":
+            break
+        time.sleep(0.1)
+    assert samples[-1]["status"] == "Done.", samples[-1]
+    assert tab.console_errors == []
+
+    positions = [f["position"] for f in samples]
+    total = float(re.search(r"/ ([\d.]+) s", page.locator("#position").inner_text()).group(1))
+    assert positions == sorted(positions), "the playback position never goes back"
+    assert positions[-1] >= total - 0.1 > 1.0, (positions[-1], total)  # it played to the end
+    assert len(set(round(p, 2) for p in positions if 0 < p < total)) >= 5, "it advanced while playing"
+    if server.name == "offline":  # the tiny model may finish a short text within the first piece's lead
+        assert any(f["position"] > 0 and f["streaming"] for f in samples), "audio started before the stream ended"
+
+    words = [f["word"] for f in samples]
+    assert words == sorted(words), "the highlight only moves forward"
+    assert len(set(words) - {-1}) >= 3 and words[-1] == samples[-1]["words"] - 1, words
+    shown = page.locator("#transcript .word").all_inner_texts()
+    captioned = httpx.post(server.url + "/v1/audio/speech/captioned", timeout=PLAY_TIMEOUT_S, json={
+        "input": TEXT, "voice": "af_bella(2)+af_sky(1)", "response_format": "pcm", "stream": False}).json()
+    assert shown == [w["word"] for w in captioned["timestamps"]]
+
+    rtf = float(page.locator("#rtf").get_attribute("data-value"))
+    assert rtf > 0
+    print(f"{server.name}: {total:.1f} s of audio, real-time factor {rtf:.2f}; screenshot {shot}")
+    assert shot is not None and shot.stat().st_size > 10_000
+
+    # Download: the same request as one wav file, as long as what was played
+    page.select_option("#format", "wav")
+    with page.expect_download(timeout=PLAY_TIMEOUT_S * 1000) as download:
+        page.click("#download")
+    assert download.value.suggested_filename == "speech.wav"
+    with wave.open(io.BytesIO(Path(download.value.path()).read_bytes())) as w:
+        seconds = w.getnframes() / w.getframerate()
+    assert abs(seconds - total) < 0.06, (seconds, total)
+
+
+def test_errors_show_the_servers_message(tab, server):
+    page = tab.page
+    open_playground(tab)
+    page.fill("#text", "")
+    page.click("#play")
+    expected = api_error(server.url, {"input": "", "voice": "af_heart"})
+    expect(page.locator("#error")).to_contain_text(expected["message"])
+    expect(page.locator("#error")).to_contain_text("Error 400")
+    expect(page.locator("#text")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#char-count")).to_have_text(re.compile(r"^0 / \d+ characters$"))
+
+    page.fill("#text", "Hello there.")
+    page.fill("#voice-spec", "zz_nobody")
+    page.click("#play")
+    expected = api_error(server.url, {"input": "Hello there.", "voice": "zz_nobody"})
+    expect(page.locator("#error")).to_contain_text(expected["message"])
+    expect(page.locator("#voice-spec")).to_have_attribute("aria-invalid", "true")
+
+
+def test_fleet_panel_shows_the_replicas(tab, server):
+    open_playground(tab)
+    expect(tab.page.locator("#fleet-replicas")).to_have_text(str(server.workers))
+    busy, idle = (int(tab.page.locator(f"#fleet-{k}").inner_text()) for k in ("busy", "idle"))
+    assert busy + idle == server.workers
+    expect(tab.page.locator("#fleet-bars span")).to_have_count(server.workers)
+    figures = httpx.get(server.url + "/playground/fleet").json()
+    assert figures["replicas"] == server.workers and figures["ready"] is True
+    assert figures["mode"] == ("fleet" if server.workers > 1 else "single")
+
+
+def test_a_full_fleet_shows_503_with_its_retry_time(browser, tiny_fleet):
+    """Two streams the test holds open fill the fleet (KOKORO_QUEUE_MAX_REQUESTS=2); the page's
+    request, sent from the keyboard, gets the 503 and shows when to retry; the panel counts it."""
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(tiny_fleet.url + "/")
+        page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        refused_before = int(page.locator("#fleet-refused").inner_text())
+        long_text = " ".join(["Every request here waits its turn in the shared queue."] * 70)
+        # A small receive buffer: the server's sends block long before its ~14 MB of PCM are out.
+        transport = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
+        with httpx.Client(timeout=120, transport=transport) as http, contextlib.ExitStack() as held:
+            readers = []  # kept: a dropped iterator would close its response
+            for _ in range(2):
+                response = held.enter_context(http.stream("POST", tiny_fleet.url + "/v1/audio/speech", json={
+                    "input": long_text, "voice": "af_heart", "response_format": "pcm"}))
+                assert response.status_code == 200
+                readers.append(response.iter_raw())
+                next(readers[-1])  # admitted and streaming; then left unread
+            page.focus("#text")
+            page.keyboard.press("Control+Enter")
+            error = page.locator("#error")
+            expect(error).to_contain_text("Error 503")
+            expect(error).to_contain_text(re.compile(r"Retry after [\d.]+ s\."))
+            expect(page.locator("#play")).to_be_enabled()
+        expect(page.locator("#fleet-refused")).to_have_text(re.compile(r"^\d+$"), timeout=10_000)
+        page.wait_for_function(f"() => Number(document.querySelector('#fleet-refused').textContent) > {refused_before}",
+                               timeout=15_000)
+    finally:
+        context.close()
+
+
+def test_api_key_field_when_keys_are_configured(browser, tmp_path):
+    """With KOKORO_API_KEYS set, the page asks for a key, shows the 401's message for a wrong one,
+    then loads the voices and plays with the right one."""
+    server = FleetProcess(1, weights="tiny", log_dir=tmp_path, name="keys",
+                          env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key"})
+    server.start(ready_timeout=240)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(server.url + "/")
+        expect(page.locator("#api-key-field")).to_be_visible()
+        expect(page.locator("#status")).to_have_text("Enter the API key to load the voices.")
+        page.fill("#api-key", "wrong-key")
+        page.locator("#api-key").dispatch_event("change")
+        expected = httpx.get(server.url + "/v1/audio/voices", headers={"Authorization": "Bearer wrong-key"})
+        expect(page.locator("#error")).to_contain_text(expected.json()["error"]["message"])
+        page.fill("#api-key", "second-key")
+        page.locator("#api-key").dispatch_event("change")
+        page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        expect(page.locator("#error")).to_be_hidden()
+        page.fill("#text", "Keys work.")
+        page.click("#play")
+        page.wait_for_function("() => document.querySelector('#status').textContent === 'Done.'",
+                               timeout=PLAY_TIMEOUT_S * 1000)
+        assert float(page.locator("#ttfa").get_attribute("data-seconds")) > 0
+    finally:
+        context.close()
+        server.stop()
