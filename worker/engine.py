@@ -59,7 +59,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """`auto`: bf16 where it is the faster mode and passes the parity bound (tests/test_model.py
+    """`auto`: bf16 where it is the faster mode and passes the parity bound (tests/unit/test_model.py
     checks the bound on CPU; worker/gpu_check.py on CUDA), else fp32."""
     if dtype != "auto":
         if dtype not in DTYPES:
