@@ -456,7 +456,9 @@ def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tm
     use_compiled_kernels(False)  # as the engine does (fused kernels are process-wide state)
     with torch.inference_mode():
         audio, durations = model.synthesize(torch.tensor([[0, *ids, 0]]), style[None])
-    assert np.array_equal(served.audio, audio.float().numpy())
+    # Bit for bit when this test runs alone; after other tests in the same process the two paths can
+    # round differently in the last bit (seen: 2e-8), so the audio is held to float32 rounding.
+    np.testing.assert_allclose(served.audio, audio.float().numpy(), rtol=0, atol=1e-6)
     assert np.array_equal(served.durations, durations.numpy())
 
 
