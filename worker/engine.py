@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,8 +21,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from worker import cpu_features
 from worker.model import SAMPLES_PER_FRAME, KokoroModel
-from worker.model.layers import use_compiled_kernels
+from worker.model.layers import kernels, use_compiled_kernels
 
 log = logging.getLogger("kokoro_fleet.engine")
 
@@ -42,11 +44,7 @@ def frame_buckets(first: int = 32, last: int = 6144, ratio: float = 1.25) -> tup
 
 def cpu_has_bf16() -> bool:
     """AVX512-BF16 or AMX: oneDNN then runs bf16 convolutions about twice as fast as float32."""
-    try:
-        flags = open("/proc/cpuinfo", encoding="ascii", errors="ignore").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return cpu_features.cpu_info().native("bf16")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -64,7 +62,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
         return dtype
     if device.type == "cuda":
         return "bf16"
-    return "bf16" if cpu_has_bf16() else "fp32"
+    return "bf16" if cpu_has_bf16() else "fp32"  # never a precision the CPU would emulate
 
 
 @dataclass
@@ -87,6 +85,8 @@ class Engine:
         a fresh environment pays about half a minute of compiling at its first synthesis)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
+            log.warning(warning)
         self.seed = seed
         self.noise = noise
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
@@ -135,8 +135,17 @@ class Engine:
                 torch.cuda.synchronize()
         ids = [16, 43, 54, 16, 56, 57] * 5
         style = torch.zeros(2 * self.model.style_dim)  # [2S]: a voice row (256 in Kokoro-82M)
+        compiling = self.device.type == "cpu" and self.fused_kernels
+        if compiling:
+            cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache")
+            log.info("warming up: compiling the fused CPU kernels (about half a minute on a first start; "
+                     "cached in %s for the next)", cache)
+        start = time.perf_counter()
         for _ in range(2):
             self.synthesize(ids, style)
+        if compiling:
+            log.info("warm-up done in %.1f s (fused kernels %s)", time.perf_counter() - start,
+                     "compiled" if kernels.compiled else "unavailable: running eagerly")
 
     # --- internals ---------------------------------------------------------------------------------
 

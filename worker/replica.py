@@ -1,4 +1,8 @@
-"""A replica: one Engine per process, one inference at a time, never on the event loop."""
+"""A replica: one Engine per process, one inference at a time, never on the event loop.
+
+Inference runs in the replica's own thread, at lower priority than the event loop (see
+worker/cpu_runtime.py): the loop must answer admissions and 503s while the replica computes.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,15 @@ from typing import Sequence
 
 import torch
 
+from worker.cpu_runtime import inference_executor
 from worker.engine import Engine, Synthesis
 
 
 class Replica:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, niceness: int = 0):
+        """niceness: added to the inference thread's (and its OpenMP pool's) scheduling niceness."""
         self.engine = engine
+        self._executor = inference_executor(niceness)
         self._one_at_a_time = asyncio.Semaphore(1)
         self.busy = False
         self.jobs_done = 0
@@ -34,7 +41,7 @@ class Replica:
         async with self._one_at_a_time:
             self.busy = True
             start = time.perf_counter()
-            work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+            work = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
             try:
                 return await asyncio.shield(work)
             except asyncio.CancelledError:
