@@ -98,3 +98,54 @@ def test_inference_and_its_openmp_pool_run_at_raised_niceness(tiny_weights):
     assert thread_niceness(threading.get_native_id()) == base, "the calling (event-loop) thread keeps its niceness"
     raised = [int(t) for t in os.listdir("/proc/self/task") if thread_niceness(int(t)) == base + 3]
     assert len(raised) >= 2, "the OpenMP threads the inference thread started should inherit its niceness"
+
+
+def test_compiled_kernels_are_cached_beside_the_weights(tmp_path, monkeypatch):
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    from worker.cpu_runtime import use_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch sets on first use
+    assert use_compile_cache(tmp_path) == tmp_path / "inductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own choice stays
+    assert use_compile_cache(tmp_path) == tmp_path / "mine"
+
+
+# --- the real weights: the auto mode's parity, and the bench against onnxruntime ---------------------
+
+@pytest.mark.slow
+def test_auto_mode_keeps_the_parity_bound_on_the_real_weights(real_weights):
+    from worker.bench import chunk_ids
+    from worker.reference import log_spectral_distance_db
+
+    ids = chunk_ids(real_weights.config["vocab"], 100)
+    style = real_weights.voices["af_heart"][len(ids) - 1]
+    fp32 = Engine(real_weights, "cpu", "fp32", noise=False).synthesize(ids, style)
+    auto = Engine(real_weights, "cpu", "auto", noise=False)
+    out = auto.synthesize(ids, style)
+    print(f"auto = {auto.dtype} on {cpu_features.cpu_info().summary()}")
+    assert len(out.durations) == len(ids) + 2  # word timestamps need every token's duration
+    assert (abs(out.durations - fp32.durations) <= 1).mean() >= 0.99
+    assert log_spectral_distance_db(fp32.audio, out.audio) <= 1.0
+    noisy = Engine(real_weights, "cpu", "auto", seed=7)
+    first, again = noisy.synthesize(ids, style), noisy.synthesize(ids, style)
+    assert (first.audio == again.audio).all(), "seeded noise must give the same audio"
+
+
+@pytest.mark.slow
+def test_bench_times_onnxruntime_beside_our_modes(real_weights, capsys):
+    import argparse
+
+    from worker import bench
+
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    args = parser.parse_args(["--sizes", "30", "--repeats", "1", "--modes", "auto", "--no-reference", "--device", "cpu"])
+    assert bench.run(args) == 0
+    out = capsys.readouterr().out
+    assert f"cpu: {cpu_features.cpu_info().model}" in out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.strip().startswith("30 ")}
+    assert bench.ONNXRUNTIME in rows, out
+    ours = next(row for name, row in rows.items() if name.startswith("ours-auto"))
+    assert ours[7].endswith("x") and float(ours[7][:-1]) > 0, out  # our speed over onnxruntime's

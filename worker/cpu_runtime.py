@@ -69,9 +69,15 @@ def inference_executor(niceness: int) -> concurrent.futures.ThreadPoolExecutor:
 
 
 def use_compile_cache(cache_dir: str | Path) -> Path:
-    """Keep torch.compile's kernels under `cache_dir`/inductor (unless TORCHINDUCTOR_CACHE_DIR is set)."""
-    path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor")))
-    return path
+    """Keep torch.compile's kernels under `cache_dir`/inductor, unless the user chose a place with
+    TORCHINDUCTOR_CACHE_DIR (torch itself fills that variable with its /tmp default on first use,
+    which does not count as a choice)."""
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir) / "inductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def configure_process(settings) -> None:

@@ -5,7 +5,10 @@ bucket, stage 2 per frame-count bucket on a geometric grid), replayed per chunk;
 the largest frame bucket runs eagerly. Between the stages the engine reads the total frame count:
 the only device-to-host sync before the audio itself comes back.
 
-On CPU the same model code runs eagerly on exact shapes (padding would only add work there).
+On CPU the same model code runs eagerly on exact shapes (padding would only add work there), the
+generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
+elementwise steps as torch.compile'd kernels; `auto` picks bf16 where the CPU runs it natively
+(AVX512-BF16 or AMX: worker/cpu_features.py), else fp32.
 Only torch, transformers and numpy are imported, so this runs on a bare GPU box.
 """
 

@@ -82,6 +82,8 @@ class KokoroModel(nn.Module):
         self.decoder.generator.stft.float()
         self.decoder.generator.conv_post.float()
         self.decoder_dtype = decoder_dtype
+        if torch.device(device).type == "cpu":
+            self.decoder.generator.use_channels_last()
         for m in self.modules():
             if isinstance(m, BiLSTM):
                 m.split_directions()
