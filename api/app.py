@@ -156,10 +156,9 @@ async def _load_service(state: AppState) -> None:
     try:
         from api.service import build_service
 
-        if state.settings.threads > 0:  # KOKORO_THREADS: this process's one replica's intra-op threads
-            import torch
+        from worker.cpu_runtime import configure_process
 
-            torch.set_num_threads(state.settings.threads)
+        configure_process(state.settings)  # intra-op threads (cores / workers on CPU), compile cache
         # Built and warmed up: this worker's replica alone, behind the fleet's queue, or the baseline.
         service = await build_service(state.settings, state.metrics)
         # The model, its compiled kernels and the text frontend's tables are hundreds of thousands

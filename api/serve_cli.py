@@ -260,9 +260,6 @@ def run(args: argparse.Namespace) -> int:
         log.warning("--baseline runs one process: ignoring --workers/KOKORO_WORKERS=%d", settings.workers)
     os.environ["KOKORO_WORKERS"] = str(workers)
     on_gpu = _on_gpu(settings)
-    if workers > 1 and settings.threads == 0 and not on_gpu:
-        # Several CPU replicas each using every core would fight over them: share the cores out.
-        os.environ["KOKORO_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     mps = Mps(settings.mps)
     redis: EmbeddedRedis | None = None
     try:

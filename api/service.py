@@ -59,11 +59,11 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
                         cuda_graphs=settings.cuda_graphs and not settings.baseline)
-        replica = BaselineReplica(engine) if settings.baseline else Replica(engine)
+        replica = BaselineReplica(engine) if settings.baseline else Replica(engine, settings.inference_nice)
         return SpeechService(replica, VoiceBank(weights.voices), settings)
 
     local = await asyncio.to_thread(build)
-    await local.replica.warmup()
+    await local.warmup()  # the replica, and the text frontend's lexicons
     if settings.baseline or not settings.queue_url:
         return local
     fleet = FleetSpeechService(local, settings.queue_url, settings, replicas=max(1, settings.workers),

@@ -1,9 +1,12 @@
 """`kokoro-fleet bench`: our engine against the reference KModel, same run, same inputs, same threads.
 
 For chunks of about 30, 100, 250 and 500 phonemes it runs, interleaved (so load from other
-processes hits every contender alike): the reference KModel (CPU runs; float32, noise as shipped)
-and our engine in each requested mode; then prints audio-seconds per wall-second, per-chunk
-latency p50 / p95, and each mode's speed-up over the reference. On CUDA it compares eager against
+processes hits every contender alike): the reference KModel (CPU runs; float32, noise as shipped),
+onnxruntime on the int8 ONNX export that the offline bundle is converted from (what kokoro-onnx
+runs; CPU runs of the offline weights), and our engine in each requested mode, all on the same
+phoneme ids, style row and thread count; then prints the CPU model and the instruction-set flags
+that decide our modes, audio-seconds per wall-second, per-chunk latency p50 / p95, and each
+mode's speed over the reference's and over onnxruntime's. On CUDA it compares eager against
 CUDA-graphed and reports peak memory per replica. `--json PATH` writes every figure.
 
 `--weights random-full` builds the full-size model with random weights whose durations and F0
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 import types
@@ -41,10 +43,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="weight source (random-full: full size, random, speech-like durations)")
     parser.add_argument("--sizes", default="30,100,250,500", help="phonemes per chunk, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per size and contender")
-    parser.add_argument("--modes", default="fp32,bf16", help="our engine's dtypes to time (fp32, bf16, fp16, auto)")
+    parser.add_argument("--modes", default="auto,fp32",
+                        help="our engine's dtypes to time (auto, fp32, bf16, fp16; auto shows what it picked)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for everyone (0: torch's default)")
     parser.add_argument("--no-reference", action="store_true", help="skip the reference KModel")
+    parser.add_argument("--no-onnxruntime", action="store_true", help="skip onnxruntime on the int8 ONNX")
     parser.add_argument("--no-fused", action="store_true", help="CPU: eager elementwise kernels instead of compiled")
     parser.add_argument("--voice", default="af_heart")
     parser.add_argument("--json", dest="json_path", default=None, help="write the figures here")
@@ -80,8 +84,37 @@ def summarize(times: list[float], cpu_times: list[float], audio_seconds: list[fl
             "audio_s_per_cpu_s": float(sum(audio_seconds) / max(sum(cpu_times), 1e-9))}
 
 
+ONNXRUNTIME = "onnxruntime-int8"
+
+
+def onnxruntime_contender(weights, voice, threads: int):
+    """kokoro-onnx's way of running Kokoro-82M: onnxruntime on the int8 ONNX file, `threads` intra-op
+    threads, one inference at a time. None (with the reason printed) where it cannot run."""
+    onnx_path = (weights.info or {}).get("onnx_path")
+    if not onnx_path:
+        _progress(f"no onnxruntime contender: the {weights.source} weights have no ONNX file (use --weights offline)")
+        return None
+    try:
+        import onnxruntime
+    except ImportError:
+        _progress("no onnxruntime contender: `pip install onnxruntime` (the dev extra has it)")
+        return None
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+    speed = np.ones(1, dtype=np.float32)
+
+    def run_onnxruntime(ids):
+        audio = session.run(None, {"tokens": np.array([[0, *ids, 0]], dtype=np.int64),
+                                   "style": voice[len(ids) - 1][None].numpy().astype(np.float32), "speed": speed})[0]
+        return types.SimpleNamespace(audio=audio)
+
+    return run_onnxruntime
+
+
 def run(args: argparse.Namespace) -> int:
-    from worker.engine import Engine, resolve_device
+    from worker.engine import Engine, resolve_device, resolve_dtype
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -97,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     for mode in [m for m in args.modes.split(",") if m]:
         variants = [("eager", False), ("graphs", True)] if device.type == "cuda" else [("", False)]
         for suffix, graphs in variants:
-            name = f"ours-{mode}" + (f"-{suffix}" if suffix else "")
+            resolved = resolve_dtype(mode, device)
+            name = f"ours-{mode}" + (f"={resolved}" if resolved != mode else "") + (f"-{suffix}" if suffix else "")
             _progress(f"building {name}" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -127,6 +161,11 @@ def run(args: argparse.Namespace) -> int:
             return types.SimpleNamespace(audio=audio.cpu().numpy())
 
         contenders = {"reference": run_reference, **contenders}
+    if not args.no_onnxruntime and device.type == "cpu":
+        _progress("building onnxruntime on the int8 ONNX")
+        run_onnxruntime = onnxruntime_contender(weights, voice, torch.get_num_threads())
+        if run_onnxruntime is not None:
+            contenders = {ONNXRUNTIME: run_onnxruntime, **contenders}
 
     results: dict[str, dict[str, dict]] = {}
     for size in sizes:
@@ -155,20 +194,27 @@ def run(args: argparse.Namespace) -> int:
                 audio[name].append(len(out.audio) / SAMPLE_RATE)
         results[str(size)] = {name: summarize(times[name], cpu_times[name], audio[name]) for name in contenders}
 
+    from worker.cpu_features import REPORTED_FLAGS, cpu_info
+
+    cpu = cpu_info()
     lines = [f"kokoro-fleet bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
-             f"fused={fused} torch={torch.__version__} cpu={platform.processor() or platform.machine()}",
+             f"fused={fused} torch={torch.__version__}",
+             f"cpu: {cpu.summary()}",
              f"{'phonemes':>8} {'contender':<22} {'audio s/s':>10} {'p50 s':>8} {'p95 s':>8} {'audio s':>8} {'vs ref':>7}"
-             f" {'audio s/cpu s':>14} {'vs ref':>7}"]
+             f" {'vs onnxrt':>9} {'audio s/cpu s':>14} {'vs ref':>7}"]
     for size, by_name in results.items():
-        ref = by_name.get("reference")
+        ref, onnxrt = by_name.get("reference"), by_name.get(ONNXRUNTIME)
         for name, r in by_name.items():
-            ratio = cpu_ratio = "-"
+            ratio = cpu_ratio = onnx_ratio = "-"
             if ref:
                 r["vs_reference"] = r["audio_s_per_s"] / ref["audio_s_per_s"]
                 r["vs_reference_cpu"] = r["audio_s_per_cpu_s"] / ref["audio_s_per_cpu_s"]
                 ratio, cpu_ratio = f"{r['vs_reference']:.2f}x", f"{r['vs_reference_cpu']:.2f}x"
+            if onnxrt:
+                r["vs_onnxruntime"] = r["audio_s_per_s"] / onnxrt["audio_s_per_s"]
+                onnx_ratio = f"{r['vs_onnxruntime']:.2f}x"
             lines.append(f"{size:>8} {name:<22} {r['audio_s_per_s']:>10.2f} {r['p50_s']:>8.3f} {r['p95_s']:>8.3f} "
-                         f"{r['audio_s']:>8.2f} {ratio:>7} {r['audio_s_per_cpu_s']:>14.2f} {cpu_ratio:>7}")
+                         f"{r['audio_s']:>8.2f} {ratio:>7} {onnx_ratio:>9} {r['audio_s_per_cpu_s']:>14.2f} {cpu_ratio:>7}")
     if device.type == "cuda":
         for name, engine in engines.items():
             graphs = engine.graphs
@@ -178,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.json_path:
         meta = {"weights": args.weights, "device": str(device), "threads": torch.get_num_threads(),
+                "cpu": cpu.model, "cpu_flags": [f for f in cpu.flags if f in REPORTED_FLAGS],
                 "fused_kernels": fused, "torch": torch.__version__, "repeats": args.repeats}
         if device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()

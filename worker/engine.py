@@ -5,7 +5,10 @@ bucket, stage 2 per frame-count bucket on a geometric grid), replayed per chunk;
 the largest frame bucket runs eagerly. Between the stages the engine reads the total frame count:
 the only device-to-host sync before the audio itself comes back.
 
-On CPU the same model code runs eagerly on exact shapes (padding would only add work there).
+On CPU the same model code runs eagerly on exact shapes (padding would only add work there), the
+generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
+elementwise steps as torch.compile'd kernels; `auto` picks bf16 where the CPU runs it natively
+(AVX512-BF16 or AMX: worker/cpu_features.py), else fp32.
 Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
 GPU box.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -21,9 +25,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from worker import cpu_features
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.model import KokoroModel
-from worker.model.layers import use_compiled_kernels
+from worker.model.layers import kernels, use_compiled_kernels
 from worker.weights.serving import fold, serving_state_dict
 
 log = logging.getLogger("kokoro_fleet.engine")
@@ -45,11 +50,7 @@ def frame_buckets(first: int = 32, last: int = 6144, ratio: float = 1.25) -> tup
 
 def cpu_has_bf16() -> bool:
     """AVX512-BF16 or AMX: oneDNN then runs bf16 convolutions about twice as fast as float32."""
-    try:
-        flags = open("/proc/cpuinfo", encoding="ascii", errors="ignore").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return cpu_features.cpu_info().native("bf16")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -67,7 +68,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
         return dtype
     if device.type == "cuda":
         return "bf16"
-    return "bf16" if cpu_has_bf16() else "fp32"
+    return "bf16" if cpu_has_bf16() else "fp32"  # never a precision the CPU would emulate
 
 
 @dataclass
@@ -90,6 +91,8 @@ class Engine:
         a fresh environment pays about half a minute of compiling at its first synthesis)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
+            log.warning(warning)
         self.seed = seed
         self.noise = noise
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
@@ -141,8 +144,17 @@ class Engine:
                 torch.cuda.synchronize()
         ids = [16, 43, 54, 16, 56, 57] * 5
         style = torch.zeros(2 * self.model.style_dim)  # [2S]: a voice row (256 in Kokoro-82M)
+        compiling = self.device.type == "cpu" and self.fused_kernels
+        if compiling:
+            cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache")
+            log.info("warming up: compiling the fused CPU kernels (about half a minute on a first start; "
+                     "cached in %s for the next)", cache)
+        start = time.perf_counter()
         for _ in range(2):
             self.synthesize(ids, style)
+        if compiling:
+            log.info("warm-up done in %.1f s (fused kernels %s)", time.perf_counter() - start,
+                     "compiled" if kernels.compiled else "unavailable: running eagerly")
 
     # --- internals ---------------------------------------------------------------------------------
 

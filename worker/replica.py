@@ -2,6 +2,9 @@
 
 `BaselineReplica` is the comparison point for `loadtest compare`: one model running up to four
 chunks at once in threads, as Kokoro-FastAPI does.
+
+Inference runs in the replica's own thread, at lower priority than the event loop (see
+worker/cpu_runtime.py): the loop must answer admissions and 503s while the replica computes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from worker.cpu_runtime import inference_executor
 from worker.engine import Engine, Synthesis
 
 # Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
@@ -20,8 +24,10 @@ BASELINE_CONCURRENCY = 4
 
 
 class Replica:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, niceness: int = 0):
+        """niceness: added to the inference thread's (and its OpenMP pool's) scheduling niceness."""
         self.engine = engine
+        self._executor = inference_executor(niceness)
         self._one_at_a_time = asyncio.Semaphore(1)
         self.busy = False
         self.jobs_done = 0
@@ -42,7 +48,7 @@ class Replica:
         async with self._one_at_a_time:
             self.busy = True
             start = time.perf_counter()
-            work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+            work = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
             try:
                 return await asyncio.shield(work)
             except asyncio.CancelledError:

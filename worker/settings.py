@@ -59,7 +59,14 @@ class Settings:
         "`fp32`, `bf16` or `fp16`.")
     cuda_graphs: bool = setting("KOKORO_CUDA_GRAPHS", True, "Capture CUDA graphs per shape bucket at start-up (CUDA only).")
     seed: int = setting("KOKORO_SEED", 0, "Seed of the model's noise sources, so the same input gives the same audio.")
-    threads: int = setting("KOKORO_THREADS", 0, "torch intra-op threads per replica on CPU (0: torch's default).")
+    threads: int = setting(
+        "KOKORO_THREADS", 0,
+        "torch intra-op threads per replica (0: on CPU, the usable cores divided by the workers, at least 1; "
+        "on a GPU, torch's default).")
+    inference_nice: int = setting(
+        "KOKORO_INFERENCE_NICE", 10,
+        "Niceness added to each replica's inference thread and its OpenMP pool (Linux), so the event loop "
+        "answers admissions and 503s at once while the replicas compute (0: same priority).")
 
     # --- HTTP API ---
     host: str = setting("KOKORO_HOST", "0.0.0.0", "Address the server listens on.")

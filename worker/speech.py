@@ -9,6 +9,7 @@ through (api/service.py); the fleet's service implements the same contract over 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -121,7 +122,14 @@ class SpeechService:
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype,
                         seed=settings.seed, cuda_graphs=settings.cuda_graphs)
-        return cls(Replica(engine), VoiceBank(weights.voices), settings)
+        return cls(Replica(engine, settings.inference_nice), VoiceBank(weights.voices), settings)
+
+    async def warmup(self) -> None:
+        """Warm the replica, and load the English lexicons off the event loop: the first request
+        would otherwise load them (over half a second) on the loop, stalling every request in flight."""
+        await self.replica.warmup()
+        for lang_code in ("a", "b"):
+            await asyncio.to_thread(text_to_chunks, "Warming up, 1 2 3.", lang_code)
 
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""

@@ -15,7 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from worker.audio import SAMPLE_RATE
-from worker.model.layers import AdaINResBlock1, AdainResBlk1d, Span, WNConv1d, WNConvTranspose1d, zero_padding
+from worker.model.layers import (AdaINResBlock1, AdainResBlk1d, Span, WNConv1d, WNConvTranspose1d, time_major,
+                                 zero_padding)
 
 
 @dataclass
@@ -168,6 +169,16 @@ class Generator(nn.Module):
         self.post_n_fft = gen_istft_n_fft
         self.conv_post = WNConv1d(ch, self.post_n_fft + 2, 7, 1, padding=3)
         self.stft = STFT(gen_istft_n_fft, gen_istft_hop_size)
+        self.channels_last = False
+
+    def use_channels_last(self) -> None:
+        """CPU: run the resblocks and conv_post on time-major activations as channels-last convs
+        (see WNConv1d.use_channels_last): the upsampled sequences are long, and oneDNN's reorders
+        of them to its blocked layout and back cost as much as a convolution."""
+        for m in self.modules():
+            if isinstance(m, WNConv1d):
+                m.use_channels_last()
+        self.channels_last = True
 
     def forward(self, x: torch.Tensor, style: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor | None,
                 spans: FrameSpans) -> torch.Tensor:
@@ -184,6 +195,8 @@ class Generator(nn.Module):
             x = self.ups[i](zero_padding(x, in_span))  # [B, G / 2^(i+1), 20F] then [B, G / 4, 120F]
             if i == self.num_upsamples - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
+            if self.channels_last:
+                x = time_major(x)
             x = x + x_source
             xs = self.resblocks[i * self.num_kernels](x, style, up_spans[i])
             for j in range(1, self.num_kernels):

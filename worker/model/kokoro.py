@@ -132,6 +132,8 @@ class KokoroModel(nn.Module):
         """eval, no gradients, moved to `device`, per-layer caches built."""
         self.eval().requires_grad_(False)
         self.to(device)
+        if torch.device(device).type == "cpu":
+            self.decoder.generator.use_channels_last()
         for m in self.modules():
             if isinstance(m, BiLSTM):
                 m.split_directions()

@@ -1,0 +1,100 @@
+"""A CPU fleet stays responsive while its replicas compute: `kokoro-fleet serve --workers 2` on the
+offline weights (real processes, its own embedded redis-server), default threads (cores / workers)
+and inference priority, hit by bursts of 48 simultaneous streamed requests.
+
+The fleet admits two requests per replica; everything beyond gets 503 from the event loop, which
+must answer at once even though both replicas' inference threads keep the cores busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+
+from loadtest.dispatch import FleetProcess
+from loadtest.texts import load_texts
+
+pytestmark = pytest.mark.slow
+
+BURST = 48
+WORKERS = 2
+SHORT = load_texts("short")
+
+
+@pytest.fixture(scope="module")
+def cpu_fleet(tmp_path_factory):
+    env = {"KOKORO_DEVICE": "cpu", "KOKORO_THREADS": "", "KOKORO_INFERENCE_NICE": "10"}
+    fleet = FleetProcess(WORKERS, weights="offline", env=env, log_dir=tmp_path_factory.mktemp("cpu-fleet"),
+                         name="cpu-fleet")
+    fleet.start(ready_timeout=600)
+    yield fleet
+    fleet.stop()
+
+
+async def _one(port: int, text: str) -> dict:
+    """One streamed request over a bare asyncio connection (a full HTTP client's own Python work,
+    48 times over in one process, would be a large part of what is measured): the time until the
+    status line arrives, and the whole response read to its end."""
+    body = json.dumps({"model": "kokoro", "voice": "af_heart", "input": text, "response_format": "pcm",
+                       "stream": True}).encode()
+    head = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    status_line = await reader.readline()
+    answered = time.perf_counter() - start
+    rest = await reader.read()  # headers and the (chunked) body, until the server closes
+    writer.close()
+    headers, _, payload = rest.partition(b"\r\n\r\n")
+    return {"status": int(status_line.split()[1]), "answered_s": answered, "bytes": len(payload),
+            "retry_after": b"retry-after:" in headers.lower(), "done_s": time.perf_counter() - start}
+
+
+async def _bursts(port: int, second_after_s: float) -> tuple[list[dict], list[dict]]:
+    """A burst of BURST requests, and a second one `second_after_s` later, while the first burst's
+    admitted requests are being synthesized."""
+    texts = [SHORT[i % len(SHORT)] for i in range(BURST)]
+    first = [asyncio.create_task(_one(port, t)) for t in texts]
+    await asyncio.sleep(second_after_s)
+    second = await asyncio.gather(*(_one(port, t) for t in texts))
+    return list(await asyncio.gather(*first)), list(second)
+
+
+def _worker_threads_at(pid: int, niceness: int) -> int:
+    count = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        count += int(fields[16]) == niceness
+    return count
+
+
+def test_a_burst_gets_fast_503s_while_the_replicas_compute(cpu_fleet):
+    first, second = asyncio.run(_bursts(cpu_fleet.port, second_after_s=1.0))
+    for name, burst in (("first", first), ("second", second)):
+        refused = sorted(r["answered_s"] * 1000 for r in burst if r["status"] == 503)
+        served = [r for r in burst if r["status"] == 200]
+        print(f"{name} burst of {BURST}: {len(served)} served (done in "
+              f"{max((r['done_s'] for r in served), default=0):.1f} s), {len(refused)} refused: 503 after "
+              f"p50 {refused[len(refused) // 2] if refused else 0:.1f} ms, max {refused[-1] if refused else 0:.1f} ms")
+        assert {r["status"] for r in burst} <= {200, 503}, burst
+        assert all(r["retry_after"] for r in burst if r["status"] == 503)
+        assert all(r["bytes"] > 24000 for r in served), "an admitted request came back without its audio"
+    assert any(r["status"] == 200 for r in first) and any(r["status"] == 503 for r in first)
+    # each worker's inference thread runs at raised niceness; its event loop (main thread) does not
+    for pid in cpu_fleet.worker_pids():
+        base = os.getpriority(os.PRIO_PROCESS, pid)
+        assert _worker_threads_at(pid, base + 10) >= 1, f"worker {pid} has no inference thread at niceness +10"
+    # The goal of open issue 14: every 503 within 100 ms. Not met yet on a busy 2-core machine (340-490 ms
+    # measured with other work running): planning and validation still run before the fleet refuses.
+    slowest = max((r["answered_s"] * 1000 for r in first + second if r["status"] == 503), default=0.0)
+    if slowest > 100.0:
+        pytest.xfail(f"the slowest 503 took {slowest:.0f} ms, over the 100 ms goal (open issue 14)")

@@ -1,0 +1,151 @@
+"""The CPU side of a replica: which precision `auto` picks for the CPU's flags (faked here), the
+warning for a forced precision the CPU would emulate, the thread share, and the inference
+thread's lower priority (its OpenMP pool included)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+
+import pytest
+import torch
+
+from worker import cpu_features
+from worker.cpu_features import parse_cpuinfo, precision_warning
+from worker.cpu_runtime import inference_threads, thread_niceness
+from worker.engine import Engine, resolve_dtype
+from worker.replica import Replica
+
+AVX2_EPYC = """processor	: 0
+model name	: AMD EPYC 7B12
+flags		: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2
+"""
+SAPPHIRE_RAPIDS = """processor	: 0
+model name	: Intel(R) Xeon(R) Platinum 8480+
+flags		: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_int8 amx_tile
+"""
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    def use(text: str):
+        info = parse_cpuinfo(text)
+        monkeypatch.setattr(cpu_features, "cpu_info", lambda: info)
+        return info
+
+    return use
+
+
+def test_cpuinfo_is_parsed_into_model_and_flags():
+    info = parse_cpuinfo(AVX2_EPYC)
+    assert info.model == "AMD EPYC 7B12" and info.has("avx2") and not info.has("avx512f")
+    assert info.native("fp32") and not info.native("bf16") and not info.native("fp16")
+    assert "avx2" in info.summary() and "avx512_bf16" not in info.summary()
+    amx = parse_cpuinfo(SAPPHIRE_RAPIDS)
+    assert amx.native("bf16") and amx.native("fp16")
+    assert "amx_bf16" in amx.summary()
+
+
+def test_auto_never_picks_a_precision_the_cpu_emulates(fake_cpu):
+    cpu = torch.device("cpu")
+    fake_cpu(AVX2_EPYC)
+    assert resolve_dtype("auto", cpu) == "fp32"
+    fake_cpu(SAPPHIRE_RAPIDS)
+    assert resolve_dtype("auto", cpu) == "bf16"
+
+
+def test_forced_bf16_without_native_bf16_warns_at_start(fake_cpu, tiny_weights, caplog):
+    fake_cpu(AVX2_EPYC)
+    with caplog.at_level(logging.WARNING, logger="kokoro_fleet.engine"):
+        Engine(tiny_weights, "cpu", "bf16", fused_kernels=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "KOKORO_DTYPE=bf16" in warnings[0] and "avx512_bf16" in warnings[0] and "AMD EPYC 7B12" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kokoro_fleet.engine"):
+        Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    fake_cpu(SAPPHIRE_RAPIDS)
+    assert precision_warning("bf16") is None and "avx512_fp16" in precision_warning("fp16", parse_cpuinfo(AVX2_EPYC))
+
+
+def test_workers_share_the_cores():
+    assert inference_threads(0, workers=2, cores=2) == 1
+    assert inference_threads(0, workers=1, cores=2) == 2
+    assert inference_threads(0, workers=4, cores=16) == 4
+    assert inference_threads(0, workers=3, cores=2) == 1  # never zero
+    assert inference_threads(3, workers=2, cores=2) == 3  # KOKORO_THREADS wins
+    assert inference_threads(0, workers=0) >= 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
+def test_inference_and_its_openmp_pool_run_at_raised_niceness(tiny_weights):
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if base + 3 > 19:
+        pytest.skip("this process is already at the lowest priority")
+    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    replica = Replica(engine, niceness=3)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the pool then has one thread beside the inference thread
+    try:
+        asyncio.run(replica.synthesize([16, 43, 54, 16, 56, 57] * 4, torch.zeros(2 * engine.model.style_dim)))
+        inference_tid = replica._executor.submit(threading.get_native_id).result()
+    finally:
+        torch.set_num_threads(threads_before)
+    assert thread_niceness(inference_tid) == base + 3
+    assert thread_niceness(threading.get_native_id()) == base, "the calling (event-loop) thread keeps its niceness"
+    raised = [int(t) for t in os.listdir("/proc/self/task") if thread_niceness(int(t)) == base + 3]
+    assert len(raised) >= 2, "the OpenMP threads the inference thread started should inherit its niceness"
+
+
+def test_compiled_kernels_are_cached_beside_the_weights(tmp_path, monkeypatch):
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    from worker.cpu_runtime import use_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch sets on first use
+    assert use_compile_cache(tmp_path) == tmp_path / "inductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own choice stays
+    assert use_compile_cache(tmp_path) == tmp_path / "mine"
+
+
+# --- the real weights: the auto mode's parity, and the bench against onnxruntime ---------------------
+
+@pytest.mark.slow
+def test_auto_mode_keeps_the_parity_bound_on_the_real_weights(real_weights):
+    from worker.bench import chunk_ids
+    from worker.reference import log_spectral_distance_db
+
+    ids = chunk_ids(real_weights.config["vocab"], 100)
+    style = real_weights.voices["af_heart"][len(ids) - 1]
+    fp32 = Engine(real_weights, "cpu", "fp32", noise=False).synthesize(ids, style)
+    auto = Engine(real_weights, "cpu", "auto", noise=False)
+    out = auto.synthesize(ids, style)
+    print(f"auto = {auto.dtype} on {cpu_features.cpu_info().summary()}")
+    assert len(out.durations) == len(ids) + 2  # word timestamps need every token's duration
+    assert (abs(out.durations - fp32.durations) <= 1).mean() >= 0.99
+    assert log_spectral_distance_db(fp32.audio, out.audio) <= 1.0
+    noisy = Engine(real_weights, "cpu", "auto", seed=7)
+    first, again = noisy.synthesize(ids, style), noisy.synthesize(ids, style)
+    assert (first.audio == again.audio).all(), "seeded noise must give the same audio"
+
+
+@pytest.mark.slow
+def test_bench_times_onnxruntime_beside_our_modes(real_weights, capsys):
+    import argparse
+
+    from worker import bench
+
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    args = parser.parse_args(["--sizes", "30", "--repeats", "1", "--modes", "auto", "--no-reference", "--device", "cpu"])
+    assert bench.run(args) == 0
+    out = capsys.readouterr().out
+    assert f"cpu: {cpu_features.cpu_info().model}" in out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.strip().startswith("30 ")}
+    assert bench.ONNXRUNTIME in rows, out
+    ours = next(row for name, row in rows.items() if name.startswith("ours-auto"))
+    assert ours[7].endswith("x") and float(ours[7][:-1]) > 0, out  # our speed over onnxruntime's

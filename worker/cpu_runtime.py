@@ -1,0 +1,94 @@
+"""How a replica process shares a CPU machine: thread count, inference priority, compile cache.
+
+* Threads: N replicas on C cores get C // N intra-op threads each (at least one), unless
+  KOKORO_THREADS says otherwise: several replicas each using every core would only fight over them.
+* Priority: inference runs in one dedicated thread at raised niceness (KOKORO_INFERENCE_NICE).
+  Linux niceness is per thread and inherited by the threads a thread creates, so the OpenMP pool
+  that the inference thread starts at its first parallel region (the intra-op threads torch and the
+  compiled kernels use) runs at the same niceness, while the event loop stays at the process's own.
+  Under load the scheduler then hands a core to the event loop (and to Redis) as soon as it wakes,
+  so admission and 503s stay fast while the replicas compute.
+* Compile cache: torch.compile's kernels are cached beside the weights (KOKORO_CACHE_DIR/inductor)
+  rather than in /tmp, so they survive reboots and container restarts that keep the cache volume.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger("kokoro_fleet.cpu")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. a container's cpuset), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def inference_threads(configured: int, workers: int, cores: int | None = None) -> int:
+    """Intra-op threads for one of `workers` replicas: `configured` when set (> 0), else cores // workers."""
+    if configured > 0:
+        return configured
+    return max(1, (usable_cores() if cores is None else cores) // max(1, workers))
+
+
+def raise_thread_niceness(niceness: int) -> int:
+    """Raise the calling thread's niceness by `niceness` (Linux: per thread); returns the new value.
+    Where the OS has no per-thread priority, does nothing and returns 0."""
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return 0
+    tid = threading.get_native_id()
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + niceness))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError as error:  # e.g. a seccomp profile that forbids it: serve at normal priority
+        log.warning("cannot lower the inference thread's priority (%s); inference competes with the event loop",
+                    error)
+        return 0
+
+
+def thread_niceness(tid: int) -> int:
+    """The niceness of thread `tid` of this process (Linux /proc)."""
+    with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[16])  # field 19 of stat; fields[0] is field 3 (state)
+
+
+def inference_executor(niceness: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One thread for all of a replica's inference (warm-up included, so the OpenMP pool is born in
+    it), running at `niceness` above the process's own."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference",
+                                                 initializer=raise_thread_niceness, initargs=(niceness,))
+
+
+def use_compile_cache(cache_dir: str | Path) -> Path:
+    """Keep torch.compile's kernels under `cache_dir`/inductor, unless the user chose a place with
+    TORCHINDUCTOR_CACHE_DIR (torch itself fills that variable with its /tmp default on first use,
+    which does not count as a choice)."""
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir) / "inductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def configure_process(settings) -> None:
+    """A replica process's set-up before its engine is built: intra-op threads and compile cache."""
+    import torch
+
+    from worker.engine import resolve_device
+
+    use_compile_cache(settings.cache_dir)
+    if resolve_device(settings.device).type == "cpu" or settings.threads > 0:
+        threads = inference_threads(settings.threads, settings.workers)
+        torch.set_num_threads(threads)
+        log.info("%d inference thread(s) (KOKORO_THREADS=%d, %d worker(s) on %d usable core(s)), niceness +%d",
+                 threads, settings.threads, max(1, settings.workers), usable_cores(), settings.inference_nice)
