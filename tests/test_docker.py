@@ -1,0 +1,311 @@
+"""The CPU image for real: docker/build-local.sh builds docker/Dockerfile's `cpu` target (WEIGHTS=offline)
+with a Docker engine it starts when none answers and local stand-in base images (no image registry
+is reachable here), then these tests run it with `docker run` and `docker-compose`.
+
+Select them with `-m docker`, leave them out with `-m "not docker"`. The build is cached between
+runs on one machine (Docker's layer cache, the Debian base under ~/.cache/kokoro-fleet-docker); the
+figures (build time, image size, `docker run` to /ready, first request) are printed at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_LOCAL = ROOT / "docker" / "build-local.sh"
+COMPOSE = ROOT / "docker" / "compose.yaml"
+IMAGE = "kokoro-fleet:cpu"
+REDIS_STAND_IN = "local/redis:bookworm"  # made by docker/build-local.sh for compose's redis:7-alpine
+# A cold build on a busy 2-core machine; the script bounds each of its own steps as well.
+BUILD_TIMEOUT_S = 3600
+READY_TIMEOUT_S = 600
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+FIGURES: dict[str, str] = {}
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def engine_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return docker("info", timeout=20, check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def docker_image(request, tmp_path_factory) -> str:
+    """The CPU image, built (or found up to date in the cache) by docker/build-local.sh."""
+    engine_was_up = engine_answers()
+    log = tmp_path_factory.mktemp("docker") / "build.log"
+    started = time.monotonic()
+    with log.open("w") as out:
+        try:
+            result = subprocess.run([str(BUILD_LOCAL), "image", IMAGE], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"docker/build-local.sh took over {BUILD_TIMEOUT_S} s:\n{tail(log.read_text())}")
+    if not engine_was_up:
+        # The engine this session started stops with it; its images and layer cache stay on disk.
+        request.addfinalizer(lambda: subprocess.run([str(BUILD_LOCAL), "stop-engine"], timeout=120, check=False))
+    if result.returncode != 0:
+        pytest.fail(f"docker/build-local.sh failed ({result.returncode}), log {log}:\n{tail(log.read_text())}")
+    FIGURES["setup and build (cached layers reused)"] = f"{time.monotonic() - started:.0f} s"
+    size = int(docker("image", "inspect", "-f", "{{.Size}}", IMAGE).stdout)
+    FIGURES["image size"] = f"{size / 1e6:.0f} MB"
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        request.addfinalizer(lambda: reporter.write_line(
+            "docker figures: " + "; ".join(f"{k}: {v}" for k, v in FIGURES.items())))
+    return IMAGE
+
+
+class Container:
+    """A `docker run -d --network host` of the image, serving on a free port of this host."""
+
+    def __init__(self, image: str, **env: str):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.name = f"kokoro-fleet-test-{secrets.token_hex(4)}"
+        env = {"KOKORO_HOST": "127.0.0.1", "KOKORO_PORT": str(self.port), "KOKORO_WORKERS": "1", **env}
+        args = ["run", "-d", "--name", self.name, "--network", "host"]
+        for key, value in env.items():
+            args += ["-e", f"{key}={value}"]
+        self.started = time.monotonic()
+        docker(*args, image, timeout=60)
+
+    def logs(self) -> str:
+        result = docker("logs", "--tail", "60", self.name, check=False, timeout=30)
+        return result.stdout + result.stderr
+
+    def state(self, field: str) -> str:
+        return docker("inspect", "-f", "{{" + field + "}}", self.name, timeout=30).stdout.strip()
+
+    def wait_ready(self) -> float:
+        """Seconds from `docker run` to /ready answering 200."""
+        while True:
+            assert self.state(".State.Running") == "true", f"the container stopped:\n{self.logs()}"
+            try:
+                if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
+                    return time.monotonic() - self.started
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() - self.started < READY_TIMEOUT_S, f"not ready after {READY_TIMEOUT_S} s:\n{self.logs()}"
+            time.sleep(1)
+
+    def remove(self) -> None:
+        docker("rm", "-f", self.name, check=False, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def container(docker_image):
+    """One serving container for the tests below; the drain test stops it last."""
+    served = Container(docker_image, KOKORO_DRAIN_SECONDS="60")
+    try:
+        FIGURES["docker run to /ready"] = f"{served.wait_ready():.1f} s"
+        yield served
+    finally:
+        served.remove()
+
+
+def decoded_seconds(encoded: bytes) -> float:
+    import av
+
+    with av.open(io.BytesIO(encoded)) as media:
+        samples = sum(frame.samples for frame in media.decode(audio=0))
+        return samples / media.streams.audio[0].rate
+
+
+def test_the_official_openai_client_gets_mp3_and_pcm(container):
+    import numpy as np
+    import openai
+
+    client = openai.OpenAI(base_url=container.base + "/v1", api_key="not-needed", timeout=120)
+    started = time.monotonic()
+    first_audio = None
+    mp3 = bytearray()
+    with client.audio.speech.with_streaming_response.create(
+            model="kokoro", voice="af_heart", input="Hello from the container.", response_format="mp3") as response:
+        for chunk in response.iter_bytes():
+            if first_audio is None and chunk:
+                first_audio = time.monotonic() - started
+            mp3 += chunk
+    FIGURES["first request (mp3): first audio / whole"] = f"{first_audio:.2f} s / {time.monotonic() - started:.2f} s"
+    assert mp3[:3] == b"ID3" or (mp3[0] == 0xFF and mp3[1] & 0xE0 == 0xE0), mp3[:16]
+    assert decoded_seconds(bytes(mp3)) > 0.8
+
+    pcm = client.audio.speech.create(model="kokoro", voice="alloy", input="And now in raw samples.",
+                                     response_format="pcm").content
+    assert len(pcm) % 2 == 0 and len(pcm) > 24000 * 2 * 0.8, len(pcm)
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
+    assert np.sqrt(np.mean(samples**2)) > 100, "the PCM is silence"
+
+
+def test_the_healthcheck_reports_healthy(container):
+    deadline = time.monotonic() + 120  # the first check runs one interval (15 s) after the start
+    while (status := container.state(".State.Health.Status")) != "healthy":
+        assert status in ("starting", "healthy"), f"health {status}:\n{container.state('json .State.Health')}"
+        assert time.monotonic() < deadline, f"still {status}:\n{container.state('json .State.Health')}"
+        time.sleep(2)
+
+
+def test_every_process_runs_as_the_non_root_user(container):
+    uids = docker("exec", container.name, "sh", "-c", "cat /proc/[0-9]*/status | awk '/^Uid:/ { print $2 }'").stdout.split()
+    assert len(uids) >= 3, uids  # the entrypoint, the server, its worker (and this shell)
+    assert set(uids) == {"10001"}, uids
+    assert docker("exec", container.name, "id", "-un").stdout.strip() == "kokoro"
+
+
+def test_the_image_is_small_and_holds_no_build_tools_caches_or_tests(docker_image):
+    report = docker("run", "--rm", "--network", "none", "--entrypoint", "bash", docker_image, "-c", r"""
+        for tool in gcc cc g++ c++ make node npm git; do command -v "$tool"; done
+        ls -d /root/.cache /home/kokoro/.cache /root/.npm /app/tests /app/.git 2>/dev/null
+        find / -xdev \( -name '*.whl' -o -name '*.tgz' -o -name 'test_*.py' -path '/app/*' \) -print 2>/dev/null
+        find /var/lib/apt/lists /var/cache/apt/archives -type f -name '*_*' 2>/dev/null
+        true""", timeout=120).stdout.split()
+    assert report == [], f"the final stage carries build leftovers: {report}"
+    size_mb = int(docker("image", "inspect", "-f", "{{.Size}}", docker_image).stdout) / 1e6
+    print(f"image {docker_image}: {size_mb:.0f} MB")
+    # torch's CPU build (~700 MB installed) is most of it; a compiler or a second copy would exceed this.
+    assert size_mb < 2000, f"{size_mb:.0f} MB"
+
+
+def test_a_container_without_weights_fails_fast_and_says_how_to_provide_them(docker_image):
+    started = time.monotonic()
+    # An empty tmpfs over /opt/kokoro-fleet hides the weights baked into the image.
+    result = docker("run", "--rm", "--network", "none", "--tmpfs", "/opt/kokoro-fleet", docker_image,
+                    check=False, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "the model weights are not ready" in result.stderr
+    assert "WEIGHTS=official|offline" in result.stderr and "kokoro-fleet weights --prepare" in result.stderr
+    assert "starting: kokoro-fleet serve" not in result.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_docker_stop_drains_an_in_flight_stream_and_exits_0(container):
+    """Runs last on the shared container: `docker stop` sends SIGTERM, the entrypoint forwards it."""
+    text = ("The drain test speaks several sentences, so the stream is still running when the container "
+            "is stopped. Each sentence becomes its own chunk of audio. The server must finish all of them "
+            "before it exits, and the client must see a complete response.")
+    received = bytearray()
+    first_audio = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def stream() -> None:
+        try:
+            with httpx.stream("POST", f"{container.base}/v1/audio/speech", timeout=300, json={
+                    "model": "kokoro", "voice": "af_heart", "input": text, "response_format": "pcm",
+                    "stream": True}) as response:
+                outcome["status"] = response.status_code
+                for chunk in response.iter_bytes():
+                    received.extend(chunk)
+                    first_audio.set()
+            outcome["complete"] = True
+        except Exception as exc:  # a cut stream raises here (incomplete chunked body)
+            outcome["error"] = repr(exc)
+        finally:
+            first_audio.set()
+
+    client = threading.Thread(target=stream)
+    client.start()
+    assert first_audio.wait(180), "no audio within 180 s"
+    signalled_at = len(received)
+    stop = docker("stop", "-t", "90", container.name, timeout=150, check=False)
+    client.join(60)
+    logs = container.logs()
+    assert stop.returncode == 0, stop.stderr
+    assert outcome.get("status") == 200 and outcome.get("complete"), (outcome, logs)
+    assert len(received) > signalled_at, "nothing arrived after SIGTERM: the stream was not drained"
+    assert len(received) / (24000 * 2) > 6, f"only {len(received) / 48000:.1f} s of audio for three long sentences"
+    assert container.state(".State.ExitCode") == "0", logs
+    assert "SIGTERM: draining" in logs and "server stopped after draining (status 0)" in logs, logs
+
+
+# --- compose ----------------------------------------------------------------------------------
+
+def test_compose_serves_through_the_fleet_and_recovers_when_redis_restarts(docker_image, tmp_path):
+    """docker/compose.yaml's cpu profile with Debian's docker-compose (v1): it has no top-level
+    `name`, so that key becomes `-p`, and the Redis service runs the local stand-in image."""
+    import yaml
+
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose is missing: docker/build-local.sh installs it (Debian package docker-compose)")
+    spec = yaml.safe_load(COMPOSE.read_text())
+    project = f"{spec.pop('name')}-test-{secrets.token_hex(3)}"
+    spec["services"]["redis"]["image"] = REDIS_STAND_IN
+    compose_file = tmp_path / "compose.yaml"
+    compose_file.write_text(yaml.safe_dump(spec))
+    port = free_port()
+    env = {**os.environ, "KOKORO_PORT": str(port), "KOKORO_WORKERS": "1", "KOKORO_DRAIN_SECONDS": "5"}
+    base = f"http://127.0.0.1:{port}"
+
+    def compose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker-compose", "-f", str(compose_file), "--project-directory", str(COMPOSE.parent),
+                               "-p", project, "--profile", "cpu", *args],
+                              capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def logs() -> str:
+        result = compose("logs", "--tail", "40", "--no-color", timeout=60)
+        return tail(result.stdout + result.stderr, 80)
+
+    def speech_status() -> int:
+        try:
+            return httpx.post(f"{base}/v1/audio/speech", timeout=120, json={
+                "model": "kokoro", "voice": "af_heart", "input": "Served through compose.",
+                "response_format": "wav", "stream": False}).status_code
+        except httpx.TransportError:
+            return 0
+
+    try:
+        up = compose("up", "-d", "--no-build")
+        assert up.returncode == 0, up.stdout + up.stderr
+        started = time.monotonic()
+        while True:
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() - started < READY_TIMEOUT_S, f"not ready:\n{logs()}"
+            time.sleep(1)
+        FIGURES["compose up to /ready"] = f"{time.monotonic() - started:.1f} s"
+        assert speech_status() == 200, logs()
+
+        restart = compose("restart", "-t", "10", "redis", timeout=120)
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        deadline = time.monotonic() + 120
+        while (status := speech_status()) != 200:
+            assert time.monotonic() < deadline, f"no 200 within 120 s of Redis restarting (last {status}):\n{logs()}"
+            time.sleep(2)
+        assert httpx.get(f"{base}/ready", timeout=10).status_code == 200
+    finally:
+        compose("down", "-v", "-t", "30", timeout=180)
