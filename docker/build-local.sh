@@ -84,8 +84,14 @@ launch_engine() {
     [[ -n $driver ]] && args+=(--storage-driver "$driver")
     log "starting dockerd ${args[*]} (log: $cache/dockerd.log)"
     # setsid and closed descriptors: the engine outlives this script without holding its pipes.
-    local sudo=()
+    local sudo=() stale
     [[ $(id -u) == 0 ]] || sudo=(sudo)
+    # An engine killed with its session leaves its pid file; dockerd refuses to start while that
+    # pid names a live process, which after a restart can be any other program.
+    stale=$(cat /var/run/docker.pid 2>/dev/null || true)
+    if [[ -n $stale ]] && [[ $(cat "/proc/$stale/comm" 2>/dev/null) != dockerd ]]; then
+        "${sudo[@]}" rm -f /var/run/docker.pid
+    fi
     "${sudo[@]}" setsid dockerd "${args[@]}" >>"$cache/dockerd.log" 2>&1 </dev/null &
     echo $! >"$cache/dockerd.pid"
     for _ in $(seq 60); do
