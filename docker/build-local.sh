@@ -37,7 +37,9 @@ die() {
     log "error: $*"
     exit 1
 }
-as_root() { if [[ $(id -u) == 0 ]]; then "$@"; else sudo "$@"; fi; }
+# Root's commands (apt-get, debootstrap, dockerd): as they are for root, through sudo otherwise.
+SUDO=()
+[[ $(id -u) == 0 ]] || SUDO=(sudo)
 elapsed() { echo "$((SECONDS - $1))s"; }
 
 # --- the engine -------------------------------------------------------------------------------
@@ -49,8 +51,8 @@ install_packages() {
     for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     ((${#missing[@]})) || return 0
     log "installing ${missing[*]} (apt-get)"
-    timeout 300 as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive timeout 600 as_root apt-get install -y -qq --no-install-recommends \
+    timeout 300 "${SUDO[@]}" apt-get update -qq
+    timeout 600 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         -o Acquire::Retries=3 "${missing[@]}" >/dev/null
 }
 
@@ -70,12 +72,12 @@ stop_engine() {
     rm -f "$pidfile"
     kill -0 "$pid" 2>/dev/null || return 0
     log "stopping the engine (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
+    "${SUDO[@]}" kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 60); do
         kill -0 "$pid" 2>/dev/null || return 0
         sleep 0.5
     done
-    kill -KILL "$pid" 2>/dev/null || true
+    "${SUDO[@]}" kill -KILL "$pid" 2>/dev/null || true
 }
 
 # Starts dockerd with the given storage driver ("" for the engine's choice) and waits for it.
@@ -84,15 +86,14 @@ launch_engine() {
     [[ -n $driver ]] && args+=(--storage-driver "$driver")
     log "starting dockerd ${args[*]} (log: $cache/dockerd.log)"
     # setsid and closed descriptors: the engine outlives this script without holding its pipes.
-    local sudo=() stale
-    [[ $(id -u) == 0 ]] || sudo=(sudo)
+    local stale
     # An engine killed with its session leaves its pid file; dockerd refuses to start while that
     # pid names a live process, which after a restart can be any other program.
     stale=$(cat /var/run/docker.pid 2>/dev/null || true)
     if [[ -n $stale ]] && [[ $(cat "/proc/$stale/comm" 2>/dev/null) != dockerd ]]; then
-        "${sudo[@]}" rm -f /var/run/docker.pid
+        "${SUDO[@]}" rm -f /var/run/docker.pid
     fi
-    "${sudo[@]}" setsid dockerd "${args[@]}" >>"$cache/dockerd.log" 2>&1 </dev/null &
+    "${SUDO[@]}" setsid dockerd "${args[@]}" >>"$cache/dockerd.log" 2>&1 </dev/null &
     echo $! >"$cache/dockerd.pid"
     for _ in $(seq 60); do
         engine_answers && return 0
@@ -108,11 +109,11 @@ start_engine() {
         return 0
     fi
     install_packages docker.io fuse-overlayfs
-    local known drivers driver started=$SECONDS
+    local known drivers=() driver started=$SECONDS
     known=$(cat "$cache/storage-driver" 2>/dev/null || true)
-    drivers=("$known" "" overlay2 fuse-overlayfs vfs)
+    [[ -z $known ]] || drivers+=("$known")
+    drivers+=("" fuse-overlayfs vfs) # "": the engine's choice (overlay2 where the kernel allows)
     for driver in "${drivers[@]}"; do
-        [[ -z $driver && -n $known ]] && continue
         if launch_engine "$driver" && probe_image \
             && timeout 60 docker run --rm --network none local/probe:true /usr/bin/true; then
             docker info --format '{{.Driver}}' >"$cache/storage-driver"
@@ -121,7 +122,6 @@ start_engine() {
         fi
         log "the engine does not run containers with storage driver '${driver:-default}' here"
         stop_engine
-        [[ -n $known ]] && known=
     done
     die "no storage driver works here (see $cache/dockerd.log)"
 }
@@ -144,17 +144,17 @@ debian_base() {
         dir=$(mktemp -d "$cache/rootfs.XXXXXX")
         for attempt in 1 2; do
             log "debootstrap --variant=minbase bookworm from $mirror (attempt $attempt)"
-            if timeout 900 as_root debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$cache/debootstrap.log" 2>&1; then
+            if timeout 900 "${SUDO[@]}" debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$cache/debootstrap.log" 2>&1; then
                 break
             fi
             ((attempt == 2)) && die "debootstrap failed (see $cache/debootstrap.log)"
-            as_root rm -rf "$dir" && mkdir -p "$dir"
+            "${SUDO[@]}" rm -rf "$dir" && mkdir -p "$dir"
         done
-        as_root rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
-        printf 'deb %s bookworm main\ndeb %s bookworm-updates main\n' "$mirror" "$mirror" | as_root tee "$dir/etc/apt/sources.list" >/dev/null
-        as_root tar -C "$dir" -cf "$tarball.partial" .
+        "${SUDO[@]}" rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+        printf 'deb %s bookworm main\ndeb %s bookworm-updates main\n' "$mirror" "$mirror" | "${SUDO[@]}" tee "$dir/etc/apt/sources.list" >/dev/null
+        "${SUDO[@]}" tar -C "$dir" -cf "$tarball.partial" .
         mv "$tarball.partial" "$tarball"
-        as_root rm -rf "$dir"
+        "${SUDO[@]}" rm -rf "$dir"
     fi
     timeout 300 docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'CMD ["bash"]' "$tarball" "$DEBIAN_IMAGE" >/dev/null
@@ -255,7 +255,14 @@ build_image() {
     log "docker build --target cpu ${args[*]} -t $tag"
     timeout "${KOKORO_DOCKER_BUILD_TIMEOUT:-3600}" docker build --network host -f "$root/docker/Dockerfile" \
         --target cpu "${args[@]}" -t "$tag" "$root"
-    # Layers of earlier builds that no image uses any more (the current build's stay, as its cache).
+    # This builder's cache is its intermediate images. The other stages' results are no ancestors
+    # of the image, so they get tags of their own (all cached: seconds); then the images of earlier
+    # builds that nothing uses any more can go without taking this build's cache with them.
+    local stage
+    for stage in npm-voices weights gpu-build; do
+        timeout 900 docker build --network host -q -f "$root/docker/Dockerfile" --target "$stage" "${args[@]}" \
+            -t "kokoro-fleet-build-cache:$stage" "$root" >/dev/null
+    done
     timeout 300 docker image prune -f >/dev/null || true
     log "built $tag in $(elapsed "$started"), $(docker image inspect -f '{{.Size}}' "$tag" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
 }
@@ -270,6 +277,7 @@ main() {
             exec 9>"$cache/build.lock"
             flock -w 7200 9 || die "another build holds $cache/build.lock"
             start_engine
+            install_packages docker-compose # for tests/test_docker.py's compose test
             make_bases
             build_image "${2:-kokoro-fleet:cpu}"
             log "done in $(elapsed "$started")"
@@ -279,4 +287,6 @@ main() {
     esac
 }
 
-main "$@"
+# On one line, so that bash has read the whole file before it runs: editing the script while a
+# build runs cannot change what this run does.
+main "$@"; exit
