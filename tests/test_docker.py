@@ -15,12 +15,12 @@ import secrets
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from inflight_stream import InFlightStream  # tests/inflight_stream.py
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_LOCAL = ROOT / "docker" / "build-local.sh"
@@ -104,7 +104,7 @@ class Container:
         docker(*args, image, timeout=60)
 
     def logs(self) -> str:
-        result = docker("logs", "--tail", "60", self.name, check=False, timeout=30)
+        result = docker("logs", "--tail", "200", self.name, check=False, timeout=30)
         return result.stdout + result.stderr
 
     def state(self, field: str) -> str:
@@ -215,39 +215,16 @@ def test_a_container_without_weights_fails_fast_and_says_how_to_provide_them(doc
 
 def test_docker_stop_drains_an_in_flight_stream_and_exits_0(container):
     """Runs last on the shared container: `docker stop` sends SIGTERM, the entrypoint forwards it."""
-    text = ("The drain test speaks several sentences, so the stream is still running when the container "
-            "is stopped. Each sentence becomes its own chunk of audio. The server must finish all of them "
-            "before it exits, and the client must see a complete response.")
-    received = bytearray()
-    first_audio = threading.Event()
-    outcome: dict[str, object] = {}
-
-    def stream() -> None:
-        try:
-            with httpx.stream("POST", f"{container.base}/v1/audio/speech", timeout=300, json={
-                    "model": "kokoro", "voice": "af_heart", "input": text, "response_format": "pcm",
-                    "stream": True}) as response:
-                outcome["status"] = response.status_code
-                for chunk in response.iter_bytes():
-                    received.extend(chunk)
-                    first_audio.set()
-            outcome["complete"] = True
-        except Exception as exc:  # a cut stream raises here (incomplete chunked body)
-            outcome["error"] = repr(exc)
-        finally:
-            first_audio.set()
-
-    client = threading.Thread(target=stream)
-    client.start()
-    assert first_audio.wait(180), "no audio within 180 s"
-    signalled_at = len(received)
+    stream = InFlightStream(container.base, timeout=300)
+    assert stream.wait_for_audio(180), "no audio within 180 s"
+    signalled_at = len(stream.received)
     stop = docker("stop", "-t", "90", container.name, timeout=150, check=False)
-    client.join(60)
+    stream.join(60)
     logs = container.logs()
     assert stop.returncode == 0, stop.stderr
-    assert outcome.get("status") == 200 and outcome.get("complete"), (outcome, logs)
-    assert len(received) > signalled_at, "nothing arrived after SIGTERM: the stream was not drained"
-    assert len(received) / (24000 * 2) > 6, f"only {len(received) / 48000:.1f} s of audio for three long sentences"
+    assert stream.outcome.get("status") == 200 and stream.outcome.get("complete"), (stream.outcome, logs)
+    assert len(stream.received) > signalled_at, "nothing arrived after SIGTERM: the stream was not drained"
+    assert stream.audio_seconds > 6, f"only {stream.audio_seconds:.1f} s of audio for three long sentences"
     assert container.state(".State.ExitCode") == "0", logs
     assert "SIGTERM: draining" in logs and "server stopped after draining (status 0)" in logs, logs
 
