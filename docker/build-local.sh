@@ -186,6 +186,12 @@ stand_in() {
 }
 
 APT_INSTALL='apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o Acquire::Retries=3'
+# Debian's official images delete downloaded packages after every install (their base images, and
+# so python:*-slim, carry an apt setting for it); the Dockerfile's apt steps count on that.
+APT_LIKE_OFFICIAL_IMAGES='RUN printf '\''%s\n'\'' \
+    '\''DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };'\'' \
+    '\''APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };'\'' \
+    '\''Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";'\'' >/etc/apt/apt.conf.d/docker-clean'
 # After ca-certificates: the host's CAs join the image's bundle (update-ca-certificates keeps them).
 TRUST_HOST_CAS='COPY host-ca-certificates.crt /usr/local/share/ca-certificates/host-ca-certificates.crt
 RUN update-ca-certificates >/dev/null'
@@ -194,6 +200,7 @@ make_bases() {
     debian_base
     stand_in "$PYTHON_IMAGE" <<EOF
 FROM $DEBIAN_IMAGE
+$APT_LIKE_OFFICIAL_IMAGES
 # pip keeps its own CA list unless told to use the system's.
 ENV LANG=C.UTF-8 PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 RUN $APT_INSTALL ca-certificates python3 python3-venv python-is-python3 && rm -rf /var/lib/apt/lists/*
@@ -202,6 +209,7 @@ CMD ["python3"]
 EOF
     stand_in "$NODE_IMAGE" <<EOF
 FROM $DEBIAN_IMAGE
+$APT_LIKE_OFFICIAL_IMAGES
 # Node keeps its own CA list unless given more.
 ENV NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
 RUN $APT_INSTALL ca-certificates nodejs npm && rm -rf /var/lib/apt/lists/*
@@ -212,6 +220,7 @@ EOF
     # without a password); Debian's binary needs the flag.
     stand_in "$REDIS_IMAGE" <<EOF
 FROM $DEBIAN_IMAGE
+$APT_LIKE_OFFICIAL_IMAGES
 RUN $APT_INSTALL redis-server redis-tools && rm -rf /var/lib/apt/lists/* \\
     && printf '#!/bin/sh\nexec /usr/bin/redis-server "\$@" --protected-mode no\n' >/usr/local/bin/redis-server \\
     && chmod +x /usr/local/bin/redis-server
