@@ -83,9 +83,12 @@ def docker_image(request, tmp_path_factory) -> str:
     size = int(docker("image", "inspect", "-f", "{{.Size}}", IMAGE).stdout)
     FIGURES["image size"] = f"{size / 1e6:.0f} MB"
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        request.addfinalizer(lambda: reporter.write_line(
-            "docker figures: " + "; ".join(f"{k}: {v}" for k, v in FIGURES.items())))
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        def print_figures() -> None:
+            with capture.global_and_fixture_disabled():  # shown without -s too
+                reporter.write_line("docker figures: " + "; ".join(f"{k}: {v}" for k, v in FIGURES.items()))
+        request.addfinalizer(print_figures)
     return IMAGE
 
 
