@@ -62,9 +62,10 @@ def tail(text: str, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_image(request, tmp_path_factory) -> str:
-    """The CPU image, built (or found up to date in the cache) by docker/build-local.sh."""
+    """The CPU image, built (or found up to date in the cache) by docker/build-local.sh. Module
+    scope: an engine started here stops when these tests end, not idling through the rest."""
     engine_was_up = engine_answers()
     log = tmp_path_factory.mktemp("docker") / "build.log"
     started = time.monotonic()
@@ -75,7 +76,7 @@ def docker_image(request, tmp_path_factory) -> str:
         except subprocess.TimeoutExpired:
             pytest.fail(f"docker/build-local.sh took over {BUILD_TIMEOUT_S} s:\n{tail(log.read_text())}")
     if not engine_was_up:
-        # The engine this session started stops with it; its images and layer cache stay on disk.
+        # The engine started here stops with these tests; its images and layer cache stay on disk.
         request.addfinalizer(lambda: subprocess.run([str(BUILD_LOCAL), "stop-engine"], timeout=120, check=False))
     if result.returncode != 0:
         pytest.fail(f"docker/build-local.sh failed ({result.returncode}), log {log}:\n{tail(log.read_text())}")
