@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install apt serve test weights clean
+.PHONY: install apt serve test weights image clean
 
 install: apt $(STAMP)
 
@@ -48,6 +48,11 @@ serve: install
 test: install
 	$(VENV)/bin/kokoro-fleet weights --prepare
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The CPU image as tests/test_docker.py builds it: a local Docker engine and local base images
+# (docker/build-local.sh), for machines that reach package registries but no image registry.
+image:
+	docker/build-local.sh image
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

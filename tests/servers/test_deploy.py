@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from inflight_stream import InFlightStream  # tests/inflight_stream.py
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -528,38 +529,15 @@ def test_entrypoint_serves_the_offline_bundle_and_drains_a_stream_on_sigterm():
         assert one.status_code == 200 and one.content[:4] == b"RIFF" and len(one.content) > 24000
 
         # A streamed request is in flight when SIGTERM arrives; it still finishes whole.
-        text = ("The drain test speaks several sentences, so the stream is still running when the signal "
-                "arrives. Each sentence becomes its own chunk of audio. The server must finish all of them "
-                "before it exits, and the client must see a complete response.")
-        received = bytearray()
-        first_audio = threading.Event()
-        outcome: dict[str, object] = {}
-
-        def stream() -> None:
-            try:
-                with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=180, json={
-                        "model": "kokoro", "voice": "af_heart", "input": text, "response_format": "pcm",
-                        "stream": True}) as response:
-                    outcome["status"] = response.status_code
-                    for chunk in response.iter_bytes():
-                        received.extend(chunk)
-                        first_audio.set()
-                outcome["complete"] = True
-            except Exception as exc:  # a cut stream raises here (incomplete chunked body)
-                outcome["error"] = repr(exc)
-            finally:
-                first_audio.set()
-
-        client = threading.Thread(target=stream)
-        client.start()
-        assert first_audio.wait(120), "no audio within 120 s"
-        signalled_at = len(received)
+        stream = InFlightStream(base, timeout=180)
+        assert stream.wait_for_audio(120), "no audio within 120 s"
+        signalled_at = len(stream.received)
         server.send_signal(signal.SIGTERM)
-        client.join(180)
+        stream.join(180)
         status = server.wait(90)
-        assert outcome.get("status") == 200 and outcome.get("complete"), (outcome, "".join(log[-40:]))
-        audio_seconds = len(received) / (24000 * 2)
-        assert len(received) > signalled_at, "nothing arrived after SIGTERM: the stream was not drained"
+        assert stream.outcome.get("status") == 200 and stream.outcome.get("complete"), (stream.outcome, "".join(log[-40:]))
+        audio_seconds = stream.audio_seconds
+        assert len(stream.received) > signalled_at, "nothing arrived after SIGTERM: the stream was not drained"
         assert audio_seconds > 6, f"only {audio_seconds:.1f} s of audio for three long sentences"
         assert status == 0, "".join(log[-40:])
         assert any("draining" in line for line in log)
