@@ -49,7 +49,7 @@ test: install
 	$(VENV)/bin/kokoro-fleet weights --prepare
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The CPU image as tests/test_docker.py builds it: a local Docker engine and local base images
+# The CPU image as tests/servers/test_docker.py builds it: a local Docker engine and local base images
 # (docker/build-local.sh), for machines that reach package registries but no image registry.
 image:
 	docker/build-local.sh image

@@ -286,7 +286,7 @@ main() {
             exec 9>"$cache/build.lock"
             flock -w 7200 9 || die "another build holds $cache/build.lock"
             start_engine
-            install_packages docker-compose # for tests/test_docker.py's compose test
+            install_packages docker-compose # for tests/servers/test_docker.py's compose test
             make_bases
             build_image "${2:-kokoro-fleet:cpu}"
             log "done in $(elapsed "$started")"

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from inflight_stream import InFlightStream  # tests/inflight_stream.py
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILD_LOCAL = ROOT / "docker" / "build-local.sh"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 IMAGE = "kokoro-fleet:cpu"
