@@ -1,7 +1,7 @@
 """Deploy files: docker/Dockerfile, docker/entrypoint.sh, docker/compose.yaml, .dockerignore, modal_app.py.
 
-Neither a Docker engine nor Modal is reachable here, so what can be checked here is checked here:
-the Modal function's configuration through Modal's own objects, the Modal image's build steps,
+The built image runs under a real Docker engine in tests/servers/test_docker.py; Modal is not
+reachable here. What this file checks without either: the Modal function's configuration through Modal's own objects, the Modal image's build steps,
 hadolint on the Dockerfile, bash -n and shellcheck on the entrypoint, one dependency list, and the
 entrypoint itself run on this host: failing fast without weights, and serving then draining on
 SIGTERM with the offline bundle.
