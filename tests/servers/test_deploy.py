@@ -347,13 +347,15 @@ def test_compose_runs_the_fleet_with_a_separate_redis():
 
 # --- entrypoint.sh -----------------------------------------------------------------------------
 
-def test_entrypoint_passes_bash_n_and_shellcheck():
-    assert os.access(ENTRYPOINT, os.X_OK), "docker/entrypoint.sh must be executable"
-    subprocess.run(["bash", "-n", str(ENTRYPOINT)], check=True, timeout=30)
+@pytest.mark.parametrize("script", ["entrypoint.sh", "build-local.sh"])
+def test_docker_scripts_pass_bash_n_and_shellcheck(script):
+    path = ROOT / "docker" / script
+    assert os.access(path, os.X_OK), f"docker/{script} must be executable"
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.fail("shellcheck is missing: `make install` installs it (apt package shellcheck)")
-    result = subprocess.run([shellcheck, "--severity=style", str(ENTRYPOINT)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([shellcheck, "--severity=style", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

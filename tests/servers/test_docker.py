@@ -93,15 +93,6 @@ def docker_image(request, tmp_path_factory) -> str:
     return IMAGE
 
 
-def test_build_local_passes_bash_n_and_shellcheck():
-    subprocess.run(["bash", "-n", str(BUILD_LOCAL)], check=True, timeout=30)
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.fail("shellcheck is missing: `make install` installs it (apt package shellcheck)")
-    result = subprocess.run([shellcheck, "--severity=style", str(BUILD_LOCAL)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 class Container:
     """A `docker run -d --network host` of the image, serving on a free port of this host."""
 
