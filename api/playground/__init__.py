@@ -8,7 +8,7 @@ Content-Security-Policy forbids it). Two small JSON routes feed it: `/playground
 limit, whether API keys are needed) and `/playground/fleet` (the fleet panel, polled every few
 seconds). KOKORO_PLAYGROUND=false leaves all of them out.
 
-    app.include_router(playground_router(state))   # state: api.app.AppState
+    app.include_router(playground_router(state))   # state: api.state.AppState
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from api.encoders import CONTENT_TYPES, SAMPLE_RATE
+from api.encoders import CONTENT_TYPES
+from api.state import AppState
 from api.status_cli import parse_metrics, rows_from_metrics
+from worker.audio import SAMPLE_RATE
 
 # The page may load only what this server sends; blob: URLs carry the Download link.
 CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data:; media-src 'self' blob:; "
@@ -34,7 +36,7 @@ def _asset(name: str) -> bytes:
     return files(__name__).joinpath(name).read_bytes()
 
 
-def fleet_figures(state: Any) -> dict[str, Any]:
+def fleet_figures(state: AppState) -> dict[str, Any]:
     """The fleet panel's figures, read from the very sources /metrics renders: with the shared
     queue, the fleet's replica table and counters as this worker last read them from Redis; on one
     worker without a queue, its own replica and admission counters."""
@@ -61,7 +63,7 @@ def fleet_figures(state: Any) -> dict[str, Any]:
     }
 
 
-def playground_router(state: Any) -> APIRouter:
+def playground_router(state: AppState) -> APIRouter:
     """`GET /` (the page), its script and style sheet, and its two JSON routes."""
     router = APIRouter(include_in_schema=False)
     page = _asset("index.html")
