@@ -71,6 +71,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"  # never a precision the CPU would emulate
 
 
+@dataclass(frozen=True)
+class BatchItem:
+    """One chunk job of a batch: what `Engine.synthesize` takes for one chunk."""
+
+    ids: Sequence[int]
+    style: torch.Tensor  # [2S]: the voice pack's row for len(ids)
+    speed: float = 1.0
+
+
 @dataclass
 class Synthesis:
     audio: np.ndarray  # float32 [samples], 24 kHz mono
@@ -129,6 +138,11 @@ class Engine:
         else:
             audio, durations = self._run_eager(ids, style, speed)
         return Synthesis(audio=audio, durations=durations[:n_tokens])
+
+    def synthesize_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
+        """Several chunk jobs at once; each result equals that item's `synthesize` alone.
+        For now one by one: the batched forward pass replaces this loop (issue 15)."""
+        return [self.synthesize(item.ids, item.style, item.speed) for item in items]
 
     @torch.inference_mode()
     def warmup(self) -> None:

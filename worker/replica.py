@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from worker.cpu_runtime import inference_executor
-from worker.engine import Engine, Synthesis
+from worker.engine import BatchItem, Engine, Synthesis
 
 # Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
 BASELINE_CONCURRENCY = 4
@@ -40,6 +40,14 @@ class Replica:
         self.jobs_done += 1
         self.audio_seconds += len(result.audio) / self.engine.sample_rate
         return result
+
+    async def synthesize_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
+        """Several chunk jobs in one engine call (one forward pass once batching exists), under the
+        same one-at-a-time lock as single jobs."""
+        results = await self._exclusive(self.engine.synthesize_batch, items)
+        self.jobs_done += len(results)
+        self.audio_seconds += sum(len(r.audio) for r in results) / self.engine.sample_rate
+        return results
 
     async def warmup(self) -> None:
         await self._exclusive(self.engine.warmup)
