@@ -16,11 +16,13 @@ from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
 
 
 def setting(env: str, default: Any, doc: str, *, choices: tuple[str, ...] = (),
-            also: tuple[str, Callable[[str], bool]] | None = None) -> Any:
+            also: tuple[str, Callable[[str], bool]] | None = None, minimum: float | None = None) -> Any:
     """A settings field: the environment variable that sets it, its default and what it means.
     An enumerated setting is typed `Literal[...]`, or takes `choices` plus `also`: (how the error
-    message names the other accepted values, the test that accepts them)."""
-    return field(default=default, metadata={"env": env, "doc": doc, "choices": choices, "also": also})
+    message names the other accepted values, the test that accepts them). A number may have a
+    `minimum`: a value below it is refused as the settings are read."""
+    return field(default=default, metadata={"env": env, "doc": doc, "choices": choices, "also": also,
+                                            "minimum": minimum})
 
 
 class SettingsError(ValueError):
@@ -128,6 +130,11 @@ class Settings:
         "A free replica takes a job of a request its own worker accepted instead of the fleet's earliest "
         "job when that job's deadline is at most this much later; such results stay in the process instead "
         "of crossing Redis (0: strict earliest-deadline order, own results still skip Redis).")
+    batch_max: int = setting(
+        "KOKORO_BATCH_MAX", 1,
+        "Most chunk jobs a free replica leases at once and runs as one batch: the earliest-deadline job plus "
+        "queued jobs due within a second of it (or already overdue) whose estimated audio is within 2x of the "
+        "batch's others; it never waits for a batch to fill (1: one job at a time).", minimum=1)
     chunk_timeout_seconds: float = setting(
         "KOKORO_CHUNK_TIMEOUT_SECONDS", 120.0,
         "Longest a request waits for any one chunk from the shared queue before it fails with an error "
@@ -184,10 +191,17 @@ def _parse(kind: Any, raw: str, env: str, metadata: Any = None) -> Any:
             return False
         raise SettingsError(f"{env}={raw!r}: expected true or false")
     if kind in (int, float):
+        what = "an integer" if kind is int else "a number"
+        minimum = (metadata or {}).get("minimum")
+        if minimum is not None:
+            what += f" of at least {minimum:g}"
         try:
-            return kind(raw)
+            value = kind(raw)
         except ValueError:
-            raise SettingsError(f"{env}={raw!r}: expected a{'n integer' if kind is int else ' number'}") from None
+            raise SettingsError(f"{env}={raw!r}: expected {what}") from None
+        if minimum is not None and value < minimum:
+            raise SettingsError(f"{env}={raw!r}: expected {what}")
+        return value
     return raw
 
 

@@ -1,8 +1,10 @@
-"""The replica side's client of the fleet queue: lease the earliest-deadline job, run it, complete it.
+"""The replica side's client of the fleet queue: lease the earliest-deadline job (or a batch of
+jobs that fit one forward pass), run it, complete each job.
 
 One `Dispatcher` per model replica. Its loop:
 
-    lease (queue/lease.lua) -> run_job(job) while heartbeating the lease -> complete (complete.lua)
+    lease (queue/lease.lua) -> run_job(job), or run_batch(jobs) for several, while heartbeating
+    each lease -> complete each job (complete.lua)
     nothing queued -> wait on the ready list (woken by admissions and re-queues)
 
 and, beside it, a reaper tick (reap.lua) that re-queues jobs whose replica died, fails jobs that
@@ -11,7 +13,10 @@ repairs itself as long as any worker lives.
 
 The job runner is any `async def run_job(job: Job) -> JobOutput | (pcm_bytes, durations)`: the
 real one (`ReplicaJobRunner`, below) decodes the payload and calls `Replica.synthesize`; tests use
-one that sleeps and returns silence. This module imports neither torch nor FastAPI. When Redis is unreachable the loop marks
+one that sleeps and returns silence. With `batch_max > 1` a lease may bring several jobs; they go
+to `run_batch(jobs) -> [JobOutput | (pcm, durations) | Exception per job]` (the real one calls
+`Replica.synthesize_batch`: one forward pass), or, without one, to `run_job` one after another.
+Each job of a batch keeps its own lease, heartbeat, completion and failure. This module imports neither torch nor FastAPI. When Redis is unreachable the loop marks
 itself `degraded`, backs off and tries again; it never crashes on a Redis outage.
 """
 
@@ -30,6 +35,7 @@ import redis.asyncio as aioredis
 
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                 unavailable_as_error)
+from api.metrics import Histogram
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE
 
 log = logging.getLogger("kokoro_fleet.dispatch")
@@ -57,6 +63,17 @@ class JobOutput:
 
 
 RunJob = Callable[[Job], Awaitable["JobOutput | tuple[bytes, np.ndarray | Sequence[int]]"]]
+# One output per job, in the jobs' order; an exception in place of an output fails only that job.
+RunBatch = Callable[[Sequence[Job]], Awaitable[Sequence["JobOutput | tuple[bytes, np.ndarray | Sequence[int]] | Exception"]]]
+
+# How a free replica fills a batch (queue/lease.lua, queue/PROTOCOL.md): jobs due within this
+# window of the first job's deadline (or of now, when it is overdue) ...
+BATCH_WINDOW_MS = 1000
+# ... whose estimated audio keeps the batch's largest item at most this many times its smallest,
+# so padding is at most half of any item's pass.
+BATCH_SIZE_RATIO = 2.0
+# Histogram buckets for the jobs per lease (/metrics).
+BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -77,10 +94,17 @@ class Dispatcher(TracksAvailability):
                  local_results: dict[str, bytes] | None = None, own_slack_ms: int = 0,
                  replica_ttl_s: float = 5.0, reap_interval_s: float = 1.0, max_attempts: int = 2,
                  max_request_age_s: float = 3600.0, idle_wait_s: float = 1.0, ewma_alpha: float = 0.2,
-                 retry_backoff_s: float = 0.5):
+                 retry_backoff_s: float = 0.5, batch_max: int = 1, run_batch: RunBatch | None = None,
+                 batch_window_ms: int = BATCH_WINDOW_MS, batch_size_ratio: float = BATCH_SIZE_RATIO):
+        if batch_max < 1:
+            raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self.client = client
         self.replica_id = replica_id
         self.run_job = run_job
+        self.run_batch = run_batch
+        self.batch_max = int(batch_max)
+        self.batch_window_ms = int(batch_window_ms)
+        self.batch_size_ratio = float(batch_size_ratio)
         self.prefix = prefix
         self.lease_ms = int(lease_s * 1000)
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
@@ -103,6 +127,8 @@ class Dispatcher(TracksAvailability):
         self.busy_seconds = 0.0
         self.audio_seconds = 0.0
         self.lease_losses = 0       # completions refused because the lease had expired
+        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # jobs per lease that took any
+        self.batch_fallbacks = 0    # batches whose pass failed and ran again one job at a time
         self.degraded = False       # the last Redis call failed
         self._idle = False          # in the ready-list wait (safe to cancel: holds no lease)
         self._stopping = asyncio.Event()
@@ -110,52 +136,38 @@ class Dispatcher(TracksAvailability):
 
     # --- one step at a time (the loop below, and tests) ------------------------------------
     async def lease(self) -> Job | None:
-        """Lease the earliest-deadline job, or None when the queue is empty."""
-        reply = await self._call("lease", self.scripts.lease, self.prefix, self.replica_id,
-                                 self.lease_ms, self.replica_ttl_ms, self.replica_id, self.own_slack_ms)
-        if not reply:
-            return None
-        job_id, rid, idx, attempt, token, payload, owner, deadline, est, now = reply
-        return Job(job_id.decode(), rid.decode(), int(idx), int(attempt), token.decode(), payload or b"",
-                   (owner or b"").decode(), int(deadline), est / 1000, int(now))
+        """Lease the earliest-deadline job alone, or None when the queue is empty."""
+        jobs = await self._lease(1)
+        return jobs[0] if jobs else None
+
+    async def lease_batch(self) -> list[Job]:
+        """Lease the earliest-deadline job and up to `batch_max - 1` queued jobs that fit its
+        forward pass (queue/lease.lua says which); [] when the queue is empty."""
+        return await self._lease(self.batch_max)
 
     async def run_one(self, job: Job) -> int:
         """Run `job` through the job runner, heartbeating its lease, then complete it. Returns
         DELIVERED, STALE (the lease was lost meanwhile) or DROPPED (the request went away)."""
+        return (await self.run_jobs([job]))[0]
+
+    async def run_jobs(self, jobs: Sequence[Job]) -> list[int]:
+        """Run leased jobs, one alone or several as one batch, heartbeating every lease, then
+        complete each on its own. Returns each job's DELIVERED, STALE or DROPPED."""
         self.busy = True
         started = time.perf_counter()
-        heartbeat = asyncio.create_task(self._heartbeat_lease(job), name=f"lease-heartbeat-{job.job_id}")
+        heartbeat = asyncio.create_task(self._heartbeat_leases(jobs), name=f"lease-heartbeat-{jobs[0].job_id}")
         try:
-            try:
-                output = await self.run_job(job)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the job itself failed: the owner gets the reason, not a hang
-                log.exception("job %s failed on replica %s", job.job_id, self.replica_id)
-                message = (f"synthesis of chunk {job.index} failed on replica {self.replica_id}: "
-                           f"{type(e).__name__}: {e}")
-                return await self._complete(job, "error", message.encode(), b"", 0.0, 0.0)
+            outputs = await self._outputs(jobs)
             busy_s = time.perf_counter() - started
-            if isinstance(output, tuple):
-                output = JobOutput(*output)
-            durations = np.asarray(output.durations, dtype="<i8")
-            audio_s = output.audio_seconds
-            if audio_s is None:
-                audio_s = float(durations.sum()) * FRAME_SECONDS
-            if self.local_results is not None and job.owner == self.replica_id:
-                # The owner is this process: hand the PCM over in memory, before the completion
-                # makes the result visible; take it back if the completion is refused.
-                self.local_results[job.job_id] = bytes(output.pcm)
-                status = await self._complete(job, "local", b"", durations.tobytes(), audio_s, busy_s)
-                if status != DELIVERED:
-                    self.local_results.pop(job.job_id, None)
-            else:
-                status = await self._complete(job, "ok", bytes(output.pcm), durations.tobytes(), audio_s, busy_s)
-            if status == DELIVERED:
-                self.jobs_done += 1
-                self.busy_seconds += busy_s
-                self.audio_seconds += audio_s
-            return status
+            audio = [self._audio_seconds(o) if not isinstance(o, Exception) else 0.0 for o in outputs]
+            total_audio = sum(audio)
+            statuses = []
+            for job, output, audio_s in zip(jobs, outputs, audio):
+                # A batch's busy time is shared by audio, so every job reports the batch's rate
+                # (audio per busy second), which is what the fleet's capacity estimate wants.
+                share = busy_s * audio_s / total_audio if total_audio > 0 else busy_s / len(jobs)
+                statuses.append(await self._deliver(job, output, audio_s, share))
+            return statuses
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError, QueueUnavailable):
@@ -163,11 +175,11 @@ class Dispatcher(TracksAvailability):
             self.busy = False
 
     async def step(self) -> bool:
-        """Lease and run one job; False when there was none."""
-        job = await self.lease()
-        if job is None:
+        """Lease and run one job or one batch; False when there was none."""
+        jobs = await self.lease_batch()
+        if not jobs:
             return False
-        await self.run_one(job)
+        await self.run_jobs(jobs)
         return True
 
     async def reap(self) -> ReapReport:
@@ -222,6 +234,76 @@ class Dispatcher(TracksAvailability):
                 await self.client.delete(f"{self.prefix}:replica:{self.replica_id}")
 
     # --- internals -------------------------------------------------------------------------
+    async def _lease(self, batch_max: int) -> list[Job]:
+        reply = await self._call("lease", self.scripts.lease, self.prefix, self.replica_id,
+                                 self.lease_ms, self.replica_ttl_ms, self.replica_id, self.own_slack_ms,
+                                 batch_max, self.batch_window_ms, self.batch_size_ratio)
+        jobs = [Job(job_id.decode(), rid.decode(), int(idx), int(attempt), token.decode(), payload or b"",
+                    (owner or b"").decode(), int(deadline), est / 1000, int(now))
+                for job_id, rid, idx, attempt, token, payload, owner, deadline, est, now in reply or ()]
+        if jobs:
+            self.batch_sizes.observe(len(jobs))
+        return jobs
+
+    async def _outputs(self, jobs: Sequence[Job]) -> list:
+        """Each job's output, or the exception that failed it."""
+        if len(jobs) > 1 and self.run_batch is not None:
+            try:
+                outputs = list(await self.run_batch(jobs))
+                if len(outputs) != len(jobs):
+                    raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(jobs)} jobs")
+                return outputs
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # One bad item (or a batch too big for the device) must not fail the others'
+                # requests: each job runs again alone and fails only if it fails alone.
+                self.batch_fallbacks += 1
+                log.exception("batch of %d jobs failed on replica %s; running them one at a time",
+                              len(jobs), self.replica_id)
+        outputs = []
+        for job in jobs:
+            try:
+                outputs.append(await self.run_job(job))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                outputs.append(e)
+        return outputs
+
+    @staticmethod
+    def _audio_seconds(output) -> float:
+        if isinstance(output, tuple):
+            return float(np.asarray(output[1]).sum()) * FRAME_SECONDS
+        if output.audio_seconds is not None:
+            return output.audio_seconds
+        return float(np.asarray(output.durations).sum()) * FRAME_SECONDS
+
+    async def _deliver(self, job: Job, output, audio_s: float, busy_s: float) -> int:
+        """Complete one job with its output, or with the error that failed it."""
+        if isinstance(output, Exception):  # the job itself failed: the owner gets the reason, not a hang
+            log.error("job %s failed on replica %s", job.job_id, self.replica_id, exc_info=output)
+            message = (f"synthesis of chunk {job.index} failed on replica {self.replica_id}: "
+                       f"{type(output).__name__}: {output}")
+            return await self._complete(job, "error", message.encode(), b"", 0.0, 0.0)
+        if isinstance(output, tuple):
+            output = JobOutput(*output)
+        durations = np.asarray(output.durations, dtype="<i8")
+        if self.local_results is not None and job.owner == self.replica_id:
+            # The owner is this process: hand the PCM over in memory, before the completion
+            # makes the result visible; take it back if the completion is refused.
+            self.local_results[job.job_id] = bytes(output.pcm)
+            status = await self._complete(job, "local", b"", durations.tobytes(), audio_s, busy_s)
+            if status != DELIVERED:
+                self.local_results.pop(job.job_id, None)
+        else:
+            status = await self._complete(job, "ok", bytes(output.pcm), durations.tobytes(), audio_s, busy_s)
+        if status == DELIVERED:
+            self.jobs_done += 1
+            self.busy_seconds += busy_s
+            self.audio_seconds += audio_s
+        return status
+
     async def _complete(self, job: Job, status: str, data: bytes, durations: bytes,
                         audio_s: float, busy_s: float) -> int:
         result = int(await self._call("complete", self.scripts.complete, self.prefix, self.replica_id,
@@ -233,16 +315,18 @@ class Dispatcher(TracksAvailability):
                         self.replica_id, job.job_id)
         return result
 
-    async def _heartbeat_lease(self, job: Job) -> None:
-        while True:
+    async def _heartbeat_leases(self, jobs: Sequence[Job]) -> None:
+        held = list(jobs)
+        while held:
             await asyncio.sleep(self.heartbeat_s)
-            try:
-                alive = await self._call("lease heartbeat", self.scripts.heartbeat, self.prefix, self.replica_id,
-                                         self.replica_ttl_ms, job.job_id, job.token, self.lease_ms)
-            except QueueUnavailable:
-                continue  # keep trying: the lease may survive a short outage
-            if alive == 0:
-                return  # lost: nothing left to extend; complete() will report it
+            for job in list(held):
+                try:
+                    alive = await self._call("lease heartbeat", self.scripts.heartbeat, self.prefix, self.replica_id,
+                                             self.replica_ttl_ms, job.job_id, job.token, self.lease_ms)
+                except QueueUnavailable:
+                    break  # keep trying next beat: the leases may survive a short outage
+                if alive == 0:
+                    held.remove(job)  # lost: nothing left to extend; its completion will report it
 
     async def _reap_forever(self) -> None:
         while not self._stopping.is_set():
@@ -263,7 +347,8 @@ class Dispatcher(TracksAvailability):
 
 
 class ReplicaJobRunner:
-    """The Dispatcher's `run_job`: synthesize one chunk job on this worker's replica."""
+    """The Dispatcher's `run_job` (one chunk job: `Replica.synthesize`) and `run_batch` (several:
+    `Replica.synthesize_batch`, one forward pass) on this worker's replica."""
 
     def __init__(self, replica, voices, wait_histogram=None):
         self.replica = replica
@@ -271,11 +356,38 @@ class ReplicaJobRunner:
         self.wait_histogram = wait_histogram  # api.metrics.Histogram of first chunks' queue waits
 
     async def __call__(self, job: Job) -> JobOutput:
+        ids, style, speed = self._decode(job)
+        return self._output(await self.replica.synthesize(ids, style, speed))
+
+    async def run_batch(self, jobs: Sequence[Job]) -> list[JobOutput | Exception]:
+        """One output per job; a job whose payload or voice cannot be read fails alone, before
+        the others' forward pass."""
+        from worker.engine import BatchItem  # the engine's module needs torch, loaded by now
+
+        outputs: list[JobOutput | Exception | None] = [None] * len(jobs)
+        items, slots = [], []
+        for k, job in enumerate(jobs):
+            try:
+                ids, style, speed = self._decode(job)
+            except Exception as e:
+                outputs[k] = e
+                continue
+            items.append(BatchItem(ids, style, speed))
+            slots.append(k)
+        if items:
+            for k, result in zip(slots, await self.replica.synthesize_batch(items), strict=True):
+                outputs[k] = self._output(result)
+        return outputs  # type: ignore[return-value]
+
+    def _decode(self, job: Job):
         if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:
             # A first chunk's deadline is its request's arrival: the difference is its queue wait.
             self.wait_histogram.observe(max(0.0, (job.leased_at_ms - job.deadline_ms) / 1000))
         ids, voice_spec, speed = decode_job(job.payload)
         voice = self.voices.resolve(voice_spec)
-        result = await self.replica.synthesize(ids, self.voices.style(voice, len(ids)), speed)
+        return ids, self.voices.style(voice, len(ids)), speed
+
+    @staticmethod
+    def _output(result) -> JobOutput:
         audio = np.ascontiguousarray(result.audio, dtype="<f4")
         return JobOutput(audio.tobytes(), result.durations, len(audio) / SAMPLE_RATE)

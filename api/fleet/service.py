@@ -119,8 +119,9 @@ class FleetSpeechService:
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
                                          owner_ttl_s=owner_ttl_s, ms_per_phoneme=SECONDS_PER_PHONEME * 1000,
                                          local_results=local_results)
-        self.dispatcher = Dispatcher(connect(redis_url), self.name,
-                                     ReplicaJobRunner(self.replica, self.voices, self.wait_histogram),
+        runner = ReplicaJobRunner(self.replica, self.voices, self.wait_histogram)
+        self.dispatcher = Dispatcher(connect(redis_url), self.name, runner,
+                                     batch_max=settings.batch_max, run_batch=runner.run_batch,
                                      prefix=self.prefix, lease_s=settings.lease_seconds,
                                      replica_ttl_s=owner_ttl_s, reap_interval_s=reap_interval_s,
                                      # an idle replica refreshes its liveness once per wait: well within
@@ -330,6 +331,9 @@ class FleetSpeechService:
                 lambda: self.replica.busy_seconds / max(1e-9, time.monotonic() - started))
         m.counter("kokoro_fleet_lease_losses_total", "This replica's results refused because its lease had expired.",
                   lambda: self.dispatcher.lease_losses)
+        m.counter("kokoro_fleet_batch_fallbacks_total",
+                  "Batches whose forward pass failed on this replica and ran again one job at a time.",
+                  lambda: self.dispatcher.batch_fallbacks)
 
         def stat(name: str):
             def read() -> float:
@@ -345,6 +349,9 @@ class FleetSpeechService:
             ("inflight_jobs", "gauge", "Chunk jobs leased by a replica."),
             ("admitted_total", "counter", "Admission decisions: requests admitted, fleet-wide."),
             ("refused_total", "counter", "Admission decisions: requests refused with 503, fleet-wide."),
+            ("leased_total", "counter", "Chunk jobs leased by replicas, fleet-wide (a batch counts each of its jobs)."),
+            ("lease_batches_total", "counter",
+             "Leases that took at least one job, fleet-wide: leased_total / lease_batches_total is the mean batch."),
             ("expired_total", "counter", "Leases that expired (their replica stopped responding)."),
             ("requeued_total", "counter", "Jobs put back in the queue after a lease expired."),
             ("failed_total", "counter", "Requests the queue failed (a chunk lost twice, or a synthesis error)."),
@@ -368,7 +375,11 @@ class FleetSpeechService:
         lines = ["# HELP kokoro_fleet_first_chunk_wait_seconds Wait of requests' first chunks in the queue "
                  "before this replica leased them.",
                  "# TYPE kokoro_fleet_first_chunk_wait_seconds histogram",
-                 *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds")]
+                 *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds"),
+                 "# HELP kokoro_fleet_lease_batch_size Chunk jobs per lease this worker's replica took "
+                 "(at most KOKORO_BATCH_MAX).",
+                 "# TYPE kokoro_fleet_lease_batch_size histogram",
+                 *self.dispatcher.batch_sizes.lines("kokoro_fleet_lease_batch_size")]
         rows = self.snapshot.replicas
         if not rows:
             return lines

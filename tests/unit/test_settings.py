@@ -60,3 +60,12 @@ def test_the_weights_command_reads_only_the_settings_it_uses():
     typo = subprocess.run([sys.executable, "-m", "api.cli", "weights"], capture_output=True, text=True,
                           env=dict(env, KOKORO_WEIGHTS="ofline"), timeout=120)
     assert typo.returncode != 0 and "KOKORO_WEIGHTS" in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_batch_max_is_a_whole_number_of_at_least_one():
+    assert Settings.from_env({}).batch_max == 1
+    assert Settings.from_env({"KOKORO_BATCH_MAX": "4"}).batch_max == 4
+    for bad in ("0", "-2", "four", "2.5"):
+        with pytest.raises(SettingsError) as error:
+            Settings.from_env({"KOKORO_BATCH_MAX": bad})
+        assert "KOKORO_BATCH_MAX" in str(error.value) and "an integer of at least 1" in str(error.value)
