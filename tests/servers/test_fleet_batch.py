@@ -29,6 +29,7 @@ from api.fleet.owner import AdmissionBounds, AdmissionClient, ChunkJob, RequestL
 from api.fleet.protocol import GAUGES, connect, encode_job, read_stats
 from loadtest.dispatch import FleetProcess
 from loadtest.texts import load_texts
+from test_fleet_serve import redis  # noqa: F401  (the module's redis-server fixture)
 from worker.speech import SECONDS_PER_PHONEME
 from worker.weights.tiny import tiny_config
 
@@ -39,15 +40,6 @@ MIN_SNR_DB = 30.0
 VOICES = ("af_heart", "af_bella", "af_nova", "af_kore")
 SHORT = load_texts("short")
 PARAGRAPHS = load_texts("paragraphs")
-
-
-@pytest.fixture(scope="module")
-def redis():
-    from redis_server import RedisServer
-
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -257,15 +249,9 @@ def test_a_cancelled_request_leaves_a_batch_without_harming_the_others(fleet, re
             finally:
                 for pid in [runner, *others]:
                     os.kill(pid, signal.SIGCONT)
-            kept = [t for k, t in enumerate(tickets) if k != 1]
-            results = []
-            for t in kept:
-                [r] = [r async for r in owner.results(t, timeout_s=60)]
-                results.append(r)
-                await owner.release(t.request_id)
             with pytest.raises(RequestLost):
                 [r async for r in owner.results(tickets[1], timeout_s=5)]
-            await wait_for(lambda: _gauges_zero(owner), 30, "the queue to empty", poll_s=0.1)
+            results = await read_all(owner, [t for k, t in enumerate(tickets) if k != 1], timeout_s=60)
             after = await read_stats(owner.client)
         assert after["dropped_total"] - before["dropped_total"] == 1, "the cancelled job's result was not dropped"
         assert after["failed_total"] == before["failed_total"]
@@ -286,12 +272,8 @@ def test_a_replica_killed_mid_batch_has_every_job_requeued_and_the_requests_comp
             os.kill(victim, signal.SIGKILL)
             for pid in others:
                 os.kill(pid, signal.SIGCONT)
-            results = []
-            for t in tickets:  # the survivor's reaper re-queues each job once its lease (3 s) expires
-                [r] = [r async for r in owner.results(t, timeout_s=90)]
-                results.append(r)
-                await owner.release(t.request_id)
-            await wait_for(lambda: _gauges_zero(owner), 30, "the queue to empty", poll_s=0.1)
+            # The survivor's reaper re-queues each job once its lease (3 s) expires.
+            results = await read_all(owner, tickets, timeout_s=90)
             after = await read_stats(owner.client)
         delta = {k: after[k] - before[k] for k in ("expired_total", "requeued_total", "failed_total", "completed_total")}
         print(f"killed worker {victim} holding a batch of {len(jobs)}: {delta}")
@@ -302,6 +284,17 @@ def test_a_replica_killed_mid_batch_has_every_job_requeued_and_the_requests_comp
     fleet.wait_ready(300)  # the launcher replaces the killed worker
 
 
-async def _gauges_zero(owner: AdmissionClient) -> bool:
-    s = await read_stats(owner.client)
-    return all(s[g] == 0 for g in GAUGES)
+async def read_all(owner: AdmissionClient, tickets, timeout_s: float) -> list:
+    """Each single-chunk request's result, released once read; then wait for an idle queue."""
+    results = []
+    for t in tickets:
+        [r] = [r async for r in owner.results(t, timeout_s=timeout_s)]
+        results.append(r)
+        await owner.release(t.request_id)
+
+    async def idle() -> bool:
+        s = await read_stats(owner.client)
+        return all(s[g] == 0 for g in GAUGES)
+
+    await wait_for(idle, 30, "the queue to empty", poll_s=0.1)
+    return results
