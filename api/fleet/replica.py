@@ -16,8 +16,9 @@ real one (`ReplicaJobRunner`, below) decodes the payload and calls `Replica.synt
 one that sleeps and returns silence. With `batch_max > 1` a lease may bring several jobs; they go
 to `run_batch(jobs) -> [JobOutput | (pcm, durations) | Exception per job]` (the real one calls
 `Replica.synthesize_batch`: one forward pass), or, without one, to `run_job` one after another.
-Each job of a batch keeps its own lease, heartbeat, completion and failure. This module imports neither torch nor FastAPI. When Redis is unreachable the loop marks
-itself `degraded`, backs off and tries again; it never crashes on a Redis outage.
+Each job of a batch keeps its own lease, heartbeat, completion and failure. This module imports
+neither torch nor FastAPI. When Redis is unreachable the loop marks itself `degraded`, backs off
+and tries again; it never crashes on a Redis outage.
 """
 
 from __future__ import annotations
