@@ -27,3 +27,8 @@ async def fake_run_job(job):
     durations = np.full(spec["phonemes"] + 2, 3, dtype=np.int64)  # pads included, as the engine does
     pcm = np.full(int(durations.sum()) * FRAME_SAMPLES, job.index, dtype=np.int16).tobytes()
     return pcm, durations
+
+
+async def fake_run_batch(batch):
+    """One 'forward pass' for a batch: the fake jobs run side by side."""
+    return list(await asyncio.gather(*(fake_run_job(job) for job in batch)))

@@ -1,7 +1,7 @@
 """A fleet worker stand-in for the fault tests: one process that is both an owner (clients that
 admit requests and read their audio) and a replica (a Dispatcher with the fake job runner).
 
-    python tests/queue_proc.py --url redis://... --worker w3 [--clients 3] [--seed 3]
+    python tests/queue_proc.py --url redis://... --worker w3 [--clients 3] [--seed 3] [--batch-max 4]
 
 Prints "ready" once serving. The first SIGTERM stops its clients: it then prints one JSON line of
 outcome counts ({"ok": ..., "failed": ..., "refused": ..., "hung": ..., ...}) and keeps its replica
@@ -21,7 +21,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job  # noqa: E402
+from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_batch, fake_run_job  # noqa: E402
 
 from api.fleet.owner import (  # noqa: E402
     AdmissionBounds,
@@ -43,7 +43,8 @@ async def main(args) -> None:
     await admission.start()
     dispatcher = Dispatcher(connect(args.url), args.worker, fake_run_job, lease_s=args.lease_s,
                             heartbeat_s=args.lease_s / 4, replica_ttl_s=args.owner_ttl_s,
-                            reap_interval_s=0.2, idle_wait_s=0.5)
+                            reap_interval_s=0.2, idle_wait_s=0.5, batch_max=args.batch_max,
+                            run_batch=fake_run_batch)
     dispatcher.start()
     stop_clients, stop_replica = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -88,4 +89,5 @@ if __name__ == "__main__":
     parser.add_argument("--lease-s", type=float, default=1.0)
     parser.add_argument("--owner-ttl-s", type=float, default=1.0)
     parser.add_argument("--chunk-timeout-s", type=float, default=15.0)
+    parser.add_argument("--batch-max", type=int, default=1)
     asyncio.run(main(parser.parse_args()))

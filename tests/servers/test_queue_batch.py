@@ -13,16 +13,11 @@ import asyncio
 import json
 
 import pytest
-from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
+from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_batch
 from test_queue import assert_idle, collect, jobs, owner, replica
 
 from api.fleet.owner import ChunkJob, RequestFailed, RequestLost
 from api.fleet.replica import DELIVERED, DROPPED, STALE
-
-
-async def fake_run_batch(batch):
-    """One 'forward pass' for the batch: the fake jobs run side by side."""
-    return list(await asyncio.gather(*(fake_run_job(job) for job in batch)))
 
 
 def keys(batch) -> list[tuple[str, int]]:

@@ -60,18 +60,20 @@ def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline().decode().strip()
 
 
-def spawn(url: str, name: str, seed: int) -> subprocess.Popen:
+def spawn(url: str, name: str, seed: int, batch_max: int = 1) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, str(PROC), "--url", url, "--worker", name, "--seed", str(seed),
-                             "--max-requests", "7"],  # below the 9 clients of 3 workers: some refusals
+                             "--max-requests", "7",  # below the 9 clients of 3 workers: some refusals
+                             "--batch-max", str(batch_max)],
                             stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert read_line(proc, 30) == "ready"
     return proc
 
 
 @pytest.mark.slow
-def test_sigkilled_replicas_leave_no_hung_request_and_no_leaked_slot(redis_server):
+@pytest.mark.parametrize("batch_max", [1, 4], ids=["one-job-leases", "batch-leases"])
+def test_sigkilled_replicas_leave_no_hung_request_and_no_leaked_slot(redis_server, batch_max):
     rng = random.Random(11)
-    workers = {f"w{i}": spawn(redis_server.url, f"w{i}", i) for i in range(3)}
+    workers = {f"w{i}": spawn(redis_server.url, f"w{i}", i, batch_max) for i in range(3)}
     killed = 0
     try:
         # Under load, kill a random worker at a random point every ~0.7-1.4 s and replace it.
@@ -80,7 +82,7 @@ def test_sigkilled_replicas_leave_no_hung_request_and_no_leaked_slot(redis_serve
             victim = rng.choice(sorted(workers))
             workers.pop(victim).send_signal(signal.SIGKILL)
             killed += 1
-            workers[f"w{generation}"] = spawn(redis_server.url, f"w{generation}", generation)
+            workers[f"w{generation}"] = spawn(redis_server.url, f"w{generation}", generation, batch_max)
         time.sleep(1.0)
         for proc in workers.values():  # survivors: stop their clients, keep their replicas serving
             proc.send_signal(signal.SIGTERM)
@@ -104,7 +106,9 @@ def test_sigkilled_replicas_leave_no_hung_request_and_no_leaked_slot(redis_serve
     assert stats.consistent(), stats
     assert every_slot_freed_once(stats), stats
     assert stats["expired_total"] >= 1, stats  # some kills did land mid-job
-    print(f"\nSIGKILL x{killed}: outcomes {dict(outcomes)}; queue counters {stats.fields}")
+    if batch_max > 1:
+        assert stats["leased_total"] > stats["lease_batches_total"], stats  # some leases took a batch
+    print(f"\nSIGKILL x{killed}, batch_max {batch_max}: outcomes {dict(outcomes)}; queue counters {stats.fields}")
 
 
 def test_redis_crash_and_restart_mid_run_fails_fast_recovers_and_stays_consistent(redis_server):
