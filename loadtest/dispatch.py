@@ -60,7 +60,9 @@ class FleetProcess:
 
     def __init__(self, workers: int = 2, *, dispatch: str = "shared", weights: str = "tiny",
                  redis_url: str | None = None, baseline: bool = False, env: dict[str, str] | None = None,
-                 log_dir: str | Path | None = None, name: str = "fleet"):
+                 log_dir: str | Path | None = None, name: str = "fleet", engine: str | None = None):
+        """engine: `--engine` of serve (`sim`: the simulated engine, worker/sim_engine.py); None: the
+        environment's KOKORO_ENGINE, else the real model."""
         self.workers = 1 if baseline else workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,6 +72,8 @@ class FleetProcess:
         self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
         if redis_url:
             self.args += ["--redis-url", redis_url]
+        if engine:
+            self.args += ["--engine", engine]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
         if not redis_url:
