@@ -2,6 +2,7 @@
 
     python -m loadtest.dispatch [--workers 2] [--load 0.8] [--duration 60] [--rounds 2]
                                 [--texts short] [--weights tiny] [--connections reuse|close]
+                                [--engine torch|sim] [--sim-slowdown 1]
                                 [--out RESULT.json] [--plot TTFA.png]
 
 Starts two copies of the same fleet (`kokoro-fleet serve --workers N`, each with its own embedded
@@ -18,6 +19,17 @@ keeps connections alive keeps sending to the same worker. `--connections reuse` 
 keeps them alive as the load generator and most HTTP clients do; `--connections close` opens a
 new one per request (the kernel's accept distribution). The per-replica job counts printed at the
 end show how the work was actually spread.
+
+`--engine sim` serves both fleets with the simulated engine (worker/sim_engine.py: replicas that
+sleep an assumed GPU time per chunk and use no CPU meanwhile), so 8 replicas are 8 independent
+servers even on a 2-core machine. `--sim-slowdown N` multiplies its per-chunk cost (both terms) by N:
+at the H100 assumption the fleet would serve thousands of audio-seconds per second, more than a
+2-core front end can stream, and then the CPU, not the replicas, would be the queue being measured.
+The slowdown is not neutral: a chunk's deadline is in audio time (queue/admit.lua), so the slower a
+replica is against real time, the sooner an older request's later chunks fall due before a new
+request's first chunk, and the more a worker's own queue behaves like first come, first served.
+`python -m loadtest.queueing` models the scheduling at any cost, to put a run beside the ratio it
+predicts at the real cost.
 
 `FleetProcess` (a `kokoro-fleet serve` process tree that a test or script owns) is used by
 tests/servers/test_fleet_serve.py too.
@@ -60,7 +72,9 @@ class FleetProcess:
 
     def __init__(self, workers: int = 2, *, dispatch: str = "shared", weights: str = "tiny",
                  redis_url: str | None = None, baseline: bool = False, env: dict[str, str] | None = None,
-                 log_dir: str | Path | None = None, name: str = "fleet"):
+                 log_dir: str | Path | None = None, name: str = "fleet", engine: str | None = None):
+        """engine: `--engine` of serve (`sim`: the simulated engine, worker/sim_engine.py); None: the
+        environment's KOKORO_ENGINE, else the real model."""
         self.workers = 1 if baseline else workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,6 +84,8 @@ class FleetProcess:
         self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
         if redis_url:
             self.args += ["--redis-url", redis_url]
+        if engine:
+            self.args += ["--engine", engine]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
         if not redis_url:
@@ -128,6 +144,18 @@ class FleetProcess:
             except OSError:
                 continue
         return total / 1024
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by the launcher and its live descendants (Redis
+        included): the front end's cost, since a simulated replica's waits use none."""
+        ticks = 0
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            except (OSError, IndexError, ValueError):
+                continue
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def redis_url(self) -> str | None:
         """The embedded Redis's URL, as the launcher logged it."""
@@ -231,18 +259,24 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
               f"p50 E2E {cap['e2e_s']['p50']:.3f} s; offering {rate:.2f} requests/s ({args.load:.0%})", flush=True)
         step = Step("open", rate, args.duration)
         runs: dict[str, list] = {"shared": [], "local": []}
+        fleets = {"shared": shared, "local": local}
+        cpu = {"shared": 0.0, "local": 0.0}
         rounds = max(1, args.rounds)
         for r in range(rounds):
             for t in ((a, b) if r % 2 == 0 else (b, a)):
+                before = fleets[t.label].cpu_seconds()
                 runs[t.label].append(await runner.run_step(step, t, duration=args.duration / rounds,
                                                            text_offset=r * 1000))
+                cpu[t.label] += fleets[t.label].cpu_seconds() - before
     finally:
         await runner.aclose()
     jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
     return {"capacity_requests_per_s": capacity, "offered_rate_per_s": rate, "load": args.load,
             "workers": args.workers, "connections": args.connections, "texts": args.texts,
+            "engine": args.engine, **({"sim_cost_ms": sim_cost_ms(args)} if args.engine == "sim" else {}),
             **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs,
-            "shared_result_traffic": await result_traffic(shared.redis_url())}
+            "shared_result_traffic": await result_traffic(shared.redis_url()),
+            "fleet_cpu_seconds": cpu, "cpu_cores": os.cpu_count()}
 
 
 def side_by_side(runs: dict[str, list[StepRun]], max_outstanding: int | None = None) -> dict[str, Any]:
@@ -270,11 +304,23 @@ def report(result: dict[str, Any]) -> str:
     if traffic and traffic.get("completed_total"):
         lines.append(f"shared: {traffic['local_total']:.0f} of {traffic['completed_total']:.0f} chunk results handed "
                      f"over in memory (own replica), {traffic['result_bytes_total'] / 1e6:.1f} MB of PCM through Redis")
+    if result.get("fleet_cpu_seconds"):
+        lines.append("server CPU while measuring (all processes of the fleet, Redis included): " + ", ".join(
+            f"{label} {cpu:.0f} s ({cpu / s[label]['wall_s'] / (result.get('cpu_cores') or 1):.0%} of "
+            f"{result.get('cpu_cores')} cores)" for label, cpu in result["fleet_cpu_seconds"].items()))
     ratio = result["ratio_local_over_shared"]
     lines.append(f"p95 TTFA local / shared = {'-' if ratio is None else f'{ratio:.2f}x'} "
                  f"(target >= 3x) at {result['load']:.0%} of {result['capacity_requests_per_s']:.2f} requests/s, "
-                 f"{result['workers']} workers, connections {result['connections']}")
+                 f"{result['workers']} workers, connections {result['connections']}{_engine_note(result)}")
     return "\n".join(lines)
+
+
+def _engine_note(result: dict[str, Any]) -> str:
+    cost = result.get("sim_cost_ms")
+    if result.get("engine") != "sim" or not cost:
+        return ""
+    return (f", SIMULATED engine ({cost['per_chunk']:g} ms + {cost['per_phoneme']:g} ms x phonemes per chunk, "
+            f"{cost['slowdown']:g}x the assumed H100 cost)")
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
@@ -298,7 +344,8 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("fraction of requests")
     ratio = result["ratio_local_over_shared"]
     ax.set_title(f"{result['workers']} workers, Poisson arrivals at {result['load']:.0%} of capacity, "
-                 f"connections {result['connections']}: p95 ratio {'-' if ratio is None else f'{ratio:.2f}x'}",
+                 f"connections {result['connections']}{', sim engine' if result.get('engine') == 'sim' else ''}: "
+                 f"p95 ratio {'-' if ratio is None else f'{ratio:.2f}x'}",
                  fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -308,6 +355,16 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def sim_cost_ms(args: argparse.Namespace) -> dict[str, float]:
+    """The simulated engine's cost both fleets run with: the settings' (environment or defaults)
+    times --sim-slowdown."""
+    from worker.settings import Settings
+
+    settings = Settings.from_env(only=("sim_chunk_ms", "sim_phoneme_ms"))
+    return {"per_chunk": settings.sim_chunk_ms * args.sim_slowdown,
+            "per_phoneme": settings.sim_phoneme_ms * args.sim_slowdown, "slowdown": args.sim_slowdown}
 
 
 def _ms(x: float | None) -> str:
@@ -324,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", default="short", help="short | paragraphs | long | FILE")
     p.add_argument("--weights", default="tiny", help="KOKORO_WEIGHTS of both fleets")
     p.add_argument("--connections", choices=["reuse", "close"], default="reuse")
+    p.add_argument("--engine", choices=["torch", "sim"], default="torch",
+                   help="KOKORO_ENGINE of both fleets (sim: the simulated engine, no model)")
+    p.add_argument("--sim-slowdown", type=float, default=1.0,
+                   help="with --engine sim: multiply the simulated cost per chunk (KOKORO_SIM_CHUNK_MS, "
+                        "KOKORO_SIM_PHONEME_MS) by this, so the replicas, not this machine's CPU, bound capacity")
     p.add_argument("--max-outstanding", type=int, default=256)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
@@ -335,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {"KOKORO_QUEUE_MAX_REQUESTS": "100000", "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "1000000",
            "KOKORO_MAX_REQUESTS": "100000", "KOKORO_LIMIT_CONCURRENCY": "100000"}
     log_dir = tempfile.mkdtemp(prefix="kokoro-dispatch-")
-    fleets = [FleetProcess(args.workers, dispatch=d, weights=args.weights, env=env, log_dir=log_dir, name=d)
+    if args.engine == "sim":
+        cost = sim_cost_ms(args)
+        env |= {"KOKORO_SIM_CHUNK_MS": f"{cost['per_chunk']:g}", "KOKORO_SIM_PHONEME_MS": f"{cost['per_phoneme']:g}"}
+    fleets = [FleetProcess(args.workers, dispatch=d, weights=args.weights, env=env, log_dir=log_dir, name=d,
+                           engine=args.engine)
               for d in ("shared", "local")]
     try:
         for f in fleets:
