@@ -49,6 +49,8 @@ PAUSE_IDS = frozenset({1, 2, 3, 4, 5, 6, 9, 10})  # ; : , . ! ? — …
 SPACE_ID = 16
 _LONG_WAVEFORM_S = 30.0  # the cached waveform; chunks are slices of it, wrapped around
 STYLE_WIDTH = 256
+# The wait itself: the event loop's timer, no thread and no CPU (tests record it instead).
+_wait = asyncio.sleep
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,11 @@ def token_frames(ids: Sequence[int], speed: float = 1.0) -> np.ndarray:
         kinds.append(FRAMES_PER_TOKEN["pause"] if i in PAUSE_IDS else
                      FRAMES_PER_TOKEN["space"] if i == SPACE_ID else FRAMES_PER_TOKEN["phoneme"])
     kinds.append(FRAMES_PER_TOKEN["end_pad"])
-    # Each token at least one frame, as the real predictor's rounding gives.
-    return np.maximum(1, np.round(np.asarray(kinds, dtype=np.float64) / speed)).astype(np.int64)
+    # Rounded on the running total, so the chunk's length is its frames / speed whatever the speed
+    # (token by token, 3 / 2 frames would round up everywhere); each token at least one frame, as
+    # the real predictor's clamp gives.
+    ends = np.round(np.cumsum(np.asarray(kinds, dtype=np.float64) / speed))
+    return np.maximum(1, np.diff(ends, prepend=0.0)).astype(np.int64)
 
 
 def speech_like_waveform(seconds: float = _LONG_WAVEFORM_S, seed: int = 0) -> np.ndarray:
@@ -177,7 +182,7 @@ class SimReplica:
             # Validate and build the result first (microseconds), so a bad chunk fails at once.
             try:
                 result = fn(*args)
-                wait = asyncio.ensure_future(asyncio.sleep(seconds))
+                wait = asyncio.ensure_future(_wait(seconds))
                 try:
                     await asyncio.shield(wait)
                 except asyncio.CancelledError:
