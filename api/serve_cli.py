@@ -52,6 +52,8 @@ _FLAGS = {
 # seconds (then starts a replacement). Its default, 5 s, is too short for a replica process whose
 # CPU is saturated by inference: a busy worker is not a hung one.
 WORKER_HEALTHCHECK_S = 30
+# Connections per worker process before Uvicorn's own 503 (see `run`).
+CONNECTION_BACKSTOP = 512
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -291,7 +293,10 @@ def run(args: argparse.Namespace) -> int:
                      settings.dispatch)
         else:
             log.info("one worker, no queue")
-        limit = settings.limit_concurrency or max(64, 2 * settings.max_requests + 16)
+        # Uvicorn counts open connections, idle keep-alive ones included, against this backstop,
+        # and answers beyond it with a bare 503 (no Retry-After) and a closed connection: a client
+        # pool holding 100 idle connections to one worker must not meet it, only a flood should.
+        limit = settings.limit_concurrency or max(CONNECTION_BACKSTOP, 2 * settings.max_requests + 16)
         uvicorn.run(
             "api.app:app_factory", factory=True,
             host=settings.host, port=settings.port, workers=workers,

@@ -246,14 +246,8 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
     calib = Step("closed", args.workers, args.calibrate)
     runner = Runner(workload, [calib, Step("open", 1.0, args.duration)], progress=not args.quiet)
     try:
-        for t in (a, b):
-            await runner.warmup(t, 2 * args.workers, args.workers)
-        capacity_run = await runner.run_step(calib, a)
-        cap = summarize([capacity_run])
+        cap = await warm_then_capacity(runner, (a, b), calib, a, "loadtest.dispatch: the shared fleet")
         capacity = cap["requests_per_s"]
-        if capacity <= 0:
-            raise SystemExit(f"loadtest.dispatch: the shared fleet completed nothing in {args.calibrate} s: "
-                             f"{cap['error_examples']}")
         rate = args.load * capacity
         print(f"capacity (closed loop, {args.workers} users): {capacity:.2f} requests/s, "
               f"p50 E2E {cap['e2e_s']['p50']:.3f} s; offering {rate:.2f} requests/s ({args.load:.0%})", flush=True)
@@ -262,12 +256,10 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
         fleets = {"shared": shared, "local": local}
         cpu = {"shared": 0.0, "local": 0.0}
         rounds = max(1, args.rounds)
-        for r in range(rounds):
-            for t in ((a, b) if r % 2 == 0 else (b, a)):
-                before = fleets[t.label].cpu_seconds()
-                runs[t.label].append(await runner.run_step(step, t, duration=args.duration / rounds,
-                                                           text_offset=r * 1000))
-                cpu[t.label] += fleets[t.label].cpu_seconds() - before
+        for r, t in interleaved(rounds, a, b):
+            before = fleets[t.label].cpu_seconds()
+            runs[t.label].append(await runner.run_step(step, t, duration=args.duration / rounds, text_offset=r * 1000))
+            cpu[t.label] += fleets[t.label].cpu_seconds() - before
     finally:
         await runner.aclose()
     jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
@@ -277,6 +269,23 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
             **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs,
             "shared_result_traffic": await result_traffic(shared.redis_url()),
             "fleet_cpu_seconds": cpu, "cpu_cores": os.cpu_count()}
+
+
+async def warm_then_capacity(runner: Runner, targets, step: Step, on: Target, what: str) -> dict[str, Any]:
+    """Warm every target up (two requests per user of `step`), then hold the closed-loop `step` on
+    `on`: its summary, whose requests/s is the capacity the open-loop steps are offered a share of."""
+    users = int(step.value)
+    for t in targets:
+        await runner.warmup(t, 2 * users, users)
+    cap = summarize([await runner.run_step(step, on)])
+    if cap["requests_per_s"] <= 0:
+        raise SystemExit(f"{what} completed nothing in {step.duration:g} s: {cap['error_examples']}")
+    return cap
+
+
+def interleaved(rounds: int, a: Target, b: Target) -> list[tuple[int, Target]]:
+    """(round, target) in ABBA order, so drift over the run hits both alike."""
+    return [(r, t) for r in range(rounds) for t in ((a, b) if r % 2 == 0 else (b, a))]
 
 
 def side_by_side(runs: dict[str, list[StepRun]], max_outstanding: int | None = None) -> dict[str, Any]:
@@ -325,36 +334,19 @@ def _engine_note(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
     """The two TTFA distributions as CDFs on one log-time axis, p95 marked: where the tails part."""
-    from loadtest.report import _plt
+    from loadtest.report import _plt, _save, ttfa_cdfs
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, color in (("shared", "tab:blue"), ("local", "tab:orange")):
-        values = [v * 1000 for v in result["ttfa_s"][label]]
-        if not values:
-            continue
-        ys = [(i + 1) / len(values) for i in range(len(values))]
-        p95 = result["p95_ttfa_s"][label] * 1000
-        name = "shared queue" if label == "shared" else "blind assignment (local)"
-        ax.step(values, ys, where="post", color=color, label=f"{name}: p95 {p95:.0f} ms")
-        ax.axvline(p95, color=color, linestyle=":", linewidth=1)
-    ax.axhline(0.95, color="grey", linewidth=0.6)
-    ax.set_xscale("log")
-    ax.set_xlabel("time to first audio, ms (log)")
-    ax.set_ylabel("fraction of requests")
+    ttfa_cdfs(ax, [(result["ttfa_s"][label], result["p95_ttfa_s"][label], color, name)
+                   for label, color, name in (("shared", "tab:blue", "shared queue"),
+                                              ("local", "tab:orange", "blind assignment (local)"))])
     ratio = result["ratio_local_over_shared"]
     ax.set_title(f"{result['workers']} workers, Poisson arrivals at {result['load']:.0%} of capacity, "
                  f"connections {result['connections']}{', sim engine' if result.get('engine') == 'sim' else ''}: "
                  f"p95 ratio {'-' if ratio is None else f'{ratio:.2f}x'}",
                  fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)
 
 
 def sim_cost_ms(args: argparse.Namespace) -> dict[str, float]:

@@ -178,8 +178,28 @@ def make_plots(result_dir: str | Path, out_dir: str | Path | None = None) -> lis
     return paths
 
 
+def ttfa_cdfs(ax, series: list[tuple[list[float], float, str, str]]) -> None:
+    """TTFA distributions as CDFs on one log-time axis, each p95 marked (where the tails part):
+    `series` holds (sorted TTFA seconds, p95 seconds, colour, name) per server or setup."""
+    for values_s, p95_s, color, name in series:
+        if not values_s:
+            continue
+        values = [v * 1000 for v in values_s]
+        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", color=color,
+                label=f"{name}: p95 {p95_s * 1000:.0f} ms")
+        ax.axvline(p95_s * 1000, color=color, linestyle=":", linewidth=1)
+    ax.axhline(0.95, color="grey", linewidth=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first audio, ms (log)")
+    ax.set_ylabel("fraction of requests")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def _save(fig, path: Path, plt) -> Path:
     fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -91,7 +91,7 @@ class Settings:
     host: str = setting("KOKORO_HOST", "0.0.0.0", "Address the server listens on.")
     port: int = setting("KOKORO_PORT", 8880, "Port the server listens on.")
     workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim, the core count on CPU).")
-    limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop (0: derived from the admission bound).")
+    limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop; it counts idle keep-alive connections too and answers beyond it with a bare 503 (no Retry-After) that closes the connection (0: 512, or twice KOKORO_MAX_REQUESTS plus 16 if more).")
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
     playground: bool = setting(
         "KOKORO_PLAYGROUND", True,

@@ -112,7 +112,8 @@ class FleetSpeechService:
         # `local` dispatch: the same code, but each worker's queue is its own (blind assignment).
         self.prefix = DEFAULT_PREFIX if dispatch == "shared" else f"{DEFAULT_PREFIX}:local:{self.name}"
         self.redis_url = redis_url
-        self.bounds = AdmissionBounds.from_settings(settings, replicas if dispatch == "shared" else 1)
+        self.replicas = replicas if dispatch == "shared" else 1
+        self.bounds = AdmissionBounds.from_settings(settings, self.replicas)
         self.chunk_timeout_s = settings.chunk_timeout_seconds or None
         self.wait_histogram = Histogram(WAIT_BUCKETS)
         local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
@@ -305,6 +306,22 @@ class FleetSpeechService:
                 if before is not None and elapsed > 0:
                     busy[r.replica] = min(1.0, max(0.0, (r.busy_seconds - before.busy_seconds) / elapsed))
             self.snapshot = FleetSnapshot(stats, replicas, busy, now)
+            self._follow_live_replicas(stats.live_replicas)
+
+    def _follow_live_replicas(self, live_replicas: int) -> None:
+        """Derive the admission bounds from the replicas Redis sees alive, not only this fleet's own.
+        Several fleets on one Redis (two Modal containers, say) share one queue and one `admitted`
+        counter; each fleet's bound from its own replica count alone would cap the whole fleet at one
+        container's size, and the other containers' replicas would idle behind 503s. Never below
+        this fleet's own count (its replicas register only when they first lease), and settings that
+        fix a bound still win."""
+        if self.dispatch != "shared":
+            return
+        bounds = AdmissionBounds.from_settings(self.settings, max(self.replicas, live_replicas))
+        if bounds != self.admission.bounds:
+            log.info("fleet worker %s: %d live replicas on the queue: admission bounds %s", self.name,
+                     max(self.replicas, live_replicas), bounds)
+            self.bounds = self.admission.bounds = bounds
 
     # --- /metrics -------------------------------------------------------------------------------
     def register_metrics(self, m: Metrics) -> None:

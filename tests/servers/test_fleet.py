@@ -132,6 +132,45 @@ def test_a_full_fleet_refuses_with_both_retry_headers_and_frees_the_slot_after(l
     assert counters.refused == 1 and counters.admitted == 2
 
 
+def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, redis_server):
+    """Two fleets on one Redis (two containers) share one `admitted` counter: each one's derived
+    bound must count the other's replicas too, or the second container's replicas idle behind 503s
+    at the first one's size; and it shrinks back when the other fleet leaves."""
+    from api.fleet.owner import AdmissionBounds
+
+    async def until(predicate, timeout_s: float = 15.0) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not predicate() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        return predicate()
+
+    async def go():
+        a = await fleet_for(local_service, redis_server.url, name="a").start()
+        b = await fleet_for(local_service, redis_server.url, name="b").start()
+        seen = [a.admission.bounds]
+        fleets = [a, b]
+        try:
+            grew = await until(lambda: a.admission.bounds.max_requests == 4)
+            seen.append(a.admission.bounds)
+            if not grew:
+                return grew, False, seen
+            plans = [await a.admit(local_service.plan(SpeechRequest("Hello.", "af_heart"))) for _ in range(3)]
+            for plan in plans:
+                await collect(a, plan)
+            await fleets.pop().aclose()  # b leaves: its replica quits the table
+            shrank = await until(lambda: a.admission.bounds.max_requests == 2)
+            seen.append(a.admission.bounds)
+            return grew, shrank, seen
+        finally:
+            for fleet in fleets:
+                await fleet.aclose()
+
+    grew, shrank, seen = asyncio.run(go())
+    assert seen[0] == AdmissionBounds(2, 20.0), "one replica of its own: two requests"
+    assert grew and seen[1] == AdmissionBounds(4, 40.0), seen
+    assert shrank and seen[2] == AdmissionBounds(2, 20.0), seen
+
+
 def test_a_client_that_leaves_cancels_its_remaining_jobs(local_service, redis_server):
     async def go():
         fleet = await fleet_for(local_service, redis_server.url).start()
