@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     install_error_handlers(app)
     _register_metrics(state)
     app.add_middleware(AccessLogMiddleware, metrics=state.metrics,
-                       quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH))
+                       quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH), engine=settings.engine)
 
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
     # time, the pool's start) for every request, 503s included
@@ -127,7 +127,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     @app.get("/health")
     async def health() -> dict:
         """Liveness: the process answers. Readiness is /ready."""
-        return {"status": "ok", "ready": state.ready, "admitted": state.admission.admitted,
+        return {"status": "ok", "ready": state.ready, "admitted": state.admission.admitted, **_engine(settings),
                 **(state.service.health() if state.service is not None else {}),  # the fleet: mode, dispatch
                 **({"error": state.load_error} if state.load_error else {})}
 
@@ -140,7 +140,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         if not state.ready:
             return ApiError(503, "Loading the model and warming up.", type="server_error", code="loading",
                             headers={"Retry-After": "2"}).response()
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", **_engine(settings)})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -149,6 +149,14 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     if settings.playground:
         app.include_router(playground_router(state))
     return app
+
+
+def _engine(settings: Settings) -> dict:
+    """What /health and /ready say of the engine; a simulated one (KOKORO_ENGINE=sim) says so plainly."""
+    if settings.engine != "sim":
+        return {"engine": settings.engine}
+    return {"engine": "sim", "simulated": True,
+            "sim_cost_ms": {"per_chunk": settings.sim_chunk_ms, "per_phoneme": settings.sim_phoneme_ms}}
 
 
 async def _load_service(state: AppState) -> None:
@@ -170,7 +178,12 @@ async def _load_service(state: AppState) -> None:
         gc.freeze()
         state.service = service
         state.ready = True
-        log.info("model ready in %.1f s (weights %s)", time.perf_counter() - started, state.settings.weights)
+        if state.settings.engine == "sim":
+            from worker.sim_engine import describe
+
+            log.warning("ready in %.1f s: %s", time.perf_counter() - started, describe(state.settings))
+        else:
+            log.info("model ready in %.1f s (weights %s)", time.perf_counter() - started, state.settings.weights)
     except asyncio.CancelledError:
         raise
     except Exception as e:
@@ -188,6 +201,10 @@ def _register_metrics(state: AppState) -> None:
             return float(figure(state.service.stats()))
         return read
 
+    engine = state.settings.engine
+    m.collector(lambda: ["# HELP kokoro_engine_info The engine serving: torch (the model) or sim (SIMULATED: "
+                         "no model, synthetic audio after an assumed GPU time; KOKORO_ENGINE=sim).",
+                         "# TYPE kokoro_engine_info gauge", f'kokoro_engine_info{{engine="{engine}"}} 1'])
     m.gauge("kokoro_ready", "1 once the weights are loaded and warmed up.", lambda: float(state.ready))
     m.gauge("kokoro_admitted_requests", "Speech requests admitted and not yet finished.", lambda: state.admission.admitted)
     m.gauge("kokoro_queue_depth", "Admitted requests not being synthesized right now (waiting for the replica or sending).",

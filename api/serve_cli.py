@@ -1,7 +1,7 @@
 """`kokoro-fleet serve`: run the fleet (or one process) under Uvicorn.
 
     kokoro-fleet serve [--workers N] [--limit-concurrency M] [--port 8880] [--redis-url URL]
-                       [--dispatch shared|local] [--baseline]
+                       [--dispatch shared|local] [--baseline] [--engine torch|sim]
 
 Each Uvicorn worker is an HTTP front and one model replica (api.app:app_factory builds both, see
 api/fleet/service.py). Several workers share their work through Redis: without `--redis-url` (or REDIS_URL)
@@ -46,6 +46,7 @@ _FLAGS = {
     "device": "KOKORO_DEVICE",
     "redis_url": "REDIS_URL",
     "dispatch": "KOKORO_DISPATCH",
+    "engine": "KOKORO_ENGINE",
 }
 # Uvicorn's supervisor pings each worker and kills one that does not answer within this many
 # seconds (then starts a replacement). Its default, 5 s, is too short for a replica process whose
@@ -70,13 +71,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", action="store_true",
                         help="one process, one model, no queue, four chunks at a time (Kokoro-FastAPI's "
                              "architecture), to compare against with `python -m loadtest compare`")
+    parser.add_argument("--engine", choices=["torch", "sim"],
+                        help="torch: the model (default); sim: a SIMULATED engine, no model, synthetic audio after "
+                             "an assumed GPU time per chunk, for load tests without a GPU (KOKORO_ENGINE)")
     parser.add_argument("--weights", help="offline | official | tiny | a directory (KOKORO_WEIGHTS)")
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (KOKORO_DEVICE)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def _on_gpu(settings: Settings) -> bool:
-    if settings.device == "cpu":
+    if settings.device == "cpu" or settings.engine == "sim":  # the simulation uses no GPU
         return False
     import torch
 
@@ -84,12 +88,12 @@ def _on_gpu(settings: Settings) -> bool:
 
 
 def resolve_workers(settings: Settings) -> int:
-    """KOKORO_WORKERS, or its default: 8 replicas on a GPU, one per core on CPU."""
+    """KOKORO_WORKERS, or its default: 8 replicas on a GPU (or simulating one), one per core on CPU."""
     if settings.baseline:
         return 1
     if settings.workers > 0:
         return settings.workers
-    if _on_gpu(settings):
+    if settings.engine == "sim" or _on_gpu(settings):
         return 8
     return os.cpu_count() or 1
 
@@ -255,6 +259,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    if settings.engine == "sim":
+        if settings.baseline:
+            raise SystemExit("kokoro-fleet serve: KOKORO_ENGINE=sim does not simulate the baseline; "
+                             "serve the baseline with KOKORO_ENGINE=torch")
+        from worker.sim_engine import describe
+
+        log.warning(describe(settings))
     workers = resolve_workers(settings)
     if settings.baseline and (settings.workers > 1 or getattr(args, "workers", None)):
         log.warning("--baseline runs one process: ignoring --workers/KOKORO_WORKERS=%d", settings.workers)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from api.metrics import Metrics
-from worker.settings import Settings
+from worker.settings import Settings, SettingsError
 from worker.speech import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, SpeechService
 from worker.voices import VoiceBank
 
@@ -60,6 +60,15 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
     from worker.weights import load_weights
 
     def build() -> SpeechService:
+        if settings.engine == "sim":  # only ever by KOKORO_ENGINE=sim: no model, no weights
+            from worker.sim_engine import SimCost, SimReplica, sim_voices
+            from worker.weights import VOICE_NAMES
+
+            if settings.baseline:
+                raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
+                                    "one model); serve the baseline with KOKORO_ENGINE=torch")
+            replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
+            return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES)), settings)
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
                         cuda_graphs=settings.cuda_graphs and not settings.baseline)

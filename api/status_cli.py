@@ -64,7 +64,9 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
     def per_replica(name: str) -> dict[str, float]:
         return {labels["replica"]: v for labels, v in samples.get(name, []) if "replica" in labels}
 
-    summary = {k: one(f"kokoro_fleet_{k}") for k in ("degraded", "admitted", "queued_jobs", "inflight_jobs",
+    engines = [labels.get("engine") for labels, _ in samples.get("kokoro_engine_info", [])]
+    engine = {"engine": engines[0]} if engines else {}  # a server older than the engine setting: not shown
+    summary = {**engine} | {k: one(f"kokoro_fleet_{k}") for k in ("degraded", "admitted", "queued_jobs", "inflight_jobs",
                                                       "queued_work_seconds", "live_replicas", "admitted_total",
                                                       "refused_total", "expired_total", "requeued_total",
                                                       "failed_total", "local_total", "result_bytes_total")}
@@ -80,11 +82,11 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
         return rows, summary
     # One worker without a queue: its own replica, as api/app.py names it.
     if one("kokoro_replica_jobs_total") is None:
-        return [], {"mode": "unknown"}
+        return [], {"mode": "unknown", **engine}
     busy_s = one("kokoro_replica_busy_seconds_total") or 0.0
     row = ReplicaRow("local", True, bool(one("kokoro_replica_busy")), None, int(one("kokoro_replica_jobs_total") or 0),
                      busy_s, one("kokoro_replica_audio_seconds_total") or 0.0)
-    return [row], {"mode": "single"}
+    return [row], {"mode": "single", **engine}
 
 
 async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow], dict]:
@@ -108,6 +110,9 @@ async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow
 def format_table(rows: list[ReplicaRow], summary: dict) -> str:
     head = f"{'replica':<28} {'alive':>5} {'busy':>4} {'busy%':>6} {'jobs':>7} {'busy s':>9} {'audio s':>9} {'RTFx':>6}"
     lines = [head, "-" * len(head)]
+    if summary.get("engine") == "sim":
+        lines.insert(0, "SIMULATED ENGINE (KOKORO_ENGINE=sim): no model; replicas sleep an assumed GPU time "
+                        "and return synthetic audio\n")
     for r in rows:
         fraction = "-" if r.busy_fraction is None else f"{100 * r.busy_fraction:.0f}"
         speed = f"{r.audio_seconds / r.busy_seconds:.1f}" if r.busy_seconds > 0 else "-"

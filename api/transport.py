@@ -64,9 +64,13 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
 class AccessLogMiddleware:
     """One structured log line and one metrics sample per request, whatever its outcome."""
 
-    def __init__(self, app, metrics: Metrics, quiet_paths: tuple[str, ...] = ("/health", "/ready", "/metrics")):
+    def __init__(self, app, metrics: Metrics, quiet_paths: tuple[str, ...] = ("/health", "/ready", "/metrics"),
+                 engine: str = "torch"):
+        """engine: sent on every response as `X-Kokoro-Engine`, so a client of a simulated server
+        (KOKORO_ENGINE=sim) can tell that its audio is synthetic."""
         self.app = app
         self.metrics = metrics
+        self.engine_header = (b"x-kokoro-engine", engine.encode())
         self.quiet_paths = quiet_paths  # probes, scrapes and panels that poll every few seconds: logged at debug
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -86,7 +90,7 @@ class AccessLogMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode()), self.engine_header]
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 completed = True
             await send(message)

@@ -2,6 +2,7 @@
 
     python -m loadtest.dispatch [--workers 2] [--load 0.8] [--duration 60] [--rounds 2]
                                 [--texts short] [--weights tiny] [--connections reuse|close]
+                                [--engine torch|sim] [--sim-slowdown 1]
                                 [--out RESULT.json] [--plot TTFA.png]
 
 Starts two copies of the same fleet (`kokoro-fleet serve --workers N`, each with its own embedded
@@ -18,6 +19,14 @@ keeps connections alive keeps sending to the same worker. `--connections reuse` 
 keeps them alive as the load generator and most HTTP clients do; `--connections close` opens a
 new one per request (the kernel's accept distribution). The per-replica job counts printed at the
 end show how the work was actually spread.
+
+`--engine sim` serves both fleets with the simulated engine (worker/sim_engine.py: replicas that
+sleep an assumed GPU time per chunk and use no CPU meanwhile), so 8 replicas are 8 independent
+servers even on a 2-core machine. `--sim-slowdown N` multiplies its per-chunk cost (both terms) by N:
+at the H100 assumption the fleet would serve thousands of audio-seconds per second, more than a
+2-core front end can stream, and then the CPU, not the replicas, would be the queue being measured.
+Queueing delays scale with the service time, so the TTFA ratio of the two dispatch modes does not
+depend on N as long as the front end's own latency stays small beside it.
 
 `FleetProcess` (a `kokoro-fleet serve` process tree that a test or script owns) is used by
 tests/servers/test_fleet_serve.py too.
@@ -60,7 +69,9 @@ class FleetProcess:
 
     def __init__(self, workers: int = 2, *, dispatch: str = "shared", weights: str = "tiny",
                  redis_url: str | None = None, baseline: bool = False, env: dict[str, str] | None = None,
-                 log_dir: str | Path | None = None, name: str = "fleet"):
+                 log_dir: str | Path | None = None, name: str = "fleet", engine: str | None = None):
+        """engine: `--engine` of serve (`sim`: the simulated engine, worker/sim_engine.py); None: the
+        environment's KOKORO_ENGINE, else the real model."""
         self.workers = 1 if baseline else workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,6 +81,8 @@ class FleetProcess:
         self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
         if redis_url:
             self.args += ["--redis-url", redis_url]
+        if engine:
+            self.args += ["--engine", engine]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
         if not redis_url:
@@ -241,6 +254,7 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
     jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
     return {"capacity_requests_per_s": capacity, "offered_rate_per_s": rate, "load": args.load,
             "workers": args.workers, "connections": args.connections, "texts": args.texts,
+            "engine": args.engine, **({"sim_cost_ms": sim_cost_ms(args)} if args.engine == "sim" else {}),
             **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs,
             "shared_result_traffic": await result_traffic(shared.redis_url())}
 
@@ -273,8 +287,16 @@ def report(result: dict[str, Any]) -> str:
     ratio = result["ratio_local_over_shared"]
     lines.append(f"p95 TTFA local / shared = {'-' if ratio is None else f'{ratio:.2f}x'} "
                  f"(target >= 3x) at {result['load']:.0%} of {result['capacity_requests_per_s']:.2f} requests/s, "
-                 f"{result['workers']} workers, connections {result['connections']}")
+                 f"{result['workers']} workers, connections {result['connections']}{_engine_note(result)}")
     return "\n".join(lines)
+
+
+def _engine_note(result: dict[str, Any]) -> str:
+    cost = result.get("sim_cost_ms")
+    if result.get("engine") != "sim" or not cost:
+        return ""
+    return (f", SIMULATED engine ({cost['per_chunk']:g} ms + {cost['per_phoneme']:g} ms x phonemes per chunk, "
+            f"{cost['slowdown']:g}x the assumed H100 cost)")
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
@@ -298,7 +320,8 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("fraction of requests")
     ratio = result["ratio_local_over_shared"]
     ax.set_title(f"{result['workers']} workers, Poisson arrivals at {result['load']:.0%} of capacity, "
-                 f"connections {result['connections']}: p95 ratio {'-' if ratio is None else f'{ratio:.2f}x'}",
+                 f"connections {result['connections']}{', sim engine' if result.get('engine') == 'sim' else ''}: "
+                 f"p95 ratio {'-' if ratio is None else f'{ratio:.2f}x'}",
                  fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -308,6 +331,16 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def sim_cost_ms(args: argparse.Namespace) -> dict[str, float]:
+    """The simulated engine's cost both fleets run with: the settings' (environment or defaults)
+    times --sim-slowdown."""
+    from worker.settings import Settings
+
+    settings = Settings.from_env(only=("sim_chunk_ms", "sim_phoneme_ms"))
+    return {"per_chunk": settings.sim_chunk_ms * args.sim_slowdown,
+            "per_phoneme": settings.sim_phoneme_ms * args.sim_slowdown, "slowdown": args.sim_slowdown}
 
 
 def _ms(x: float | None) -> str:
@@ -324,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", default="short", help="short | paragraphs | long | FILE")
     p.add_argument("--weights", default="tiny", help="KOKORO_WEIGHTS of both fleets")
     p.add_argument("--connections", choices=["reuse", "close"], default="reuse")
+    p.add_argument("--engine", choices=["torch", "sim"], default="torch",
+                   help="KOKORO_ENGINE of both fleets (sim: the simulated engine, no model)")
+    p.add_argument("--sim-slowdown", type=float, default=1.0,
+                   help="with --engine sim: multiply the simulated cost per chunk (KOKORO_SIM_CHUNK_MS, "
+                        "KOKORO_SIM_PHONEME_MS) by this, so the replicas, not this machine's CPU, bound capacity")
     p.add_argument("--max-outstanding", type=int, default=256)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
@@ -335,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {"KOKORO_QUEUE_MAX_REQUESTS": "100000", "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "1000000",
            "KOKORO_MAX_REQUESTS": "100000", "KOKORO_LIMIT_CONCURRENCY": "100000"}
     log_dir = tempfile.mkdtemp(prefix="kokoro-dispatch-")
-    fleets = [FleetProcess(args.workers, dispatch=d, weights=args.weights, env=env, log_dir=log_dir, name=d)
+    if args.engine == "sim":
+        cost = sim_cost_ms(args)
+        env |= {"KOKORO_SIM_CHUNK_MS": f"{cost['per_chunk']:g}", "KOKORO_SIM_PHONEME_MS": f"{cost['per_phoneme']:g}"}
+    fleets = [FleetProcess(args.workers, dispatch=d, weights=args.weights, env=env, log_dir=log_dir, name=d,
+                           engine=args.engine)
               for d in ("shared", "local")]
     try:
         for f in fleets:

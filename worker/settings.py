@@ -68,10 +68,27 @@ class Settings:
         "Niceness added to each replica's inference thread and its OpenMP pool (Linux), so the event loop "
         "answers admissions and 503s at once while the replicas compute (0: same priority).")
 
+    engine: Literal["torch", "sim"] = setting(
+        "KOKORO_ENGINE", "torch",
+        "`torch`: the real model. `sim`: a SIMULATED engine for load tests on machines without a GPU "
+        "(worker/sim_engine.py): no model or weights, each chunk waits (asyncio.sleep, no CPU) "
+        "KOKORO_SIM_CHUNK_MS + KOKORO_SIM_PHONEME_MS x phonemes and returns synthetic audio of the real "
+        "model's length; never chosen automatically, and a simulated server says so in its log, /health, "
+        "/ready, /metrics, `kokoro-fleet status` and an `X-Kokoro-Engine: sim` header.")
+    sim_chunk_ms: float = setting(
+        "KOKORO_SIM_CHUNK_MS", 10.0,
+        "Simulated engine: fixed cost of one chunk (one batched pass), ms. An ASSUMPTION, not a measurement "
+        "(no H100 figures yet): with KOKORO_SIM_PHONEME_MS it makes 8 replicas give about 3,000 audio-s/s on "
+        "400-phoneme chunks.")
+    sim_phoneme_ms: float = setting(
+        "KOKORO_SIM_PHONEME_MS", 0.175,
+        "Simulated engine: cost per phoneme of a chunk, ms (a batch costs the fixed cost once plus this for "
+        "every item padded to the longest). An ASSUMPTION like KOKORO_SIM_CHUNK_MS.")
+
     # --- HTTP API ---
     host: str = setting("KOKORO_HOST", "0.0.0.0", "Address the server listens on.")
     port: int = setting("KOKORO_PORT", 8880, "Port the server listens on.")
-    workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU, the core count on CPU).")
+    workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim, the core count on CPU).")
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop (0: derived from the admission bound).")
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
     playground: bool = setting(

@@ -14,6 +14,7 @@ from worker.settings import Settings, SettingsError
 
 ENUMERATED = {
     "KOKORO_DTYPE": ("bf16", "bf17", "auto, fp32, bf16, fp16"),
+    "KOKORO_ENGINE": ("sim", "simulated", "torch, sim"),
     "KOKORO_DEVICE": ("cuda:1", "gpu", "auto, cuda, cpu or cuda:N"),
     "KOKORO_DISPATCH": ("local", "sharde", "shared, local"),
     "KOKORO_MPS": ("off", "yes", "auto, on, off"),

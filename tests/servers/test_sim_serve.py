@@ -1,0 +1,80 @@
+"""The simulated engine with real processes: `kokoro-fleet serve --workers 2` with KOKORO_ENGINE=sim
+says it is simulated in its startup log, in every worker's /health and /ready, in /metrics, in
+`kokoro-fleet status` and in the response header, and serves speech; the same command without
+KOKORO_ENGINE serves the real model (tiny weights) and says `torch` everywhere, never `sim`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtest.dispatch import FleetProcess
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEECH = {"model": "kokoro", "voice": "af_heart", "input": "A simulated fleet still streams real bytes.",
+          "response_format": "mp3"}
+
+
+def status(url: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "api.cli", "status", "--url", url], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def fresh(url: str, path: str) -> httpx.Response:
+    """A request on its own connection, so the kernel may hand it to any worker."""
+    return httpx.get(url + path, timeout=10, headers={"Connection": "close"}, trust_env=False)
+
+
+def test_a_sim_fleet_says_so_on_every_surface(tmp_path):
+    env = {"KOKORO_ENGINE": "sim", "KOKORO_SIM_CHUNK_MS": "5", "KOKORO_SIM_PHONEME_MS": "0.1"}
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="sim") as fleet:
+        workers = {}
+        for _ in range(40):
+            health = fresh(fleet.url, "/health").json()
+            workers[health["worker"]] = health
+            if len(workers) == 2:
+                break
+        assert len(workers) == 2
+        for health in workers.values():
+            assert health["engine"] == "sim" and health["simulated"] is True and health["mode"] == "fleet"
+            assert health["sim_cost_ms"] == {"per_chunk": 5.0, "per_phoneme": 0.1}
+        ready = fresh(fleet.url, "/ready")
+        assert ready.status_code == 200 and ready.json()["engine"] == "sim" and ready.json()["simulated"] is True
+
+        speech = httpx.post(fleet.url + "/v1/audio/speech", json=SPEECH, timeout=60, trust_env=False)
+        assert speech.status_code == 200 and speech.headers["x-kokoro-engine"] == "sim"
+        assert speech.headers["content-type"] == "audio/mpeg" and len(speech.content) > 1000
+
+        metrics = fresh(fleet.url, "/metrics").text
+        assert 'kokoro_engine_info{engine="sim"} 1' in metrics.splitlines()
+        shown = status(fleet.url)
+        assert shown.startswith("SIMULATED ENGINE") and "engine=sim" in shown, shown
+        log = fleet.log_path.read_text(errors="replace")
+    launcher = [line for line in log.splitlines() if "kokoro_fleet.serve" in line]
+    assert any("SIMULATED ENGINE (KOKORO_ENGINE=sim)" in line for line in launcher), log
+    # each worker says so too, when it is ready
+    assert sum("kokoro_fleet.api: ready in" in line and "SIMULATED ENGINE" in line for line in log.splitlines()) == 2
+
+
+def test_without_the_setting_the_fleet_serves_the_model(tmp_path):
+    """Never picked implicitly: no KOKORO_ENGINE in the environment gives the real engine."""
+    fleet = FleetProcess(1, weights="tiny", log_dir=tmp_path, name="torch")
+    fleet.env.pop("KOKORO_ENGINE", None)
+    with fleet:
+        health = fresh(fleet.url, "/health").json()
+        assert health["engine"] == "torch" and "simulated" not in health
+        assert fresh(fleet.url, "/ready").json()["engine"] == "torch"
+        speech = httpx.post(fleet.url + "/v1/audio/speech", json=SPEECH, timeout=120, trust_env=False)
+        assert speech.status_code == 200 and speech.headers["x-kokoro-engine"] == "torch"
+        assert 'kokoro_engine_info{engine="torch"} 1' in fresh(fleet.url, "/metrics").text.splitlines()
+        assert "SIMULATED" not in status(fleet.url)
+        log = fleet.log_path.read_text(errors="replace")
+    assert "SIMULATED" not in log

@@ -1,0 +1,216 @@
+"""The simulated engine (`KOKORO_ENGINE=sim`): replicas that take as long as a GPU would and use no
+CPU while they "compute", so the fleet around them (HTTP, admission, text, Redis, encoders,
+timestamps, streaming) can be measured at GPU rates on a CPU box.
+
+Never chosen automatically: only `KOKORO_ENGINE=sim` builds it, and a simulated server says so on
+every surface (startup log, /health, /ready, /metrics, `kokoro-fleet status`, the `X-Kokoro-Engine`
+response header).
+
+Cost model, per chunk of n phonemes: t = a + b * n, awaited with `asyncio.sleep` (the event loop
+and the CPU are free meanwhile). a = KOKORO_SIM_CHUNK_MS, b = KOKORO_SIM_PHONEME_MS.
+ASSUMPTION, not a measurement: no H100 figures exist yet. The defaults are sized so that eight
+replicas make about 3,000 audio-seconds per second on 400-phoneme chunks (30 s of audio each at
+SECONDS_PER_PHONEME): 8 * 30 s / (10 ms + 400 * 0.175 ms) = 3,000 audio-s/s, each replica 375x real
+time; a 60-phoneme first chunk then takes 20.5 ms. Replace them with measured figures once the
+GPU issue has them.
+
+Batch rule (`synthesize_batch`): one batched forward pass pads every item to the longest, so a
+batch of k items of at most m phonemes costs a + b * k * m (the per-call overhead once, the
+per-phoneme work for every padded row); all its results come back together at the end.
+
+Audio: realistic length, deterministic and nearly free. Each token gets a fixed number of 25 ms
+frames by its kind (`FRAMES_PER_TOKEN`: pads, spaces, punctuation, other phonemes), divided by the
+speed, so a chunk's length is what the real model gives on average for those phonemes (about 13
+phonemes a second at speed 1, the SECONDS_PER_PHONEME the queue estimates with). The samples are
+slices of one speech-like waveform computed once per process (a harmonic tone with a moving pitch
+and a syllable-rate envelope, plus a little noise), so encoders compress something like speech and
+a chunk costs one array copy. Voices are names over constant style rows: the simulation ignores
+the style, and nothing is read from disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from worker.engine import BatchItem, Synthesis
+
+ENGINES = ("torch", "sim")
+# Frames (25 ms) per token at speed 1, by kind. Average of a sentence of English phonemes: about
+# 3 frames (75 ms) a token, as SECONDS_PER_PHONEME assumes; a clause's punctuation holds a pause.
+FRAMES_PER_TOKEN = {"start_pad": 2, "end_pad": 6, "space": 2, "pause": 8, "phoneme": 3}
+PAUSE_IDS = frozenset({1, 2, 3, 4, 5, 6, 9, 10})  # ; : , . ! ? — …
+SPACE_ID = 16
+_LONG_WAVEFORM_S = 30.0  # the cached waveform; chunks are slices of it, wrapped around
+STYLE_WIDTH = 256
+# The wait itself: the event loop's timer, no thread and no CPU (tests record it instead).
+_wait = asyncio.sleep
+
+
+@dataclass(frozen=True)
+class SimCost:
+    """t = chunk_ms + phoneme_ms * phonemes, per chunk (ms)."""
+
+    chunk_ms: float = 10.0
+    phoneme_ms: float = 0.175
+
+    @classmethod
+    def from_settings(cls, settings) -> "SimCost":
+        return cls(settings.sim_chunk_ms, settings.sim_phoneme_ms)
+
+    def seconds(self, phonemes: int) -> float:
+        return (self.chunk_ms + self.phoneme_ms * phonemes) / 1000
+
+    def batch_seconds(self, sizes: Sequence[int]) -> float:
+        """One padded batched pass: the overhead once, every row as long as the longest."""
+        if not sizes:
+            return 0.0
+        return (self.chunk_ms + self.phoneme_ms * len(sizes) * max(sizes)) / 1000
+
+    def describe(self) -> dict[str, float]:
+        return {"chunk_ms": self.chunk_ms, "phoneme_ms": self.phoneme_ms}
+
+
+def token_frames(ids: Sequence[int], speed: float = 1.0) -> np.ndarray:
+    """int64 [len(ids) + 2]: frames per token, pads included, as the real model's durations are."""
+    kinds = [FRAMES_PER_TOKEN["start_pad"]]
+    for i in ids:
+        kinds.append(FRAMES_PER_TOKEN["pause"] if i in PAUSE_IDS else
+                     FRAMES_PER_TOKEN["space"] if i == SPACE_ID else FRAMES_PER_TOKEN["phoneme"])
+    kinds.append(FRAMES_PER_TOKEN["end_pad"])
+    # Rounded on the running total, so the chunk's length is its frames / speed whatever the speed
+    # (token by token, 3 / 2 frames would round up everywhere); each token at least one frame, as
+    # the real predictor's clamp gives.
+    ends = np.round(np.cumsum(np.asarray(kinds, dtype=np.float64) / speed))
+    return np.maximum(1, np.diff(ends, prepend=0.0)).astype(np.int64)
+
+
+def speech_like_waveform(seconds: float = _LONG_WAVEFORM_S, seed: int = 0) -> np.ndarray:
+    """float32 [seconds * 24 kHz]: harmonics of a pitch gliding 100-220 Hz, amplitude-modulated at
+    syllable rate (about 4 Hz), plus quiet noise; peak about 0.5. Deterministic for a seed."""
+    n = int(seconds * SAMPLE_RATE)
+    t = np.arange(n, dtype=np.float64) / SAMPLE_RATE
+    pitch = 160 + 60 * np.sin(2 * np.pi * 0.7 * t) * np.sin(2 * np.pi * 0.13 * t + 1.0)
+    phase = 2 * np.pi * np.cumsum(pitch) / SAMPLE_RATE
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
+    envelope = np.clip(np.sin(2 * np.pi * 4.1 * t) * 0.6 + 0.4, 0.0, None)
+    rng = np.random.default_rng(seed)
+    wave = 0.25 * voiced * envelope + 0.01 * rng.standard_normal(n)
+    return (0.5 * wave / np.max(np.abs(wave))).astype(np.float32)
+
+
+class SimEngine:
+    """Synthesis without a model: a Synthesis of the length and durations the cost model's chunk
+    would have, made from the cached waveform. Runs on the caller's thread in microseconds."""
+
+    sample_rate = SAMPLE_RATE
+    frame_samples = SAMPLES_PER_FRAME
+    max_phonemes = 510
+
+    def __init__(self, seed: int = 0):
+        self.waveform = speech_like_waveform(seed=seed)
+
+    def synthesize(self, ids: Sequence[int], style: torch.Tensor | None = None, speed: float = 1.0) -> Synthesis:
+        if len(ids) > self.max_phonemes:
+            raise ValueError(f"{len(ids)} phonemes in one chunk; at most {self.max_phonemes}")
+        if not speed > 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        durations = token_frames(ids, speed)
+        samples = int(durations.sum()) * SAMPLES_PER_FRAME
+        # Start somewhere that depends on the chunk, so consecutive chunks do not repeat each other.
+        start = (sum(ids) * 7919) % len(self.waveform)
+        audio = _wrapped_slice(self.waveform, start, samples)
+        return Synthesis(audio=audio, durations=durations)
+
+
+def _wrapped_slice(wave: np.ndarray, start: int, samples: int) -> np.ndarray:
+    """A copy of `samples` samples of `wave` from `start`, wrapping around its end."""
+    if start + samples <= len(wave):
+        return wave[start:start + samples].copy()
+    parts, left = [wave[start:]], samples - (len(wave) - start)
+    while left > 0:
+        parts.append(wave[:min(left, len(wave))])
+        left -= len(parts[-1])
+    return np.concatenate(parts)
+
+
+class SimReplica:
+    """worker.replica.Replica's interface over the cost model: one job at a time (FIFO), each
+    holding the replica for the cost model's time in `asyncio.sleep`, no thread, no CPU."""
+
+    simulated = True
+
+    def __init__(self, cost: SimCost | None = None, seed: int = 0):
+        self.cost = cost or SimCost()
+        self.engine = SimEngine(seed)
+        self._one_at_a_time = asyncio.Semaphore(1)
+        self.busy = False
+        self.jobs_done = 0
+        self.busy_seconds = 0.0
+        self.audio_seconds = 0.0
+
+    async def synthesize(self, ids: Sequence[int], style: torch.Tensor | None = None, speed: float = 1.0) -> Synthesis:
+        result = await self._exclusive(self.cost.seconds(len(ids)), self.engine.synthesize, ids, style, speed)
+        self.jobs_done += 1
+        self.audio_seconds += len(result.audio) / SAMPLE_RATE
+        return result
+
+    async def synthesize_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
+        """All items for the batch rule's time (a + b * k * longest), results together at the end."""
+        def run() -> list[Synthesis]:
+            return [self.engine.synthesize(item.ids, item.style, item.speed) for item in items]
+
+        results = await self._exclusive(self.cost.batch_seconds([len(i.ids) for i in items]), run)
+        self.jobs_done += len(results)
+        self.audio_seconds += sum(len(r.audio) for r in results) / SAMPLE_RATE
+        return results
+
+    async def warmup(self) -> None:
+        """Nothing to compile or capture; one short job checks the path end to end."""
+        await self.synthesize([16, 43, 54, 16, 56, 57] * 5)
+
+    async def _exclusive(self, seconds: float, fn, *args):
+        async with self._one_at_a_time:
+            self.busy = True
+            start = time.perf_counter()
+            # Validate and build the result first (microseconds), so a bad chunk fails at once.
+            try:
+                result = fn(*args)
+                wait = asyncio.ensure_future(_wait(seconds))
+                try:
+                    await asyncio.shield(wait)
+                except asyncio.CancelledError:
+                    # As on a GPU, a launched pass is not interrupted: the replica stays busy until
+                    # its time is up, so the next job never overlaps it (worker/replica.py does the same).
+                    while not wait.done():
+                        try:
+                            await asyncio.wait({wait})
+                        except asyncio.CancelledError:
+                            pass
+                    raise
+                return result
+            finally:
+                self.busy = False
+                self.busy_seconds += time.perf_counter() - start
+
+
+def sim_voices(names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Voice packs for the simulation: the names are what matters (requests are checked against
+    them); the rows are one constant row expanded (no memory per voice), since the sim ignores style."""
+    row = torch.zeros(1, STYLE_WIDTH)
+    return {name: row.expand(510, STYLE_WIDTH) for name in names}
+
+
+def describe(settings) -> str:
+    """The startup log's line for a simulated server."""
+    cost = SimCost.from_settings(settings)
+    per_replica = 30.0 / cost.seconds(400)
+    return (f"SIMULATED ENGINE (KOKORO_ENGINE=sim): no model, replicas sleep t = {cost.chunk_ms:g} ms + "
+            f"{cost.phoneme_ms:g} ms x phonemes per chunk (an assumed GPU cost, not a measurement; "
+            f"{per_replica:.0f}x real time per replica on 400-phoneme chunks); audio is synthetic")
