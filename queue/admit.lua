@@ -1,6 +1,8 @@
 -- admit.lua: admit one request and enqueue its chunk jobs, or refuse it, atomically.
 -- ARGV: prefix, request_id, owner_id, owner_ttl_ms, max_requests, max_queued_work_ms,
 --       default_ms_per_phoneme, speed, n, then n pairs (phonemes_i, payload_i).
+-- A request id that reserve.lua holds already has its slot: only the work bound is checked, and a
+-- refusal gives the reservation back (withdrawn_total). Any other id is checked against both.
 -- A bound <= 0 means unbounded. Returns
 --   admitted: {1, arrival_ms, total_est_ms, live_replicas}
 --   refused:  {0, reason ("requests"|"work"), admitted, queued_work_ms, inflight_work_ms,
@@ -15,7 +17,8 @@ local rk = req_key(rid)
 
 -- A retried call (the reply was lost on the wire) finds its own request: answer the same.
 local existing = redis.call('HGET', K_REQUESTS, rid)
-if existing then
+local reserved = existing and redis.call('HGET', rk, 'state') == 'reserved'
+if existing and not reserved then
   return {1, num(redis.call('HGET', rk, 'arrival'), 0), num(redis.call('HGET', rk, 'total_est'), 0),
           live_replicas(now)}
 end
@@ -33,7 +36,7 @@ end
 local admitted = num(redis.call('HGET', K_STATS, 'admitted'), 0)
 local queued_work = num(redis.call('HGET', K_STATS, 'queued_work_ms'), 0)
 local reason = nil
-if max_requests > 0 and admitted >= max_requests then
+if not reserved and max_requests > 0 and admitted >= max_requests then
   reason = 'requests'
 elseif max_work > 0 and queued_work > 0 and queued_work + new_work > max_work then
   -- An empty queue admits any single request, however long: otherwise it could never run.
@@ -41,17 +44,28 @@ elseif max_work > 0 and queued_work > 0 and queued_work + new_work > max_work th
 end
 if reason then
   redis.call('HINCRBY', K_STATS, 'refused_total', 1)
+  if reserved then
+    drop_request(rid)
+    redis.call('HINCRBY', K_STATS, 'withdrawn_total', 1)
+    admitted = admitted - 1
+  end
   return {0, reason, admitted, queued_work, num(redis.call('HGET', K_STATS, 'inflight_work_ms'), 0),
           new_work, live_replicas(now), redis.call('HGET', K_STATS, 'rate') or ''}
 end
 
 -- Register the request and its owner, who must keep alive:<owner> fresh or the reaper frees it.
-redis.call('HSET', K_REQUESTS, rid, owner .. '|' .. now)
+-- A reserved request keeps the arrival of its reservation: the time spent planning its text is
+-- part of the wait its listener sees, so its deadlines count from then.
+if reserved then
+  now = num(redis.call('HGET', rk, 'arrival'), now)
+else
+  redis.call('HSET', K_REQUESTS, rid, owner .. '|' .. now)
+  redis.call('HINCRBY', K_STATS, 'admitted', 1)
+  redis.call('HINCRBY', K_STATS, 'admitted_total', 1)
+end
 redis.call('SET', alive_key(owner), '1', 'PX', owner_ttl)
 redis.call('HSET', rk, 'owner', owner, 'arrival', now, 'n', n, 'state', 'active', 'speed', ARGV[8],
            'total_est', new_work)
-redis.call('HINCRBY', K_STATS, 'admitted', 1)
-redis.call('HINCRBY', K_STATS, 'admitted_total', 1)
 
 -- Chunk i's deadline: arrival plus the (estimated) audio of chunks 0..i-1, i.e. when a listener
 -- who started at arrival needs it. Earliest deadline first puts every first chunk up front.

@@ -211,7 +211,10 @@ def sim_voices(names: Sequence[str]) -> dict[str, torch.Tensor]:
 def describe(settings) -> str:
     """The startup log's line for a simulated server."""
     cost = SimCost.from_settings(settings)
-    per_replica = 400 * SECONDS_PER_PHONEME / cost.seconds(400)
+    seconds = cost.seconds(400)
+    # a zero cost model (the front-end benchmark, loadtest.frontend) has no real-time factor
+    speed = (f"{400 * SECONDS_PER_PHONEME / seconds:.0f}x real time" if seconds > 0
+             else "no service time at all")
     return (f"SIMULATED ENGINE (KOKORO_ENGINE=sim): no model, replicas sleep t = {cost.chunk_ms:g} ms + "
             f"{cost.phoneme_ms:g} ms x phonemes per chunk (an assumed GPU cost, not a measurement; "
-            f"{per_replica:.0f}x real time per replica on 400-phoneme chunks); audio is synthetic")
+            f"{speed} per replica on 400-phoneme chunks); audio is synthetic")

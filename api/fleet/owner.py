@@ -2,12 +2,15 @@
 
 A worker holding a client's connection calls, per request:
 
-    ticket = await admission.admit([ChunkJob(payload, phonemes), ...], speed)   # or Refused -> 503
+    rid = await admission.reserve()                   # a slot before any planning, or Refused -> 503
+    ...plan the text (a 400 gives the slot back: await admission.withdraw(rid))...
+    ticket = await admission.admit([ChunkJob(payload, phonemes), ...], speed, rid)   # or Refused -> 503
     async for result in admission.results(ticket):                             # chunk 0, 1, ... in order
         ...encode result.pcm and send it...
     await admission.release(ticket.request_id)        # or cancel(...) when the client went away
 
-(`admission.session(...)` wraps the admit / release-or-cancel pair.) Any replica in the fleet may
+(`admit` without a reservation checks both bounds in one call; `admission.session(...)` wraps the
+admit / release-or-cancel pair.) Any replica in the fleet may
 run the chunk jobs; this side never needs to know which. Every Redis failure surfaces as
 `QueueUnavailable`, so the caller can serve the request locally instead. Independent of FastAPI
 and of torch: the payload of a job is opaque bytes that the replica's job runner understands.
@@ -178,8 +181,26 @@ class AdmissionClient(TracksAvailability):
             await asyncio.sleep(self.owner_ttl_ms / 3000)
 
     # --- the request's life ----------------------------------------------------------------
+    async def reserve(self, request_id: str | None = None) -> str:
+        """Hold a slot under the request bound for a request not planned yet, or raise `Refused`:
+        one cheap round trip, so a full fleet answers 503 without the text frontend's work. The
+        slot is the request's until `admit(..., request_id)` enqueues its jobs or `withdraw` gives
+        it back (the reaper frees it if this worker dies). Returns the request id."""
+        rid = request_id or uuid.uuid4().hex
+        reply = await self._call("reservation", self.scripts.reserve, self.prefix, rid, self.worker_id,
+                                 self.owner_ttl_ms, self.bounds.max_requests)
+        if reply[0] != 1:
+            raise self._refused(reply)
+        return rid
+
+    async def withdraw(self, request_id: str) -> bool:
+        """Give back a reservation whose request will not be admitted (its text was refused)."""
+        return bool(await self._call("withdrawal", self.scripts.withdraw, self.prefix, request_id))
+
     async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None) -> Ticket:
-        """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`."""
+        """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`.
+        With the id of a reservation, only the work bound is left to check; a refusal there gives
+        the reservation back."""
         if not jobs:
             raise ValueError("a request needs at least one chunk job")
         if speed <= 0:
@@ -193,6 +214,10 @@ class AdmissionClient(TracksAvailability):
         if reply[0] == 1:
             _, arrival_ms, total_est_ms, live = reply
             return Ticket(rid, len(jobs), int(arrival_ms), total_est_ms / 1000, int(live))
+        raise self._refused(reply)
+
+    def _refused(self, reply: list) -> Refused:
+        """The `Refused` for a refusal reply of admit.lua or reserve.lua, with its retry estimate."""
         _, reason, admitted, queued_ms, inflight_ms, new_ms, live, rate = reply
         reason = reason.decode()
         rate = float(rate) if rate else None
@@ -204,7 +229,7 @@ class AdmissionClient(TracksAvailability):
             # A slot frees when one admitted request finishes: about the average work per request.
             must_drain_ms = work_ahead_ms / max(1, admitted)
         seconds, ms = retry_after(must_drain_ms / 1000, int(live), rate)
-        raise Refused(reason, seconds, ms, work_ahead_ms / 1000, int(admitted), int(live), rate)
+        return Refused(reason, seconds, ms, work_ahead_ms / 1000, int(admitted), int(live), rate)
 
     async def results(self, ticket: Ticket, timeout_s: float | None = None) -> AsyncIterator[ChunkResult]:
         """The request's chunk results in order, each as soon as it exists. `timeout_s` bounds the

@@ -16,6 +16,7 @@ bit-identical to what its own replica would have made.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -24,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ConstantBackoff
@@ -31,7 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 QUEUE_DIR = Path(__file__).resolve().parents[2] / "queue"
-SCRIPT_NAMES = ("admit", "lease", "heartbeat", "complete", "fetch", "cancel", "release", "reap")
+SCRIPT_NAMES = ("reserve", "admit", "withdraw", "lease", "heartbeat", "complete", "fetch", "cancel", "release", "reap")
 DEFAULT_PREFIX = "{kf}"  # braces: a Redis Cluster hash tag, so all of one fleet's keys share a slot
 
 # The gauges that must return to zero when the fleet is idle (what the fault tests check).
@@ -83,6 +85,20 @@ class TracksAvailability:
         return reply
 
 
+def _driver_info() -> dict:
+    """redis-py's client name and version, read once: redis-py >= 7 otherwise looks its own version
+    up in the package metadata for every new connection (milliseconds of file reading and header
+    parsing on the event loop, paid by whichever request opens the connection)."""
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis-py < 7: the version is a constant there
+        return {}
+    return {"driver_info": DriverInfo(lib_version=redis.__version__)}
+
+
+_DRIVER_INFO = _driver_info()
+
+
 def connect(url: str = "redis://127.0.0.1:6379/0", *, connect_timeout_s: float = 1.0,
             socket_timeout_s: float = 5.0) -> aioredis.Redis:
     """An asyncio Redis client that fails fast: one immediate retry (a pooled connection that a
@@ -97,7 +113,15 @@ def connect(url: str = "redis://127.0.0.1:6379/0", *, connect_timeout_s: float =
         retry=Retry(ConstantBackoff(0.05), 1),
         retry_on_error=[RedisConnectionError],
         health_check_interval=0,
+        **_DRIVER_INFO,
     )
+
+
+async def open_connections(client: aioredis.Redis, count: int) -> None:
+    """Open `count` pooled connections now (one PING each, concurrently), so that a burst of
+    requests finds them ready instead of each opening its own on the request path."""
+    with unavailable_as_error("opening connections"):
+        await asyncio.gather(*(client.ping() for _ in range(count)))
 
 
 def script_source(name: str) -> str:

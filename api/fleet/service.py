@@ -2,11 +2,12 @@
 work is shared through Redis.
 
 `FleetSpeechService` implements the speech-service contract (api/service.py) when REDIS_URL is set
-(the launcher sets it to its embedded Redis server when it runs several workers). `admit(plan)`
-turns the plan's chunks into jobs in the shared, deadline-ordered queue (or refuses: 503 with
-Retry-After) and returns a `FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from
-the in-order results, whichever replica ran them. Beside it this worker's `Dispatcher` leases the
-fleet's earliest-deadline job whenever its replica is free. When Redis is unreachable (at start or
+(the launcher sets it to its embedded Redis server when it runs several workers). `admit(request)`
+reserves a slot in the fleet (or refuses: 503 with Retry-After), plans the text off the event
+loop, turns the plan's chunks into jobs in the shared, deadline-ordered queue, and returns a
+`FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from the in-order results,
+whichever replica ran them. Beside it this worker's `Dispatcher` leases the fleet's
+earliest-deadline job whenever its replica is free. When Redis is unreachable (at start or
 mid-run) the service serves its own requests on its own replica instead (still bounded by the
 HTTP layer's per-process `ProcessAdmission`), says so in /health and /metrics, and goes back to the
 queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining chunks
@@ -35,8 +36,8 @@ import numpy as np
 from api.errors import CapacityError
 from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
                              RequestLost, Ticket)
-from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, read_replicas,
-                                read_stats, worker_id)
+from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
+                                read_replicas, read_stats, worker_id)
 from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
 from worker.audio import SAMPLE_RATE
@@ -139,6 +140,11 @@ class FleetSpeechService:
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> "FleetSpeechService":
         await self.admission.start()
+        # The HTTP layer lets at most KOKORO_MAX_REQUESTS requests of this process into `admit` at
+        # once, each making one Redis call at a time: open that many connections now, so a burst's
+        # reservations (and 503s) never wait for connections being opened.
+        with contextlib.suppress(QueueUnavailable):  # Redis down at start: degraded, opened later
+            await open_connections(self.admission.client, self.settings.max_requests)
         self.dispatcher.start()
         self._tasks.append(asyncio.create_task(self._housekeeping(), name=f"fleet-housekeeping-{self.name}"))
         log.info("fleet worker %s: %s dispatch through %s (bounds %s)", self.name, self.dispatch,
@@ -193,19 +199,40 @@ class FleetSpeechService:
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         return self.local.plan(request)
 
-    async def admit(self, plan: SpeechPlan) -> FleetPlan:
+    async def admit(self, request: SpeechRequest) -> FleetPlan:
         """A slot in the shared queue (or, Redis unreachable, on this replica); CapacityError when
-        the fleet is full."""
-        speed = plan.request.speed
-        jobs = [ChunkJob(encode_job(c.ids, plan.request.voice, speed), len(c.ids)) for c in plan.chunks if c.ids]
+        the fleet is full. The slot is reserved before the text is planned (in the text-frontend
+        thread), so a burst beyond the fleet's bound is refused after one Redis round trip each,
+        however much text the admitted requests' planning has to get through."""
+        rid = None
         if not self.degraded:
             try:
-                ticket = await self.admission.admit(jobs, speed)
+                rid = await self.admission.reserve()
             except Refused as e:
                 self.counters.refused += 1
                 raise CapacityError(e.retry_after_ms / 1000, str(e)) from None
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
+        try:
+            plan = await self.local.plan_off_loop(request)
+        except BaseException:  # a 400, or the client left: the slot goes back at once
+            if rid is not None:
+                await self._drop_quietly(rid)
+            raise
+        if rid is not None:
+            speed = plan.request.speed
+            jobs = [ChunkJob(encode_job(c.ids, plan.request.voice, speed), len(c.ids)) for c in plan.chunks if c.ids]
+            try:
+                ticket = await self.admission.admit(jobs, speed, rid)
+            except Refused as e:  # the work bound: admit.lua has given the reservation back
+                self.counters.refused += 1
+                raise CapacityError(e.retry_after_ms / 1000, str(e)) from None
+            except QueueUnavailable as e:
+                log.warning("fleet worker %s: %s", self.name, e)
+                await self._drop_quietly(rid)
+            except BaseException:  # cancelled (client gone) while the jobs were being enqueued
+                await self._drop_quietly(rid)
+                raise
             else:
                 self.counters.admitted += 1
                 fleet_plan = FleetPlan.admitted(plan, ticket)
@@ -214,6 +241,16 @@ class FleetSpeechService:
         self._note_degraded()
         self.counters.served_locally += 1
         return FleetPlan.admitted(plan, None)
+
+    async def _drop_quietly(self, request_id: str) -> None:
+        """Give back a request that never reached its stream, reserved or already enqueued;
+        shielded, and left to the reaper when Redis cannot be reached."""
+        async def drop() -> None:
+            if not await self.admission.withdraw(request_id):  # enqueued after all: drop its jobs too
+                await self.admission.cancel(request_id)
+
+        with contextlib.suppress(QueueUnavailable):
+            await asyncio.shield(drop())
 
     async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
         """The plan's pieces in order, from the shared queue's results (or this replica's)."""

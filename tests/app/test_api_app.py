@@ -109,8 +109,8 @@ class ScriptedService:
         sentences = [s.strip() for s in request.text.split(".") if s.strip()]
         return SpeechPlan(request, None, "a", [Chunk(s, "", []) for s in sentences])
 
-    async def admit(self, plan):
-        return plan
+    async def admit(self, request):
+        return self.plan(request)
 
     def health(self):
         return {}

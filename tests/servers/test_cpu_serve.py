@@ -3,7 +3,7 @@ offline weights (real processes, its own embedded redis-server), default threads
 and inference priority, hit by bursts of 48 simultaneous streamed requests.
 
 The fleet admits two requests per replica; everything beyond gets 503 from the event loop, which
-must answer at once even though both replicas' inference threads keep the cores busy.
+must answer at once (within 100 ms) even though both replicas' inference threads keep the cores busy.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def test_a_burst_gets_fast_503s_while_the_replicas_compute(cpu_fleet):
     for pid in cpu_fleet.worker_pids():
         base = os.getpriority(os.PRIO_PROCESS, pid)
         assert _worker_threads_at(pid, base + 10) >= 1, f"worker {pid} has no inference thread at niceness +10"
-    # The goal of open issue 14: every 503 within 100 ms. Not met yet on a busy 2-core machine (340-490 ms
-    # measured with other work running): planning and validation still run before the fleet refuses.
+    # Every 503 within 100 ms (issue 14): the fleet reserves a slot before planning a request's text,
+    # so a refusal costs one Redis round trip on the event loop, never other requests' text frontend.
     slowest = max((r["answered_s"] * 1000 for r in first + second if r["status"] == 503), default=0.0)
-    if slowest > 100.0:
-        pytest.xfail(f"the slowest 503 took {slowest:.0f} ms, over the 100 ms goal (open issue 14)")
+    assert slowest <= 100.0, (f"the slowest 503 took {slowest:.0f} ms, over 100 ms "
+                              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")

@@ -24,6 +24,7 @@ import time
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from inflight_stream import InFlightStream  # tests/inflight_stream.py
 
@@ -192,6 +193,20 @@ def test_modal_settings_come_from_one_place_and_scale_out_with_an_external_redis
     assert len(d["spec"].secrets) == 2  # REDIS_URL and KOKORO_API_KEYS, from modal.Secret objects
     assert app.CONFIG.server_environment()["KOKORO_QUEUE_MAX_REQUESTS"] == "160"
     assert app.CONFIG.serve_command()[-1] == "56"
+
+
+def test_modal_container_asks_for_the_cores_and_memory_of_the_capacity_plan(monkeypatch):
+    app = load_modal_app(monkeypatch)
+    cfg = app.CONFIG
+    spec = function_definition(app.serve)["spec"]
+    assert spec.cpu == cfg.cpu_cores and spec.memory == cfg.memory_mib
+    # mp3 at 3,000 audio-s/s at 75% busy, plus the replicas' allowance: far above Modal's default 0.125
+    front = 3000 * app.FRONTEND_CPU_MS_PER_AUDIO_S["mp3"] / 1000 / 0.75
+    assert cfg.cpu_cores == np.ceil(front + 8 * cfg.cores_per_replica) and cfg.cpu_cores > 8
+    cheaper = load_modal_app(monkeypatch, plan_format="pcm").CONFIG
+    assert cheaper.cpu_cores < cfg.cpu_cores
+    with pytest.raises(ValueError, match="plan_format"):
+        load_modal_app(monkeypatch, plan_format="ogg")
 
 
 def test_modal_refuses_several_containers_each_with_its_own_redis(monkeypatch):

@@ -82,7 +82,7 @@ def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service
             plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
             assert sum(1 for c in plan.chunks if c.ids) >= 2, "the test needs several chunk jobs"
             local = await collect(local_service, plan)
-            admitted = await fleet.admit(plan)
+            admitted = await fleet.admit(plan.request)
             assert isinstance(admitted, FleetPlan) and admitted.ticket is not None
             via_queue = await collect(fleet, admitted)
             stats = await idle(redis_server.url)
@@ -115,11 +115,11 @@ def test_a_full_fleet_refuses_with_both_retry_headers_and_frees_the_slot_after(l
         fleet = await fleet_for(local_service, redis_server.url, queue_max_requests=1).start()
         try:
             plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
-            first = await fleet.admit(plan)
+            first = await fleet.admit(plan.request)
             with pytest.raises(CapacityError) as refused:
-                await fleet.admit(local_service.plan(SpeechRequest("Hello.", "af_heart")))
+                await fleet.admit(SpeechRequest("Hello.", "af_heart"))
             await collect(fleet, first)
-            again = await fleet.admit(local_service.plan(SpeechRequest("Hello.", "af_heart")))
+            again = await fleet.admit(SpeechRequest("Hello.", "af_heart"))
             await collect(fleet, again)
             return refused.value, await idle(redis_server.url), fleet.counters
         finally:
@@ -154,7 +154,7 @@ def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, 
             seen.append(a.admission.bounds)
             if not grew:
                 return grew, False, seen
-            plans = [await a.admit(local_service.plan(SpeechRequest("Hello.", "af_heart"))) for _ in range(3)]
+            plans = [await a.admit(SpeechRequest("Hello.", "af_heart")) for _ in range(3)]
             for plan in plans:
                 await collect(a, plan)
             await fleets.pop().aclose()  # b leaves: its replica quits the table
@@ -171,12 +171,29 @@ def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, 
     assert shrank and seen[2] == AdmissionBounds(2, 20.0), seen
 
 
+def test_a_request_refused_with_a_400_gives_its_reserved_slot_back(local_service, redis_server):
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url, queue_max_requests=1).start()
+        try:
+            with pytest.raises(ValueError) as invalid:  # the slot was reserved before the voice was checked
+                await fleet.admit(SpeechRequest("Hello.", "no_such_voice"))
+            plan = await fleet.admit(SpeechRequest("Hello.", "af_heart"))  # the one slot is free again
+            await collect(fleet, plan)
+            return invalid.value, await idle(redis_server.url)
+        finally:
+            await fleet.aclose()
+
+    error, stats = asyncio.run(go())
+    assert getattr(error, "param", None) == "voice"
+    assert stats["withdrawn_total"] == 1 and stats["admitted_total"] == 2 and stats["released_total"] == 1
+
+
 def test_a_client_that_leaves_cancels_its_remaining_jobs(local_service, redis_server):
     async def go():
         fleet = await fleet_for(local_service, redis_server.url).start()
         try:
             # Many chunks: the tiny model makes one in tens of ms, so the client must leave early.
-            plan = await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS * 8, "af_heart")))
+            plan = await fleet.admit(SpeechRequest(TWO_CHUNKS * 8, "af_heart"))
             got = []
 
             async def consume():
@@ -205,7 +222,7 @@ def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, re
         fleet = await fleet_for(local_service, redis_server.url).start()
         try:
             # Redis dies while a stream is running: its remaining chunks run on this replica.
-            plan = await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart")))
+            plan = await fleet.admit(SpeechRequest(TWO_CHUNKS, "af_heart"))
             pieces = []
             async for piece in fleet.stream(plan):
                 pieces.append(piece)
@@ -213,7 +230,7 @@ def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, re
                     redis_server.stop()
             midway = (len(pieces), len(plan.chunks), fleet.counters.finished_locally)
             # New requests while Redis is down: served locally, health says degraded.
-            during = await fleet.admit(local_service.plan(SpeechRequest("Still here.", "af_heart")))
+            during = await fleet.admit(SpeechRequest("Still here.", "af_heart"))
             degraded = (fleet.degraded, fleet.health()["mode"], during.ticket is None)
             audio = await collect(fleet, during)
             redis_server.start()
@@ -221,7 +238,7 @@ def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, re
                 if not fleet.degraded:
                     break
                 await asyncio.sleep(0.1)
-            back = await fleet.admit(local_service.plan(SpeechRequest("Back on the queue.", "af_heart")))
+            back = await fleet.admit(SpeechRequest("Back on the queue.", "af_heart"))
             await collect(fleet, back)
             return midway, degraded, len(audio), back.ticket is not None, fleet.health()["mode"], \
                 await idle(redis_server.url), fleet.counters
@@ -242,7 +259,7 @@ def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
         try:
             metrics = Metrics()
             fleet.register_metrics(metrics)
-            await collect(fleet, await fleet.admit(local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))))
+            await collect(fleet, await fleet.admit(SpeechRequest(TWO_CHUNKS, "af_heart")))
             # The figures come from the fleet's periodic housekeeping reads (about one a second, later on
             # a busy CPU): wait until they include the finished request, up to half a minute.
             loop = asyncio.get_running_loop()

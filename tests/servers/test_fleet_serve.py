@@ -100,7 +100,7 @@ def settle(url: str, timeout_s: float = 30.0):
 
 
 def every_slot_freed_once(s) -> bool:
-    return s["admitted_total"] == s["released_total"] + s["cancelled_total"] + s["orphaned_total"] + s["admitted"]
+    return s["admitted_total"] == s["released_total"] + s["cancelled_total"] + s["orphaned_total"] + s["withdrawn_total"] + s["admitted"]
 
 
 def health(url: str) -> dict:

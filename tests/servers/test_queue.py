@@ -48,7 +48,7 @@ async def assert_idle(client: AdmissionClient) -> None:
     assert stats.gauges() == {g: 0 for g in GAUGES}, stats
     assert stats.consistent(), stats
     # Every admitted request was freed exactly once.
-    assert stats["admitted_total"] == stats["released_total"] + stats["cancelled_total"] + stats["orphaned_total"]
+    assert stats["admitted_total"] == stats["released_total"] + stats["cancelled_total"] + stats["orphaned_total"] + stats["withdrawn_total"]
 
 
 async def collect(client: AdmissionClient, ticket, timeout_s: float = 10.0):
@@ -125,6 +125,44 @@ def test_work_bound_refuses_beyond_queued_audio_but_an_empty_queue_admits_anythi
         assert fast.estimated_seconds == pytest.approx(100 * MS_PER_PHONEME / 2000)
         for t in (big, fast):
             await client.cancel(t.request_id)
+        assert await rep.run_one(job) == DROPPED
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_a_reservation_holds_a_slot_before_planning_and_gives_it_back_when_withdrawn_or_refused(redis_server):
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=2, max_queued_seconds=10))
+        rep = replica(redis_server.url, "r0")
+        first = await client.reserve()
+        second = await client.reserve()
+        with pytest.raises(Refused) as refused:       # two reservations fill the request bound
+            await client.reserve()
+        assert refused.value.reason == "requests" and refused.value.admitted == 2
+        with pytest.raises(Refused):                  # and a one-step admission sees them too
+            await client.admit(jobs(10))
+        assert (await client.stats())["queued_jobs"] == 0  # reservations have no jobs yet
+
+        ticket = await client.admit(jobs(200), request_id=first)  # enqueues into its own slot
+        assert ticket.request_id == first and (await client.stats())["admitted"] == 2
+        job = await rep.lease()
+        assert job is not None and job.request_id == first
+        await client.admit(jobs(20), request_id=second)  # queue empty again (the job is in flight): admitted
+        await client.cancel(second)
+        third = await client.reserve()
+        await client.admit(jobs(140), request_id=third)  # 10.5 s queued: fills the 10 s work bound
+        await client.release(first)
+        fourth = await client.reserve()
+        with pytest.raises(Refused) as fourth_refused:   # the work bound, checked when the jobs arrive
+            await client.admit(jobs(20), request_id=fourth)
+        assert fourth_refused.value.reason == "work"
+        assert not await client.withdraw(fourth)        # admit.lua already gave the slot back
+        fifth = await client.reserve()                  # a 400 after reserving: the slot comes straight back
+        assert await client.withdraw(fifth) and not await client.withdraw(fifth)
+        assert not await client.withdraw(third)         # an enqueued request is not withdrawn
+        stats = await client.stats()
+        assert stats["withdrawn_total"] == 2 and stats["admitted"] == 1 and stats["refused_total"] == 3
+        await client.cancel(third)
         assert await rep.run_one(job) == DROPPED
         await assert_idle(client)
     asyncio.run(go())

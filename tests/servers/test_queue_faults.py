@@ -39,7 +39,7 @@ PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"
 
 
 def every_slot_freed_once(stats: QueueStats) -> bool:
-    return stats["admitted_total"] == stats["released_total"] + stats["cancelled_total"] + stats["orphaned_total"]
+    return stats["admitted_total"] == stats["released_total"] + stats["cancelled_total"] + stats["orphaned_total"] + stats["withdrawn_total"]
 
 
 async def settle(url: str, timeout_s: float) -> QueueStats:

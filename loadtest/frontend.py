@@ -1,0 +1,240 @@
+"""What the server's CPU side costs per audio-second: a simulated fleet with no service time, driven
+until the CPU saturates, next to the encoder alone.
+
+    python -m loadtest.frontend [--workers 2] [--concurrency 24] [--seconds 15] [--formats mp3,opus,aac,flac,wav,pcm]
+
+Starts `kokoro-fleet serve --engine sim` with a zero cost model (KOKORO_SIM_CHUNK_MS=0,
+KOKORO_SIM_PHONEME_MS=0: every chunk is ready at once, so everything the CPU does is the front end:
+HTTP, admission, text frontend, Redis, encoding, streaming), and, per `response_format`, keeps
+`--concurrency` keep-alive connections sending the same 3-second request (streamed) for `--seconds`.
+It reads the CPU time of the whole server (launcher, workers, embedded redis-server) from /proc
+before and after, and prints per format:
+
+* server CPU-seconds per audio-second served, and requests per second per core (requests per
+  server CPU-second: what one fully used core would serve);
+* the encoder alone (api.encoders, the same audio in the same pieces, in this process, one thread),
+  CPU-seconds per audio-second, and the full path's ratio to it.
+
+The load generator runs in its own process and is not counted; on a machine with few cores it
+competes with the server for them, which lowers the throughput but not the cost per audio-second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from api.encoders import FORMATS, make_encoder
+from loadtest.dispatch import FleetProcess
+from worker.audio import SAMPLE_RATE
+
+# About 3 s of speech (37 phonemes at about 12 a second, pads and pauses included) in one chunk.
+TEXT = "The morning train leaves at nine sharp."
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# --- the server's CPU time ----------------------------------------------------------------------
+
+def _tree(pid: int) -> list[int]:
+    """pid and all its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process tree so far: in all, and of its redis-server."""
+    total = {"all": 0.0, "redis": 0.0}
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            redis = b"redis-server" in Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        total["all"] += seconds
+        total["redis"] += seconds if redis else 0.0
+    return total
+
+
+# --- the load: keep-alive streamed requests -----------------------------------------------------
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, int, bool]:
+    """(status, body bytes, server closes) of one HTTP/1.1 response, chunked or sized."""
+    status = int((await reader.readline()).split()[1])
+    length, chunked, close = 0, False, False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == "content-length":
+            length = int(value)
+        elif name == "transfer-encoding" and "chunked" in value:
+            chunked = True
+        elif name == "connection" and value == "close":
+            close = True
+    if not chunked:
+        await reader.readexactly(length)
+        return status, length, close
+    body = 0
+    while True:
+        size = int((await reader.readline()).split(b";")[0], 16)
+        await reader.readexactly(size + 2)
+        if size == 0:
+            return status, body, close
+        body += size
+
+
+async def _connection(port: int, request: bytes, stop_at: float, counts: dict) -> None:
+    reader = writer = None
+    while time.perf_counter() < stop_at:
+        if writer is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        status, size, close = await _read_response(reader)
+        counts[status] = counts.get(status, 0) + 1
+        if status == 200:
+            counts["bytes"] = counts.get("bytes", 0) + size
+        if close:
+            writer.close()
+            writer = None
+    if writer is not None:
+        writer.close()
+
+
+def _drive(port: int, fmt: str, concurrency: int, seconds: float, out) -> None:
+    """In a child process: `concurrency` connections for `seconds`; sends back the counts."""
+    body = json.dumps({"model": "kokoro", "voice": "af_heart", "input": TEXT, "response_format": fmt,
+                       "stream": True}).encode()
+    request = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    counts: dict = {}
+
+    async def main() -> None:
+        stop_at = time.perf_counter() + seconds
+        await asyncio.gather(*(_connection(port, request, stop_at, counts) for _ in range(concurrency)))
+
+    asyncio.run(main())
+    out.send(counts)
+
+
+def drive(port: int, fmt: str, concurrency: int, seconds: float) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_drive, args=(port, fmt, concurrency, seconds, send))
+    child.start()
+    counts = receive.recv()
+    child.join()
+    return counts
+
+
+# --- the encoder alone --------------------------------------------------------------------------
+
+def encoder_cost(fmt: str, pieces: list[np.ndarray], min_seconds: float = 2.0) -> float:
+    """CPU seconds per audio second of one response's encoder (this thread's CPU time), encoding
+    `pieces` as a streamed response, repeated for at least `min_seconds` of CPU."""
+    audio_s = sum(len(p) for p in pieces) / SAMPLE_RATE
+    start, runs = time.thread_time(), 0
+    while time.thread_time() - start < min_seconds:
+        encoder = make_encoder(fmt, streamed=True)
+        for pcm in pieces:
+            encoder.encode(pcm)
+        encoder.finish()
+        encoder.close()
+        runs += 1
+    return (time.thread_time() - start) / (runs * audio_s)
+
+
+def request_audio(port: int) -> np.ndarray:
+    """The request's audio as the server streams it (pcm), as float32."""
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/audio/speech", timeout=60,
+                   json={"model": "kokoro", "voice": "af_heart", "input": TEXT, "response_format": "pcm"})
+    r.raise_for_status()
+    return np.frombuffer(r.content, dtype="<i2").astype(np.float32) / 32767.0
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.frontend", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=24, help="keep-alive connections of the load")
+    parser.add_argument("--seconds", type=float, default=15.0, help="load per format")
+    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument("--log-dir", default=None)
+    args = parser.parse_args(argv)
+    formats = [f for f in args.formats.split(",") if f]
+
+    env = {"KOKORO_SIM_CHUNK_MS": "0", "KOKORO_SIM_PHONEME_MS": "0", "KOKORO_PLAYGROUND": "false",
+           "KOKORO_MAX_REQUESTS": "1024", "KOKORO_QUEUE_MAX_REQUESTS": "4096",
+           "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "100000"}
+    fleet = FleetProcess(args.workers, engine="sim", env=env, log_dir=args.log_dir, name="frontend-bench")
+    fleet.start(ready_timeout=300)
+    rows = []
+    try:
+        audio = request_audio(fleet.port)
+        audio_s = len(audio) / SAMPLE_RATE
+        # The server encodes a request piece by piece, one piece per chunk (one here).
+        pieces = [audio]
+        for fmt in formats:
+            drive(fleet.port, fmt, min(4, args.concurrency), 1.0)  # warm: connections, codecs, caches
+            before = cpu_seconds(fleet.proc.pid)
+            started = time.perf_counter()
+            counts = drive(fleet.port, fmt, args.concurrency, args.seconds)
+            wall = time.perf_counter() - started
+            after = cpu_seconds(fleet.proc.pid)
+            cpu, redis_cpu = after["all"] - before["all"], after["redis"] - before["redis"]
+            served = counts.get(200, 0)
+            served_audio = served * audio_s
+            alone = encoder_cost(fmt, pieces)
+            full = cpu / served_audio if served_audio else float("nan")
+            rows.append({"format": fmt, "requests": served, "refused": counts.get(503, 0),
+                         "other": sum(v for k, v in counts.items() if isinstance(k, int) and k not in (200, 503)),
+                         "wall_s": wall, "server_cpu_s": cpu, "redis_share": redis_cpu / cpu if cpu else 0.0, "audio_s": served_audio, "full": full,
+                         "alone": alone, "rps_per_core": served / cpu if cpu else float("nan"),
+                         "audio_per_core": served_audio / cpu if cpu else float("nan")})
+            r = rows[-1]
+            print(f"{fmt}: {served} requests ({r['refused']} refused, {r['other']} other) in {wall:.1f} s, "
+                  f"server CPU {cpu:.1f} s, {100 * r['redis_share']:.0f}% of it redis-server "
+                  f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    finally:
+        fleet.stop()
+
+    print(f"\n{cpu_model()}, {os.cpu_count()} cores; sim fleet of {args.workers} workers, service time 0; "
+          f"{len(audio) / SAMPLE_RATE:.2f} s requests, {args.concurrency} keep-alive streams")
+    print("| format | full path CPU-s per audio-s | encoder alone | full / encoder | requests/s per core | "
+          "audio-s/s per core |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['format']} | {r['full'] * 1000:.2f} ms | {r['alone'] * 1000:.2f} ms | "
+              f"{r['full'] / r['alone']:.2f}x | {r['rps_per_core']:.0f} | {r['audio_per_core']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
