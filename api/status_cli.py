@@ -66,10 +66,9 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
 
     engines = [labels.get("engine") for labels, _ in samples.get("kokoro_engine_info", [])]
     engine = {"engine": engines[0]} if engines else {}  # a server older than the engine setting: not shown
-    summary = {**engine} | {k: one(f"kokoro_fleet_{k}") for k in ("degraded", "admitted", "queued_jobs", "inflight_jobs",
-                                                      "queued_work_seconds", "live_replicas", "admitted_total",
-                                                      "refused_total", "expired_total", "requeued_total",
-                                                      "failed_total", "local_total", "result_bytes_total")}
+    summary = {**engine, **{k: one(f"kokoro_fleet_{k}") for k in (
+        "degraded", "admitted", "queued_jobs", "inflight_jobs", "queued_work_seconds", "live_replicas", "admitted_total",
+        "refused_total", "expired_total", "requeued_total", "failed_total", "local_total", "result_bytes_total")}}
     names = per_replica("kokoro_fleet_replica_jobs_total")
     if names:
         alive, busy, fraction = (per_replica("kokoro_fleet_replica_alive"), per_replica("kokoro_fleet_replica_busy"),

@@ -25,8 +25,11 @@ sleep an assumed GPU time per chunk and use no CPU meanwhile), so 8 replicas are
 servers even on a 2-core machine. `--sim-slowdown N` multiplies its per-chunk cost (both terms) by N:
 at the H100 assumption the fleet would serve thousands of audio-seconds per second, more than a
 2-core front end can stream, and then the CPU, not the replicas, would be the queue being measured.
-Queueing delays scale with the service time, so the TTFA ratio of the two dispatch modes does not
-depend on N as long as the front end's own latency stays small beside it.
+The slowdown is not neutral: a chunk's deadline is in audio time (queue/admit.lua), so the slower a
+replica is against real time, the sooner an older request's later chunks fall due before a new
+request's first chunk, and the more a worker's own queue behaves like first come, first served.
+`python -m loadtest.queueing` models the scheduling at any cost, to put a run beside the ratio it
+predicts at the real cost.
 
 `FleetProcess` (a `kokoro-fleet serve` process tree that a test or script owns) is used by
 tests/servers/test_fleet_serve.py too.
@@ -142,6 +145,18 @@ class FleetProcess:
                 continue
         return total / 1024
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by the launcher and its live descendants (Redis
+        included): the front end's cost, since a simulated replica's waits use none."""
+        ticks = 0
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            except (OSError, IndexError, ValueError):
+                continue
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def redis_url(self) -> str | None:
         """The embedded Redis's URL, as the launcher logged it."""
         m = re.search(r"embedded redis-server at (redis://\S+)", self.log_path.read_text(errors="replace"))
@@ -238,9 +253,13 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
               f"p50 E2E {cap['e2e_s']['p50']:.3f} s; offering {rate:.2f} requests/s ({args.load:.0%})", flush=True)
         step = Step("open", rate, args.duration)
         runs: dict[str, list] = {"shared": [], "local": []}
+        fleets = {"shared": shared, "local": local}
+        cpu = {"shared": 0.0, "local": 0.0}
         rounds = max(1, args.rounds)
         for r, t in interleaved(rounds, a, b):
+            before = fleets[t.label].cpu_seconds()
             runs[t.label].append(await runner.run_step(step, t, duration=args.duration / rounds, text_offset=r * 1000))
+            cpu[t.label] += fleets[t.label].cpu_seconds() - before
     finally:
         await runner.aclose()
     jobs = {"shared": await replica_jobs(shared.redis_url()), "local": await replica_jobs(local.redis_url())}
@@ -248,7 +267,8 @@ async def measure(args: argparse.Namespace, shared: FleetProcess, local: FleetPr
             "workers": args.workers, "connections": args.connections, "texts": args.texts,
             "engine": args.engine, **({"sim_cost_ms": sim_cost_ms(args)} if args.engine == "sim" else {}),
             **side_by_side(runs, args.max_outstanding), "replica_jobs": jobs,
-            "shared_result_traffic": await result_traffic(shared.redis_url())}
+            "shared_result_traffic": await result_traffic(shared.redis_url()),
+            "fleet_cpu_seconds": cpu, "cpu_cores": os.cpu_count()}
 
 
 async def warm_then_capacity(runner: Runner, targets, step: Step, on: Target, what: str) -> dict[str, Any]:
@@ -293,6 +313,10 @@ def report(result: dict[str, Any]) -> str:
     if traffic and traffic.get("completed_total"):
         lines.append(f"shared: {traffic['local_total']:.0f} of {traffic['completed_total']:.0f} chunk results handed "
                      f"over in memory (own replica), {traffic['result_bytes_total'] / 1e6:.1f} MB of PCM through Redis")
+    if result.get("fleet_cpu_seconds"):
+        lines.append("server CPU while measuring (all processes of the fleet, Redis included): " + ", ".join(
+            f"{label} {cpu:.0f} s ({cpu / s[label]['wall_s'] / (result.get('cpu_cores') or 1):.0%} of "
+            f"{result.get('cpu_cores')} cores)" for label, cpu in result["fleet_cpu_seconds"].items()))
     ratio = result["ratio_local_over_shared"]
     lines.append(f"p95 TTFA local / shared = {'-' if ratio is None else f'{ratio:.2f}x'} "
                  f"(target >= 3x) at {result['load']:.0%} of {result['capacity_requests_per_s']:.2f} requests/s, "

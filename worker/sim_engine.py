@@ -21,7 +21,8 @@ per-phoneme work for every padded row); all its results come back together at th
 Audio: realistic length, deterministic and nearly free. Each token gets a fixed number of 25 ms
 frames by its kind (`FRAMES_PER_TOKEN`: pads, spaces, punctuation, other phonemes), divided by the
 speed, so a chunk's length is what the real model gives on average for those phonemes (about 13
-phonemes a second at speed 1, the SECONDS_PER_PHONEME the queue estimates with). The samples are
+phonemes a second at speed 1, the SECONDS_PER_PHONEME the queue estimates with; the table was chosen
+to match that estimate, not fitted to the model's own per-token durations). The samples are
 slices of one speech-like waveform computed once per process (a harmonic tone with a moving pitch
 and a syllable-rate envelope, plus a little noise), so encoders compress something like speech and
 a chunk costs one array copy. Voices are names over constant style rows: the simulation ignores
@@ -40,8 +41,8 @@ import torch
 
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.engine import BatchItem, Synthesis
+from worker.speech import SECONDS_PER_PHONEME
 
-ENGINES = ("torch", "sim")
 # Frames (25 ms) per token at speed 1, by kind. Average of a sentence of English phonemes: about
 # 3 frames (75 ms) a token, as SECONDS_PER_PHONEME assumes; a clause's punctuation holds a pause.
 FRAMES_PER_TOKEN = {"start_pad": 2, "end_pad": 6, "space": 2, "pause": 8, "phoneme": 3}
@@ -210,7 +211,7 @@ def sim_voices(names: Sequence[str]) -> dict[str, torch.Tensor]:
 def describe(settings) -> str:
     """The startup log's line for a simulated server."""
     cost = SimCost.from_settings(settings)
-    per_replica = 30.0 / cost.seconds(400)
+    per_replica = 400 * SECONDS_PER_PHONEME / cost.seconds(400)
     return (f"SIMULATED ENGINE (KOKORO_ENGINE=sim): no model, replicas sleep t = {cost.chunk_ms:g} ms + "
             f"{cost.phoneme_ms:g} ms x phonemes per chunk (an assumed GPU cost, not a measurement; "
             f"{per_replica:.0f}x real time per replica on 400-phoneme chunks); audio is synthetic")
