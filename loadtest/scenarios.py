@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import metrics
-from loadtest.dispatch import REPO, FleetProcess, interleaved, warm_then_capacity
+from loadtest.dispatch import REPO, FleetProcess, interleaved, start_all, stop_all, warm_then_capacity, write_result
 from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
 from loadtest.texts import load_texts
 
@@ -206,22 +206,6 @@ def engine_env(args: argparse.Namespace) -> dict[str, str]:
             raise SystemExit(f"--env wants KEY=VALUE, got {item!r}")
         env[key] = value
     return env
-
-
-def start_all(fleets: list[FleetProcess], timeout_s: float = 300.0) -> None:
-    """Start every fleet, then wait for each: their start-ups overlap."""
-    for f in fleets:
-        f._log = open(f.log_path, "wb")
-        f.proc = subprocess.Popen(f.args, cwd=REPO, env=f.env, stdout=f._log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    for f in fleets:
-        f.wait_ready(timeout_s)
-
-
-def stop_all(fleets: list[FleetProcess]) -> None:
-    for f in fleets:
-        if f.proc is not None:
-            f.stop()
 
 
 def replica_table(url: str) -> list[dict[str, Any]]:
@@ -574,9 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report_overload(result))
     print(f"server logs: {result['server_logs']}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
-        print(f"result: {args.out}")
+        write_result(result, args.out)
     return 0
 
 
