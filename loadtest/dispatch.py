@@ -185,6 +185,28 @@ class FleetProcess:
         self.stop()
 
 
+def start_all(fleets: list[FleetProcess], timeout_s: float = 300.0) -> None:
+    """Start every fleet, then wait for each: their start-ups (model loads) overlap."""
+    for f in fleets:
+        f._log = open(f.log_path, "wb")
+        f.proc = subprocess.Popen(f.args, cwd=REPO, env=f.env, stdout=f._log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    for f in fleets:
+        f.wait_ready(timeout_s)
+
+
+def stop_all(fleets: list[FleetProcess]) -> None:
+    for f in fleets:
+        if f.proc is not None:
+            f.stop()
+
+
+def write_result(result: dict[str, Any], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"result: {path}")
+
+
 def _children(pid: int) -> list[int]:
     out = []
     try:
@@ -396,26 +418,14 @@ def main(argv: list[str] | None = None) -> int:
                            engine=args.engine)
               for d in ("shared", "local")]
     try:
-        for f in fleets:
-            f.proc = None
-        # Start both, then wait for both: the model loads overlap.
-        for f in fleets:
-            f._log = open(f.log_path, "wb")
-            f.proc = subprocess.Popen(f.args, cwd=REPO, env=f.env, stdout=f._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        for f in fleets:
-            f.wait_ready(300)
+        start_all(fleets)
         result = asyncio.run(measure(args, *fleets))
     finally:
-        for f in fleets:
-            if f.proc is not None:
-                f.stop()
+        stop_all(fleets)
     print(report(result))
     print(f"server logs: {log_dir}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
-        print(f"result: {args.out}")
+        write_result(result, args.out)
     if args.plot:
         print(f"plot: {plot(result, args.plot)}")
     return 0

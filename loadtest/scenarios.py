@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import metrics
-from loadtest.dispatch import REPO, FleetProcess, _descendants, interleaved, warm_then_capacity
+from loadtest.dispatch import REPO, FleetProcess, interleaved, start_all, stop_all, warm_then_capacity, write_result
 from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
 from loadtest.texts import load_texts
 
@@ -107,19 +106,6 @@ def redis_rates(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
             "cpu_share": rate("used_cpu_sys") + rate("used_cpu_user"),
             "main_thread_cpu_share": rate("used_cpu_sys_main_thread") + rate("used_cpu_user_main_thread"),
             "top_commands_per_s": {name: n / wall for n, name in top}}
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by `pid` and its live descendants."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p in [pid, *_descendants(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / ticks
 
 
 _PROBE = f"""
@@ -198,10 +184,10 @@ async def observed_step(runner: Runner, step: Step, target: Target, *, servers: 
                         redis_url: str | None, duration: float | None = None, text_offset: int = 0) -> Observed:
     seconds = step.duration if duration is None else duration
     before = await redis_snapshot(redis_url) if redis_url else None
-    cpu0, t0 = sum(tree_cpu_s(f.proc.pid) for f in servers), time.monotonic()
+    cpu0, t0 = sum(f.cpu_seconds() for f in servers), time.monotonic()
     probe = SchedulingProbe(seconds)
     run = await runner.run_step(step, target, duration=duration, text_offset=text_offset)
-    cpu1, t1 = sum(tree_cpu_s(f.proc.pid) for f in servers), time.monotonic()
+    cpu1, t1 = sum(f.cpu_seconds() for f in servers), time.monotonic()
     late = await asyncio.to_thread(probe.result)
     after = await redis_snapshot(redis_url) if redis_url else None
     return Observed(run, summarize([run]), redis_rates(before, after) if before else None,
@@ -220,22 +206,6 @@ def engine_env(args: argparse.Namespace) -> dict[str, str]:
             raise SystemExit(f"--env wants KEY=VALUE, got {item!r}")
         env[key] = value
     return env
-
-
-def start_all(fleets: list[FleetProcess], timeout_s: float = 300.0) -> None:
-    """Start every fleet, then wait for each: their start-ups overlap."""
-    for f in fleets:
-        f._log = open(f.log_path, "wb")
-        f.proc = subprocess.Popen(f.args, cwd=REPO, env=f.env, stdout=f._log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    for f in fleets:
-        f.wait_ready(timeout_s)
-
-
-def stop_all(fleets: list[FleetProcess]) -> None:
-    for f in fleets:
-        if f.proc is not None:
-            f.stop()
 
 
 def replica_table(url: str) -> list[dict[str, Any]]:
@@ -588,9 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report_overload(result))
     print(f"server logs: {result['server_logs']}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
-        print(f"result: {args.out}")
+        write_result(result, args.out)
     return 0
 
 

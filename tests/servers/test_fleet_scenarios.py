@@ -26,16 +26,19 @@ pytestmark = pytest.mark.slow
 BUSY_MACHINE_PROBE_P99_S = 0.010
 
 
-def options(*argv: str) -> argparse.Namespace:
-    return scenarios.build_parser().parse_args([*argv, "--quiet"])
+def run(*argv: str) -> tuple[argparse.Namespace, dict]:
+    """Run `python -m loadtest.scenarios ARGV` in this process; print its report as the CLI does."""
+    args = scenarios.build_parser().parse_args([*argv, "--quiet"])
+    two = args.command == "two-fleets"
+    result = (scenarios.two_fleets if two else scenarios.overload)(args)
+    print()
+    print((scenarios.report_two_fleets if two else scenarios.report_overload)(result))
+    return args, result
 
 
 def test_two_fleets_on_one_redis_share_the_work_like_one_fleet_of_their_combined_size(tmp_path):
-    args = options("two-fleets", "--workers", "2", "--duration", "40", "--rounds", "2", "--calibrate", "10",
-                   "--log-dir", str(tmp_path))
-    result = scenarios.two_fleets(args)
-    print()
-    print(scenarios.report_two_fleets(result))
+    args, result = run("two-fleets", "--workers", "2", "--duration", "40", "--rounds", "2", "--calibrate", "10",
+                       "--log-dir", str(tmp_path))
     s = result["summaries"]
     assert s["two-fleets"]["errors"] == 0 and s["one-fleet"]["errors"] == 0, \
         (s["two-fleets"]["error_examples"], s["one-fleet"]["error_examples"])
@@ -53,11 +56,8 @@ def test_two_fleets_on_one_redis_share_the_work_like_one_fleet_of_their_combined
 
 
 def test_four_times_capacity_gives_only_200_and_fast_503_with_flat_memory_and_no_underrun(tmp_path):
-    args = options("overload", "--workers", "8", "--factor", "4", "--duration", "60", "--capacity-seconds", "15",
-                   "--log-dir", str(tmp_path))
-    result = scenarios.overload(args)
-    print()
-    print(scenarios.report_overload(result))
+    _, result = run("overload", "--workers", "8", "--factor", "4", "--duration", "60", "--capacity-seconds", "15",
+                    "--log-dir", str(tmp_path))
     checks = result["checks"]
     assert checks["only 200 and 503"], result["statuses"]
     assert result["refused"] > 0 and result["ok"] > 0
