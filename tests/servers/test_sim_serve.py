@@ -34,8 +34,8 @@ def fresh(url: str, path: str) -> httpx.Response:
 
 
 def test_a_sim_fleet_says_so_on_every_surface(tmp_path):
-    env = {"KOKORO_ENGINE": "sim", "KOKORO_SIM_CHUNK_MS": "5", "KOKORO_SIM_PHONEME_MS": "0.1"}
-    with FleetProcess(2, env=env, log_dir=tmp_path, name="sim") as fleet:
+    env = {"KOKORO_SIM_CHUNK_MS": "5", "KOKORO_SIM_PHONEME_MS": "0.1"}
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="sim", engine="sim") as fleet:  # serve --engine sim
         workers = {}
         for _ in range(40):
             health = fresh(fleet.url, "/health").json()
