@@ -151,8 +151,8 @@ def test_a_sim_service_streams_pieces_with_word_timestamps(sleeps):
                             Settings.from_env({"KOKORO_ENGINE": "sim"}))
 
     async def main():
-        plan = await service.admit(service.plan(SpeechRequest("Hello there, simulated world. A second sentence.",
-                                                              voice="af_bella(2)+af_sky(1)")))
+        plan = await service.admit(SpeechRequest("Hello there, simulated world. A second sentence.",
+                                                 voice="af_bella(2)+af_sky(1)"))
         return [piece async for piece in service.stream(plan)]
 
     pieces = asyncio.run(main())
