@@ -143,13 +143,26 @@ class PooledEncoder:
     def __init__(self, encoder: Encoder, pool: Executor | None):
         self.encoder = encoder
         self.pool = pool
+        self.finished = False
         self._running: asyncio.Future | None = None
 
     async def encode(self, pcm: np.ndarray) -> bytes:
         return await self._run(self.encoder.encode, pcm)
 
     async def finish(self) -> bytes:
+        if self.finished:
+            return b""
+        self.finished = True
         return await self._run(self.encoder.finish)
+
+    async def encode_last(self, pcm: np.ndarray) -> bytes:
+        """The last piece and the flush in one call: one trip to the pool instead of two (a
+        one-chunk request, the commonest, then costs a single hop); `finish` then has nothing left."""
+        self.finished = True
+        return await self._run(self._encode_and_finish, pcm)
+
+    def _encode_and_finish(self, pcm: np.ndarray) -> bytes:
+        return self.encoder.encode(pcm) + self.encoder.finish()
 
     async def _run(self, call: Callable[..., bytes], *args) -> bytes:
         if self.pool is None:
@@ -178,7 +191,7 @@ async def _encoded(state: AppState, req: SpeechRequest, plan: SpeechPlan, slot: 
         async with contextlib.aclosing(service.stream(plan)) as pieces:
             async for piece in pieces:
                 samples += len(piece.pcm)
-                data = await encoder.encode(piece.pcm)
+                data = await (encoder.encode_last(piece.pcm) if piece.is_last else encoder.encode(piece.pcm))
                 if data:
                     info.first_audio()
                 yield data, piece

@@ -15,6 +15,10 @@ before and after, and prints per format:
 * the encoder alone (api.encoders, the same audio in the same pieces, in this process, one thread),
   CPU-seconds per audio-second, and the full path's ratio to it.
 
+`--lame-check speech.wav` instead compares LAME's quality levels on a recording (e.g. from
+`kokoro-fleet say ... -o speech.wav`): CPU per audio-second and the log-spectral distance of each
+decoded result to the PCM (the listening-free check behind the mp3 encoder's setting).
+
 The load generator runs in its own process and is not counted; on a machine with few cores it
 competes with the server for them, which lowers the throughput but not the cost per audio-second.
 """
@@ -163,6 +167,58 @@ def encoder_cost(fmt: str, pieces: list[np.ndarray], min_seconds: float = 2.0) -
     return (time.thread_time() - start) / (runs * audio_s)
 
 
+def log_spectral_distance(reference: np.ndarray, decoded: np.ndarray, max_hz: float = 7000.0) -> float:
+    """Mean over frames (those within 60 dB of the loudest) of the RMS difference in dB between
+    the two power spectra, below `max_hz` (the speech band, under the codec's lowpass); `decoded` is
+    first aligned to `reference` (the codec's delay) by cross-correlation of the first second."""
+    n, hop = 512, 256
+    probe = reference[:SAMPLE_RATE]
+    delay = max(range(0, 4096), key=lambda d: float(np.dot(probe, decoded[d:d + len(probe)]))
+                if d + len(probe) <= len(decoded) else -np.inf)
+    decoded = decoded[delay:delay + len(reference)]
+    m = min(len(reference), len(decoded))
+    window = np.hanning(n)
+
+    def power(x: np.ndarray) -> np.ndarray:
+        frames = np.lib.stride_tricks.sliding_window_view(x[:m], n)[::hop] * window
+        return np.abs(np.fft.rfft(frames, axis=1)) ** 2 + 1e-10
+
+    a, b = power(reference), power(decoded)
+    loud = 10 * np.log10(a.sum(axis=1))
+    keep = loud > loud.max() - 60
+    band = slice(1, int(max_hz / (SAMPLE_RATE / n)))
+    diff = 10 * np.log10(a[keep][:, band]) - 10 * np.log10(b[keep][:, band])
+    return float(np.mean(np.sqrt(np.mean(diff ** 2, axis=1))))
+
+
+def lame_check(path: str, levels=(None, 2, 5, 7, 9)) -> None:
+    """LAME's quality levels (FFmpeg's compression_level; None: FFmpeg's default) on a recording."""
+    import io
+    import wave
+
+    import av
+
+    from api import encoders
+
+    with wave.open(path) as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+    default = encoders._CODECS["mp3"]
+    try:
+        for level in levels:
+            options = {} if level is None else {"compression_level": str(level)}
+            encoders._CODECS["mp3"] = encoders._Codec("mp3", "libmp3lame", options, {}, default.bit_rate)
+            cost = encoder_cost("mp3", [pcm])
+            encoder = make_encoder("mp3", streamed=True)
+            data = encoder.encode(pcm) + encoder.finish()
+            with av.open(io.BytesIO(data)) as container:
+                decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+            lsd = log_spectral_distance(pcm, decoded.astype(np.float32))
+            print(f"compression_level {'default' if level is None else level}: {cost * 1000:.2f} CPU-ms per "
+                  f"audio-s, log-spectral distance to the PCM {lsd:.2f} dB")
+    finally:
+        encoders._CODECS["mp3"] = default
+
+
 def request_audio(port: int) -> np.ndarray:
     """The request's audio as the server streams it (pcm), as float32."""
     import httpx
@@ -188,7 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="load per format")
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--lame-check", metavar="WAV", help="compare LAME's quality levels on this recording")
     args = parser.parse_args(argv)
+    if args.lame_check:
+        print(cpu_model())
+        lame_check(args.lame_check)
+        return
     formats = [f for f in args.formats.split(",") if f]
 
     env = {"KOKORO_SIM_CHUNK_MS": "0", "KOKORO_SIM_PHONEME_MS": "0", "KOKORO_PLAYGROUND": "false",
