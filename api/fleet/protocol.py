@@ -82,6 +82,14 @@ class TracksAvailability:
             self.degraded = True
             raise
         self.degraded = False
+        # redis-py (7.x with a socket timeout, every 8.x) can swallow a cancellation that arrives
+        # during a command, or was pending when it began, and return the reply as if nothing had
+        # happened. A client that left must still stop its stream at once, so a task that has been
+        # cancelled stops here. (Clean-up calls after a cancellation run shielded, in a task of
+        # their own, so this never cuts them short.)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() > 0:
+            raise asyncio.CancelledError(f"cancelled during {what}")
         return reply
 
 
