@@ -9,6 +9,9 @@ On CPU the same model code runs eagerly on exact shapes (padding would only add 
 generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
 elementwise steps as torch.compile'd kernels; `auto` picks bf16 where the CPU runs it natively
 (AVX512-BF16 or AMX: worker/cpu_features.py), else fp32.
+`synthesize_batch` runs several chunks in one forward pass, each padded to the longest and masked
+to its own lengths (worker/model/kokoro.py), eagerly on every device (no CUDA graphs per batch
+size yet); each item draws its single run's noise, so its result does not depend on its mates.
 Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
 GPU box.
 """

@@ -47,13 +47,14 @@ def real_engine(real_weights):
 @pytest.mark.slow
 @pytest.mark.parametrize("noise", [False, True], ids=["noise-off", "noise-on"])
 def test_real_weights_mixed_lengths_equal_single_runs(real_weights, real_engine, noise):
-    """The longest chunk (510 phonemes) beside short ones: the short items run over ~1000 frames of
-    padding, every statistic, LSTM direction and edge masked to their own lengths."""
+    """The longest chunk (510 phonemes, 512 tokens through ALBERT) beside a short one: the short item
+    runs over ~400 frames of padding, every statistic, LSTM direction and edge masked to its own
+    lengths. The long item runs at speed 2.5 (~430 frames instead of ~1070) to keep the test's cost down."""
     engine = real_engine
     engine.noise = noise  # read per synthesis
     voice = real_weights.voices["af_heart"]
-    lengths = (510, 10, 10) if noise else (10, 510, 37)
-    speeds = (1.0, 1.3, 0.8) if noise else (0.9, 1.0, 1.2)
+    lengths = (10, 510) if noise else (510, 10)
+    speeds = (0.8, 2.5) if noise else (2.5, 1.0)
     items = [BatchItem(ids_of(n, seed), voice[n - 1], speed)
              for seed, (n, speed) in enumerate(zip(lengths, speeds))]
     try:
@@ -69,15 +70,15 @@ def tiny_engine(tiny_weights):
     return Engine(tiny_weights, "cpu", "fp32", noise=False, fused_kernels=False)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), batch_size=st.integers(2, 16), noise=st.booleans())
 def test_tiny_random_batches_equal_single_runs(tiny_weights, tiny_engine, data, batch_size, noise):
-    """Lengths up to 64 phonemes keep it quick (every item also runs alone); the 510-phoneme item
-    beside short ones is the real-weights test's, and the next test's 300 beside 5."""
+    """Lengths up to 40 phonemes keep it quick (every item also runs alone); the 510-phoneme item
+    beside a short one is the real-weights test's, and the next test's 200 beside 5."""
     engine = tiny_engine
     engine.noise = noise
     voice = next(iter(tiny_weights.voices.values()))
-    lengths = data.draw(st.lists(st.integers(1, 64), min_size=batch_size, max_size=batch_size), label="lengths")
+    lengths = data.draw(st.lists(st.integers(1, 40), min_size=batch_size, max_size=batch_size), label="lengths")
     speeds = data.draw(st.lists(st.sampled_from([0.7, 1.0, 1.5]), min_size=batch_size, max_size=batch_size),
                        label="speeds")
     items = [BatchItem(ids_of(n, seed), voice[n - 1], speed)
@@ -97,7 +98,7 @@ def test_tiny_item_does_not_depend_on_its_batch_mates(tiny_weights, tiny_engine)
     item = BatchItem(ids_of(40, 0), voice[39], 1.1)
     try:
         first = engine.synthesize_batch([item, BatchItem(ids_of(5, 1), voice[4])])[0]
-        second = engine.synthesize_batch([BatchItem(ids_of(300, 2), voice[299], 0.8), item,
+        second = engine.synthesize_batch([BatchItem(ids_of(200, 2), voice[199], 0.8), item,
                                           BatchItem(ids_of(90, 3), voice[89])])[1]
     finally:
         engine.noise = False
