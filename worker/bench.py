@@ -9,6 +9,11 @@ that decide our modes, audio-seconds per wall-second, per-chunk latency p50 / p9
 mode's speed over the reference's and over onnxruntime's. On CUDA it compares eager against
 CUDA-graphed and reports peak memory per replica. `--json PATH` writes every figure.
 
+`--batch 1,2,4,8,16` measures the batched forward pass instead (Engine.synthesize_batch): per batch
+size B, B chunks of about `--batch-phonemes` phonemes each (different text, lengths within ~15%, as
+the fleet groups jobs by size), run as one batch and one by one, interleaved in the same run;
+it prints audio-s/s, the latency of the batch and the batch's speed-up over one by one.
+
 `--weights random-full` builds the full-size model with random weights whose durations and F0
 behave like speech (worker.model.random_init): for a GPU box where the real weights cannot travel.
 """
@@ -52,6 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fused", action="store_true", help="CPU: eager elementwise kernels instead of compiled")
     parser.add_argument("--voice", default="af_heart")
     parser.add_argument("--json", dest="json_path", default=None, help="write the figures here")
+    parser.add_argument("--batch", default=None,
+                        help="batch sizes, comma-separated (e.g. 1,2,4,8,16): time the batched forward pass "
+                             "against the same chunks one by one, with the first of --modes")
+    parser.add_argument("--batch-phonemes", type=int, default=100, help="--batch: phonemes per chunk (about)")
 
 
 def _progress(message: str) -> None:
@@ -113,12 +122,100 @@ def onnxruntime_contender(weights, voice, threads: int):
     return run_onnxruntime
 
 
+def batch_chunks(vocab: dict, size: int, count: int) -> list[list[int]]:
+    """`count` chunks of the passage at different offsets, lengths size, 0.95 size, 0.9 size, 0.85 size, ..."""
+    ids = chunk_ids(vocab, 4 * size + 64 * count)
+    chunks = []
+    for k in range(count):
+        n = max(1, size - (k % 4) * size // 20)
+        start = (37 * k) % (len(ids) - n)
+        chunks.append(ids[start:start + n])
+    return chunks
+
+
+def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, fused: bool) -> int:
+    """Per batch size: one batch against the same chunks one by one, alternating within each
+    repeat so other processes' load hits both alike."""
+    from worker.cpu_features import cpu_info
+    from worker.engine import BatchItem, Engine, resolve_dtype
+
+    mode = [m for m in args.modes.split(",") if m][0]
+    sizes = [int(b) for b in args.batch.split(",") if b]
+    _progress(f"building ours-{mode}" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
+    engine = Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused)
+    engine.warmup()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(fn) -> tuple[float, float, list]:
+        sync()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        out = fn()
+        sync()
+        return time.perf_counter() - start, time.process_time() - cpu_start, out
+
+    results: dict[str, dict] = {}
+    for size in sizes:
+        chunks = batch_chunks(weights.config["vocab"], args.batch_phonemes, size)
+        items = [BatchItem(ids, voice[len(ids) - 1]) for ids in chunks]
+        batched = lambda: engine.synthesize_batch(items)  # noqa: E731
+        one_by_one = lambda: [engine.synthesize(i.ids, i.style, i.speed) for i in items]  # noqa: E731
+        batched()  # untimed: shape-specific caches
+        one_by_one()
+        figures = {"batched": ([], []), "one_by_one": ([], [])}
+        audio_s = 0.0
+        for rep in range(args.repeats):
+            order = (("batched", batched), ("one_by_one", one_by_one))
+            for name, fn in order if rep % 2 == 0 else order[::-1]:
+                _progress(f"batch {size}, run {rep + 1}/{args.repeats}: {name}")
+                wall, cpu, out = timed(fn)
+                figures[name][0].append(wall)
+                figures[name][1].append(cpu)
+                audio_s = sum(len(r.audio) for r in out) / SAMPLE_RATE
+        by = {name: {"audio_s_per_s": audio_s * len(w) / sum(w), "latency_p50_s": float(np.percentile(w, 50)),
+                     "audio_s_per_cpu_s": audio_s * len(c) / max(sum(c), 1e-9)}
+              for name, (w, c) in figures.items()}
+        results[str(size)] = {"chunks": len(items), "phonemes": [len(c) for c in chunks], "audio_s": audio_s,
+                              **by, "speedup": by["batched"]["audio_s_per_s"] / by["one_by_one"]["audio_s_per_s"],
+                              "speedup_cpu": by["batched"]["audio_s_per_cpu_s"] / by["one_by_one"]["audio_s_per_cpu_s"]}
+
+    cpu = cpu_info()
+    resolved = resolve_dtype(mode, device)
+    lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolved} "
+             f"threads={torch.get_num_threads()} fused={fused} torch={torch.__version__} repeats={args.repeats}",
+             f"cpu: {cpu.summary()}" + (f"  gpu: {torch.cuda.get_device_name()}" if device.type == "cuda" else ""),
+             f"chunks of about {args.batch_phonemes} phonemes; one by one = the same chunks, synthesize() each, same run",
+             f"{'batch':>5} {'audio s':>8} {'audio s/s':>10} {'batch p50 s':>12} {'1-by-1 audio s/s':>17}"
+             f" {'speed-up':>9} {'audio s/cpu s':>14} {'speed-up cpu':>13}"]
+    best, best_size = 0.0, None
+    for size, r in results.items():
+        b = r["batched"]
+        lines.append(f"{size:>5} {r['audio_s']:>8.1f} {b['audio_s_per_s']:>10.2f} {b['latency_p50_s']:>12.2f} "
+                     f"{r['one_by_one']['audio_s_per_s']:>17.2f} {r['speedup']:>8.2f}x {b['audio_s_per_cpu_s']:>14.2f} "
+                     f"{r['speedup_cpu']:>12.2f}x")
+        if b["audio_s_per_s"] > best:
+            best, best_size = b["audio_s_per_s"], size
+    lines.append(f"highest batched throughput at batch {best_size} ({best:.2f} audio-s/s)")
+    print("\n".join(lines))
+    if args.json_path:
+        meta = {"weights": args.weights, "device": str(device), "dtype": resolved, "threads": torch.get_num_threads(),
+                "cpu": cpu.model, "fused_kernels": fused, "torch": torch.__version__, "repeats": args.repeats,
+                "batch_phonemes": args.batch_phonemes}
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "batch": results}, f, indent=2)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from worker.engine import Engine, resolve_device, resolve_dtype
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    if args.batch:
+        _progress(f"loading weights ({args.weights})")
+        weights = bench_weights(args.weights)
+        voice = weights.voices.get(args.voice, next(iter(weights.voices.values())))
+        return run_batches(args, weights, voice, device, device.type == "cpu" and not args.no_fused)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     _progress(f"loading weights ({args.weights})")
     weights = bench_weights(args.weights)

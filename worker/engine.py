@@ -9,6 +9,9 @@ On CPU the same model code runs eagerly on exact shapes (padding would only add 
 generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
 elementwise steps as torch.compile'd kernels; `auto` picks bf16 where the CPU runs it natively
 (AVX512-BF16 or AMX: worker/cpu_features.py), else fp32.
+`synthesize_batch` runs several chunks in one forward pass, each padded to the longest and masked
+to its own lengths (worker/model/kokoro.py), eagerly on every device (no CUDA graphs per batch
+size yet); each item draws its single run's noise, so its result does not depend on its mates.
 Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
 GPU box.
 """
@@ -125,10 +128,7 @@ class Engine:
     @torch.inference_mode()
     def synthesize(self, ids: Sequence[int], style: torch.Tensor, speed: float = 1.0) -> Synthesis:
         """ids: phoneme ids without the boundary pads; style: [2S] = [256] (the voice pack's row)."""
-        if len(ids) > self.max_phonemes:
-            raise ValueError(f"{len(ids)} phonemes in one chunk; at most {self.max_phonemes}")
-        if not speed > 0:
-            raise ValueError(f"speed must be positive, got {speed}")
+        self._check(ids, speed)
         n_tokens = len(ids) + 2
         style = style.reshape(1, -1).to(self.device, torch.float32)
         if self.device.type == "cpu":
@@ -139,10 +139,20 @@ class Engine:
             audio, durations = self._run_eager(ids, style, speed)
         return Synthesis(audio=audio, durations=durations[:n_tokens])
 
+    @torch.inference_mode()
     def synthesize_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
-        """Several chunk jobs at once; each result equals that item's `synthesize` alone.
-        For now one by one: the batched forward pass replaces this loop (issue 15)."""
-        return [self.synthesize(item.ids, item.style, item.speed) for item in items]
+        """Several chunk jobs in one forward pass; each result equals that item's `synthesize` alone
+        (durations exactly, audio to float rounding: the padded shapes sum in other orders), and
+        does not depend on its batch mates: every item is masked to its own lengths and draws the
+        noise its single run draws. One item is a single run. Eager on every device (no CUDA graphs
+        per batch size yet)."""
+        for item in items:
+            self._check(item.ids, item.speed)
+        if len(items) <= 1:
+            return [self.synthesize(item.ids, item.style, item.speed) for item in items]
+        if self.device.type == "cpu":
+            use_compiled_kernels(self.fused_kernels)
+        return self._run_batch(items)
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -172,6 +182,16 @@ class Engine:
 
     # --- internals ---------------------------------------------------------------------------------
 
+    def _check(self, ids: Sequence[int], speed: float) -> None:
+        if len(ids) > self.max_phonemes:
+            raise ValueError(f"{len(ids)} phonemes in one chunk; at most {self.max_phonemes}")
+        if not speed > 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+
+    def _frame_bucket(self, frames: int) -> int | None:
+        """The frame bucket a padded run uses (None: unbucketed engine, or beyond the grid)."""
+        return next((b for b in self.frame_grid if b >= frames), None) if self.bucketed else None
+
     def noise_for(self, frames: int) -> torch.Tensor | None:
         """Standard normal noise [1, 600 * frames, 9], the same for the same frame count (the
         generator is reseeded per synthesis), drawn into a buffer that only grows."""
@@ -198,7 +218,7 @@ class Engine:
         self._speed.fill_(speed)
         durations, features = model.stage1(tokens, length, style, self._speed)
         frames = int(durations.sum())  # the one sync
-        bucket = next((b for b in self.frame_grid if b >= frames), None) if self.bucketed else None
+        bucket = self._frame_bucket(frames)
         if bucket is None:
             audio = model.stage2(durations, features, None, frames, style, self.noise_for(frames))
         else:
@@ -206,6 +226,45 @@ class Engine:
             audio = model.stage2(durations, features, n_frames, bucket, style, self.noise_for(bucket))
         audio = audio[0, :frames * SAMPLES_PER_FRAME].float().cpu().numpy()
         return audio, durations[0].cpu().numpy()
+
+    def _run_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
+        """B items padded to the longest (or its bucket, when bucketed), each masked to its own
+        token and frame counts."""
+        model, device = self.model, self.device
+        n_tokens = [len(item.ids) + 2 for item in items]
+        width = max(n_tokens)
+        if self.bucketed:
+            width = next(b for b in TOKEN_BUCKETS if b >= width)
+        tokens = torch.zeros(len(items), width, dtype=torch.long)
+        for row, item in enumerate(items):
+            tokens[row, 1:n_tokens[row] - 1] = torch.as_tensor(item.ids, dtype=torch.long)
+        tokens = tokens.to(device)
+        lengths = torch.tensor(n_tokens, device=device)
+        styles = torch.stack([item.style.reshape(-1) for item in items]).to(device, torch.float32)  # [B, 2S]
+        speeds = torch.tensor([float(item.speed) for item in items], dtype=torch.float32, device=device)
+        durations, features = model.stage1(tokens, lengths, styles, speeds)
+        frames = durations.sum(dim=1).tolist()  # the one sync
+        longest = max(frames)
+        bucket = self._frame_bucket(longest) or longest
+        audio = model.stage2(durations, features, torch.tensor(frames, device=device), bucket, styles,
+                             self._batch_noise(frames, bucket))
+        audio = audio.float().cpu().numpy()
+        durations = durations.cpu().numpy()
+        return [Synthesis(audio=audio[row, :f * SAMPLES_PER_FRAME], durations=durations[row, :n])
+                for row, (f, n) in enumerate(zip(frames, n_tokens))]
+
+    def _batch_noise(self, frames: Sequence[int], bucket: int) -> torch.Tensor | None:
+        """[B, 600 * bucket, 9]: row i holds exactly the draw of item i's single run (`noise_for` of
+        its frame count, or of its bucket when bucketed), zeros after it, so no item's audio
+        depends on what it was batched with."""
+        if not self.noise:
+            return None
+        noise = torch.zeros(len(frames), SAMPLES_PER_FRAME * bucket, HARMONICS, device=self.device)
+        for row, f in enumerate(frames):
+            single = self._frame_bucket(f) or f
+            self.generator.manual_seed(self.seed)
+            noise[row, :SAMPLES_PER_FRAME * single].normal_(generator=self.generator)
+        return noise
 
 
 class CudaGraphs:

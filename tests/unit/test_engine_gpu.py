@@ -65,3 +65,28 @@ def test_reduced_precision_bound_on_cuda(engines, weights):
         out = other.synthesize(ids, style)
         assert (np.abs(out.durations - reference.durations) <= 1).mean() >= 0.99, dtype
         assert log_spectral_distance_db(reference.audio, out.audio[: len(reference.audio)]) <= 1.0, dtype
+
+
+@pytest.mark.parametrize("noise", [False, True], ids=["noise-off", "noise-on"])
+def test_eager_batch_matches_single_runs_on_cuda(engines, weights, noise):
+    """synthesize_batch on CUDA runs eagerly (no graphs per batch size yet): every item equals its
+    single run. Noise off: the graphed engine's (the batch padded to its token and frame buckets);
+    noise on: the unbucketed eager engine's (the graphs' noise buffer exists only if the engine was
+    built with noise), each item drawing its single run's noise."""
+    from worker.engine import BatchItem
+
+    engine = engines[0] if noise else engines[1]
+    engine.noise = noise
+    try:
+        items = []
+        for k, n_tokens in enumerate((100, 10, 37)):
+            g = torch.Generator().manual_seed(n_tokens)
+            ids = torch.randint(1, 178, (n_tokens,), generator=g).tolist()
+            items.append(BatchItem(ids, weights.voices["v"][n_tokens - 1], 1.0 + 0.2 * k))
+        for item, got in zip(items, engine.synthesize_batch(items)):
+            alone = engine.synthesize(item.ids, item.style, item.speed)
+            assert np.array_equal(got.durations, alone.durations)
+            assert len(got.audio) == len(alone.audio)
+            assert snr_db(alone.audio, got.audio) >= 30.0
+    finally:
+        engine.noise = False

@@ -57,8 +57,8 @@ class SineSource(nn.Module):
         if spans.frames2.index is not None:
             # Hold the last valid phase over the padding: the unpadded run clamps the interpolation
             # at its end, and this makes the padded run compute exactly the same samples there.
-            hold = torch.minimum(spans.frames2.positions, spans.frames2.length - 1)  # [2F]
-            phase = phase.index_select(1, hold)
+            hold = torch.minimum(spans.frames2.positions, spans.frames2.length.unsqueeze(-1) - 1)  # [B, 2F]
+            phase = phase.gather(1, hold.unsqueeze(-1).expand(-1, -1, phase.shape[-1]))
         phase = F.interpolate(phase.transpose(1, 2) * self.upsample_scale, scale_factor=self.upsample_scale,
                               mode="linear").transpose(1, 2)  # [B, 600F, H]
         voiced = (f0 > self.voiced_threshold).float()
@@ -111,11 +111,12 @@ class STFT(nn.Module):
         if spans.samples.length is None:
             padded = F.pad(x.unsqueeze(1), (half, half), mode="reflect").squeeze(1)
         else:
-            # reflect at the true end: position p of the padded signal reads |p - half| mirrored at n - 1
-            n = spans.samples.length
-            src = (spans.samples.positions[: x.shape[-1] + 2 * half] - half).abs()
-            src = torch.where(src >= n, 2 * (n - 1) - src, src).clamp(min=0)
-            padded = x.index_select(1, src)
+            # reflect at each item's true end: position p of the padded signal reads |p - half|
+            # mirrored at n - 1
+            n = spans.samples.length.unsqueeze(-1)  # [B, 1]
+            src = (spans.samples.positions[: x.shape[-1] + 2 * half] - half).abs()  # [S + 2 half]
+            src = torch.where(src >= n, 2 * (n - 1) - src, src).clamp(min=0)  # [B, S + 2 half]
+            padded = x.gather(1, src)
         spec = torch.stft(padded, self.n_fft, self.hop, self.n_fft, window=self.window, center=False,
                           return_complex=True)  # [B, K, frames]
         return torch.cat([spec.abs(), spec.angle()], dim=1)
@@ -128,7 +129,7 @@ class STFT(nn.Module):
             coeffs = coeffs * span.mask
             frames = span.mask.float()
         ola = F.conv_transpose1d(coeffs, self.inverse_basis, stride=self.hop)  # [B, 1, hop*(NF-1) + N]
-        envelope = F.conv_transpose1d(frames, self.window_sq, stride=self.hop)  # [1, 1, same]
+        envelope = F.conv_transpose1d(frames, self.window_sq, stride=self.hop)  # [B or 1, 1, same]
         half = self.n_fft // 2
         length = self.hop * (magnitude.shape[-1] - 1)
         return (ola / envelope.clamp(min=1e-11))[:, 0, half:half + length]

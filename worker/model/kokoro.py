@@ -13,9 +13,13 @@ D is the text channel count (`hidden_dim`, 512 in Kokoro-82M) and S the prosody 
 
 Both take padded shapes: a bucket of T tokens holding n_tokens real ones, a bucket of `frames`
 frames holding n_frames real ones; padding is masked or trimmed so a padded run computes the same
-waveform as an unpadded one. Pass n_tokens / n_frames = None for an unpadded run: then every
-layer does exactly what the reference KModel does. Batch size is 1 throughout (one chunk per
-replica at a time).
+waveform as an unpadded one. Pass n_tokens / n_frames = None for an unpadded run (batch of one):
+then every layer does exactly what the reference KModel does.
+
+A batch is B chunks of different lengths padded to the longest (or its bucket), with n_tokens,
+n_frames, speed [B] per item: every statistic over time, both LSTM directions, attention, the
+alignment, the excitation source and every convolution edge see each item's own valid prefix only,
+so each item computes what its single run computes (to float rounding; the shapes differ).
 """
 
 from __future__ import annotations
@@ -152,29 +156,29 @@ class KokoroModel(nn.Module):
 
     def stage1(self, ids: torch.Tensor, n_tokens: torch.Tensor | None, style: torch.Tensor,
                speed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids: [1, T] int64 (boundary pads included; token 0 after n_tokens), n_tokens: [1] int64 or
-        None (unpadded), style: [1, 2S], speed: [1] float32.
+        """ids: [B, T] int64 (boundary pads included; token 0 after n_tokens), n_tokens: [B] int64 or
+        None (unpadded; B = 1), style: [B, 2S], speed: [B] float32.
 
-        Returns durations [1, T] int64 (frames per token, 0 on padding) and features [1, T, D + S + D]
+        Returns durations [B, T] int64 (frames per token, 0 on padding) and features [B, T, D + S + D]
         (duration-encoder output D + S ++ acoustic text encoder D), which stage 2 aligns to frames.
         """
-        T = ids.shape[1]
+        B, T = ids.shape
         positions = self.positions(T)
         span = Span() if n_tokens is None else Span.of(positions, n_tokens, torch.float32)
 
         # PL-BERT: padded keys are masked out of attention (additive mask), padded queries ignored.
         attention = None
         if span.mask is not None:
-            attention = ((1.0 - span.mask) * torch.finfo(torch.float32).min).view(1, 1, 1, T)
+            attention = ((1.0 - span.mask) * torch.finfo(torch.float32).min).view(B, 1, 1, T)
         token_types = self.bert.embeddings.token_type_ids[:, :T]  # zeros, preallocated by transformers
         h = self.bert.embeddings(ids, token_type_ids=token_types, position_ids=positions.unsqueeze(0))
-        h = self.bert.encoder(h, attention).last_hidden_state  # [1, T, plbert.hidden_size]
-        d_en = self.bert_encoder(h)  # [1, T, D]
+        h = self.bert.encoder(h, attention).last_hidden_state  # [B, T, plbert.hidden_size]
+        d_en = self.bert_encoder(h)  # [B, T, D]
 
-        style_prosody = style[:, self.style_dim:]  # [1, S]
-        d = self.predictor.text_encoder(d_en, style_prosody, span)  # [1, T, D + S]
-        durations = self.predictor.durations(d, speed, span)  # [1, T]
-        t_en = self.text_encoder(ids, span)  # [1, D, T]
+        style_prosody = style[:, self.style_dim:]  # [B, S]
+        d = self.predictor.text_encoder(d_en, style_prosody, span)  # [B, T, D + S]
+        durations = self.predictor.durations(d, speed, span)  # [B, T]
+        t_en = self.text_encoder(ids, span)  # [B, D, T]
         return durations, torch.cat([d, t_en.transpose(1, 2)], dim=-1)
 
     # --- stage 2: aligned frames -> waveform -------------------------------------------------------
@@ -194,24 +198,27 @@ class KokoroModel(nn.Module):
 
     def stage2(self, durations: torch.Tensor, features: torch.Tensor, n_frames: torch.Tensor | None, frames: int,
                style: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-        """durations: [1, Tt] int64, features: [1, Tt, D + S + D] (any Tt >= the tokens used), n_frames:
-        [1] int64 true frame count or None (then frames == durations.sum()), frames: the bucket size,
-        style: [1, 2S], noise: [1, 600 * frames, 9] standard normal or None -> [1, 600 * frames] float32.
+        """durations: [B, Tt] int64, features: [B, Tt, D + S + D] (any Tt >= the tokens used), n_frames:
+        [B] int64 true frame counts or None (B = 1, frames == durations.sum()), frames: the bucket size
+        (>= every item's), style: [B, 2S], noise: [B, 600 * frames, 9] standard normal or None
+        -> [B, 600 * frames] float32.
         """
+        B = durations.shape[0]
         spans = self.frame_spans(n_frames, frames)
         # Alignment on device: frame f belongs to the token whose cumulative end first exceeds f.
-        ends = durations.cumsum(dim=-1)  # [1, Tt]
-        token_of_frame = torch.searchsorted(ends, self.positions(frames).unsqueeze(0), right=True)
+        ends = durations.cumsum(dim=-1)  # [B, Tt]
+        frame_positions = self.positions(frames).unsqueeze(0).expand(B, -1).contiguous()  # [B, F]
+        token_of_frame = torch.searchsorted(ends, frame_positions, right=True)
         token_of_frame = token_of_frame.clamp_(max=durations.shape[1] - 1)  # frames past the end: masked below
         index = token_of_frame.unsqueeze(-1).expand(-1, -1, features.shape[-1])
-        aligned = features.gather(1, index)  # [1, F, D + S + D]
+        aligned = features.gather(1, index)  # [B, F, D + S + D]
         if spans.frames.mask is not None:
             aligned = aligned * spans.frames.mask.transpose(1, 2)
         D = self.hidden_dim
-        en, asr = aligned.split([aligned.shape[-1] - D, D], dim=-1)  # [1, F, D + S], [1, F, D]
+        en, asr = aligned.split([aligned.shape[-1] - D, D], dim=-1)  # [B, F, D + S], [B, F, D]
 
-        style_prosody = style[:, self.style_dim:]  # [1, S]
-        f0, energy = self.predictor.f0_energy(en, style_prosody, spans.frames, spans.frames2)  # [1, 2F] each
+        style_prosody = style[:, self.style_dim:]  # [B, S]
+        f0, energy = self.predictor.f0_energy(en, style_prosody, spans.frames, spans.frames2)  # [B, 2F] each
         return self.decoder(asr.transpose(1, 2), f0, energy, style[:, :self.style_dim], noise, spans)
 
     # --- convenience (tests, tools) ----------------------------------------------------------------

@@ -11,7 +11,8 @@ loads with `strict=True`. Two things differ from a training-time implementation:
   (so a kernel near the true end sees the zeros it would see in an unpadded run), and the backward
   direction of each BiLSTM starts at the true end.
 
-Shapes in comments: B batch (always 1 when serving), C channels, T time steps of the bucket.
+Shapes in comments: B batch (chunks of different lengths, each with its own Span length), C channels,
+T time steps of the bucket (the batch's longest item, or its bucket).
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ class Span:
     """The valid prefix of a padded time axis.
 
     All fields are None on an unpadded run, where every layer behaves exactly as the reference.
-    mask:      [1, 1, T] (compute dtype), 1 on valid steps.
-    count:     [1, 1, 1] float32, the number of valid steps.
-    length:    [1] int64, the same on device.
+    Each item of a batch has its own length (a single padded run is a batch of one):
+    mask:      [B, 1, T] (compute dtype), 1 on valid steps.
+    count:     [B, 1, 1] float32, the number of valid steps.
+    length:    [B] int64, the same on device.
     positions: [T] int64, 0..T-1 (a slice of a preallocated arange).
-    index:     [T] int64, a permutation that reverses the valid prefix and keeps the padding in
-               place (for the backward LSTM direction).
+    index:     [B, T] int64, per item a permutation that reverses the valid prefix and keeps the
+               padding in place (for the backward LSTM direction).
     """
 
     mask: torch.Tensor | None = None
@@ -48,11 +50,16 @@ class Span:
 
     @staticmethod
     def of(positions: torch.Tensor, length: torch.Tensor, dtype: torch.dtype) -> "Span":
-        """positions: [T] arange (preallocated), length: [1] int64 on the same device."""
-        valid = positions < length  # [T] bool, built on device
-        index = torch.where(valid, length - 1 - positions, positions)
-        return Span(valid.to(dtype).view(1, 1, -1), length.to(torch.float32).view(1, 1, 1), length,
+        """positions: [T] arange (preallocated), length: [B] int64 on the same device."""
+        last = length.unsqueeze(-1) - 1  # [B, 1]
+        valid = positions <= last  # [B, T] bool, built on device
+        index = torch.where(valid, last - positions, positions)  # [B, T]
+        return Span(valid.to(dtype).unsqueeze(1), length.to(torch.float32).view(-1, 1, 1), length,
                     positions, index)
+
+    def reverse(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, C] with each item's valid prefix reversed in place (its own inverse)."""
+        return x.gather(1, self.index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
 def zero_padding(x: torch.Tensor, span: Span) -> torch.Tensor:
@@ -187,7 +194,8 @@ class BiLSTM(nn.LSTM):
             self.split_directions()
         forward, backward = self._directions
         ahead = forward(x)[0]  # [B, T, H]
-        behind = backward(x.index_select(1, span.index))[0].index_select(1, span.index)  # [B, T, H]
+        # each item's backward pass starts at its own true end
+        behind = span.reverse(backward(span.reverse(x))[0])  # [B, T, H]
         return torch.cat([ahead, behind], dim=-1)
 
 

@@ -70,14 +70,14 @@ class ProsodyPredictor(nn.Module):
         self.N_proj = nn.Conv1d(d_hid // 2, 1, 1, 1, 0)
 
     def durations(self, d: torch.Tensor, speed: torch.Tensor, span: Span) -> torch.Tensor:
-        """d: [B, T, d_hid + S] (DurationEncoder output), speed: [1] -> frames per token [B, T] int64.
+        """d: [B, T, d_hid + S] (DurationEncoder output), speed: [B] -> frames per token [B, T] int64.
 
         Padded tokens get 0 frames, so they vanish from the alignment.
         """
         logits = self.duration_proj(self.lstm.run(d, span))  # [B, T, max_dur]
-        frames = torch.sigmoid(logits).sum(dim=-1) / speed  # [B, T]
+        frames = torch.sigmoid(logits).sum(dim=-1) / speed.unsqueeze(-1)  # [B, T]
         frames = torch.round(frames).clamp(min=1).long()
-        return frames if span.mask is None else frames * span.mask.view(1, -1).long()
+        return frames if span.mask is None else frames * span.mask[:, 0].long()
 
     def f0_energy(self, en: torch.Tensor, style: torch.Tensor, frames: Span, frames2: Span) -> tuple[torch.Tensor, torch.Tensor]:
         """en: [B, F, d_hid + S] aligned features -> F0 and energy curves [B, 2F] (float32)."""
