@@ -167,10 +167,15 @@ class SpeechService:
                 "this server allows in one request: split the text into several requests")
         return plan
 
+    @staticmethod
+    def plans_inline(request: SpeechRequest) -> bool:
+        """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread."""
+        return len(request.text) <= INLINE_PLAN_CHARS
+
     async def plan_off_loop(self, request: SpeechRequest) -> SpeechPlan:
         """`plan` in the text-frontend thread, so the event loop keeps answering meanwhile (a short
         text, cheaper to plan than to hand over, is planned at once)."""
-        if len(request.text) <= INLINE_PLAN_CHARS:
+        if self.plans_inline(request):
             return self.plan(request)
         return await asyncio.get_running_loop().run_in_executor(self._text_thread, self.plan, request)
 

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,22 +202,29 @@ class FleetSpeechService:
 
     async def admit(self, request: SpeechRequest) -> FleetPlan:
         """A slot in the shared queue (or, Redis unreachable, on this replica); CapacityError when
-        the fleet is full. The slot is reserved before the text is planned (in the text-frontend
-        thread), so a burst beyond the fleet's bound is refused after one Redis round trip each,
-        however much text the admitted requests' planning has to get through."""
+        the fleet is full. A longer text's slot is reserved before the text is planned (in the
+        text-frontend thread), so a burst beyond the fleet's bound is refused after one Redis round
+        trip each, however much text the admitted requests' planning has to get through. A short
+        text is planned on the loop in less time than that round trip takes, so it skips the
+        reservation: admit.lua checks both bounds in the one call that enqueues it."""
         rid = None
-        if not self.degraded:
+        reserved = False
+        inline = self.local.plans_inline(request)
+        if inline and not self.degraded:
+            rid = uuid.uuid4().hex
+        elif not self.degraded:
             try:
                 rid = await self.admission.reserve()
+                reserved = True
             except Refused as e:
                 self.counters.refused += 1
                 raise CapacityError(e.retry_after_ms / 1000, str(e)) from None
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
         try:
-            plan = await self.local.plan_off_loop(request)
+            plan = self.local.plan(request) if inline else await self.local.plan_off_loop(request)
         except BaseException:  # a 400, or the client left: the slot goes back at once
-            if rid is not None:
+            if reserved:
                 await self._drop_quietly(rid)
             raise
         if rid is not None:

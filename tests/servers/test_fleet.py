@@ -27,15 +27,22 @@ TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good wh
 
 
 @pytest.fixture(scope="module")
-def local_service(tiny_weights):
+def tiny_engine(tiny_weights):
     from worker.engine import Engine
+
+    return Engine(tiny_weights, "cpu", "fp32")
+
+
+@pytest.fixture
+def local_service(tiny_engine, tiny_weights):
+    """A fresh replica per test (each test runs its own event loop, and a replica's lock belongs to
+    the loop that first waited on it), over the module's one engine."""
     from worker.replica import Replica
     from worker.settings import Settings
     from worker.voices import VoiceBank
 
     settings = Settings.from_env().replace(weights="tiny", first_chunk_phonemes=30, chunk_phonemes=60)
-    engine = Engine(tiny_weights, "cpu", "fp32")
-    return SpeechService(Replica(engine), VoiceBank(tiny_weights.voices), settings)
+    return SpeechService(Replica(tiny_engine), VoiceBank(tiny_weights.voices), settings)
 
 
 def fleet_for(local: SpeechService, url: str, name: str | None = None, **settings) -> FleetSpeechService:
@@ -175,7 +182,11 @@ def test_a_request_refused_with_a_400_gives_its_reserved_slot_back(local_service
     async def go():
         fleet = await fleet_for(local_service, redis_server.url, queue_max_requests=1).start()
         try:
+            long_text = TWO_CHUNKS * 2  # planned in the text-frontend thread: its slot is reserved first
+            assert not local_service.plans_inline(SpeechRequest(long_text))
             with pytest.raises(ValueError) as invalid:  # the slot was reserved before the voice was checked
+                await fleet.admit(SpeechRequest(long_text, "no_such_voice"))
+            with pytest.raises(ValueError):  # a short text is planned before anything is asked of Redis
                 await fleet.admit(SpeechRequest("Hello.", "no_such_voice"))
             plan = await fleet.admit(SpeechRequest("Hello.", "af_heart"))  # the one slot is free again
             await collect(fleet, plan)
