@@ -56,21 +56,26 @@ class Replica:
         async with self._one_at_a_time:
             self.busy = True
             start = time.perf_counter()
-            work = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
             try:
-                return await asyncio.shield(work)
-            except asyncio.CancelledError:
-                # The caller left (a client disconnected), but a thread cannot be interrupted: hold the
-                # lock and stay busy until the inference really ends, so the next job never overlaps it.
-                while not work.done():
-                    try:
-                        await asyncio.wait({work})
-                    except asyncio.CancelledError:
-                        pass
-                raise
+                return await run_to_completion(asyncio.get_running_loop().run_in_executor(self._executor, fn, *args))
             finally:
                 self.busy = False
                 self.busy_seconds += time.perf_counter() - start
+
+
+async def run_to_completion(work: asyncio.Future):
+    """`work`'s result. A caller cancelled meanwhile (a client disconnected) cannot interrupt a
+    launched inference (a thread cannot be, a GPU pass is not): it waits until the work really ends,
+    still holding the replica's lock, so the next job never overlaps it, and then re-raises."""
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        while not work.done():
+            try:
+                await asyncio.wait({work})
+            except asyncio.CancelledError:
+                pass
+        raise
 
 
 class BaselineReplica:

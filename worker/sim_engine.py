@@ -42,6 +42,7 @@ import torch
 
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.engine import BatchItem, Synthesis
+from worker.replica import run_to_completion
 from worker.speech import SECONDS_PER_PHONEME
 
 # Frames (25 ms) per token at speed 1, by kind: about 3 frames (75 ms) a token over an English
@@ -188,18 +189,9 @@ class SimReplica:
             # Validate and build the result first (microseconds), so a bad chunk fails at once.
             try:
                 result = fn(*args)
-                wait = asyncio.ensure_future(_wait(seconds))
-                try:
-                    await asyncio.shield(wait)
-                except asyncio.CancelledError:
-                    # As on a GPU, a launched pass is not interrupted: the replica stays busy until
-                    # its time is up, so the next job never overlaps it (worker/replica.py does the same).
-                    while not wait.done():
-                        try:
-                            await asyncio.wait({wait})
-                        except asyncio.CancelledError:
-                            pass
-                    raise
+                # As on a GPU, a launched pass is not interrupted: the replica stays busy until its
+                # time is up, so the next job never overlaps it.
+                await run_to_completion(asyncio.ensure_future(_wait(seconds)))
                 return result
             finally:
                 self.busy = False
