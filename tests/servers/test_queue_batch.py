@@ -67,8 +67,9 @@ def test_an_overdue_job_joins_the_batch_but_a_job_due_later_than_the_window_wait
     async def go():
         client = owner(redis_server.url)
         rep = replica(redis_server.url, "r0", batch_max=8, batch_window_ms=0)
-        a = await client.admit(jobs(10, 10))        # a#1 is due 750 ms after a#0
-        b = await client.admit(jobs(10))
+        a, b = await admit_in_order(client, jobs(10, 10), jobs(10))   # a#1 is due 750 ms after a#0
+        # b#0 is due a few ms after a#0, past the 0 ms window, so it joins only as overdue: the
+        # admission order's sleep has made it so, however fast the lease comes.
         assert keys(await rep.lease_batch()) == [(a.request_id, 0), (b.request_id, 0)]
         c = await client.admit(jobs(10))            # due before a#1
         await asyncio.sleep(10 * MS_PER_PHONEME / 1000 + 0.1)   # now a#1 is overdue too
