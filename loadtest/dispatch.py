@@ -136,7 +136,7 @@ class FleetProcess:
     def rss_mib(self) -> float:
         """Resident memory of the launcher and all its descendants (Redis included)."""
         total = 0
-        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+        for pid in process_tree(self.proc.pid):
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
@@ -149,7 +149,7 @@ class FleetProcess:
         """CPU seconds (user + system) used so far by the launcher and its live descendants (Redis
         included): the front end's cost, since a simulated replica's waits use none."""
         ticks = 0
-        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+        for pid in process_tree(self.proc.pid):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 ticks += int(fields[11]) + int(fields[12])  # utime, stime
@@ -217,8 +217,9 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (Linux /proc)."""
+    out, todo = [pid], [pid]
     while todo:
         kids = _children(todo.pop())
         out += kids

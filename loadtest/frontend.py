@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from api.encoders import FORMATS, make_encoder
-from loadtest.dispatch import FleetProcess
+from loadtest.dispatch import FleetProcess, process_tree
 from worker.audio import SAMPLE_RATE
 
 # About 3 s of speech (37 phonemes at about 12 a second, pads and pauses included) in one chunk.
@@ -48,24 +48,10 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # --- the server's CPU time ----------------------------------------------------------------------
 
-def _tree(pid: int) -> list[int]:
-    """pid and all its descendants (Linux /proc)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
 def cpu_seconds(pid: int) -> dict[str, float]:
     """User + system CPU seconds of a process tree so far: in all, and of its redis-server."""
     total = {"all": 0.0, "redis": 0.0}
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             redis = b"redis-server" in Path(f"/proc/{p}/cmdline").read_bytes()
