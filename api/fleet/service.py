@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -55,6 +56,8 @@ DISPATCH_MODES = ("shared", "local")
 UNCLAIMED_TICKET_S = 30.0
 # How often the fleet figures shown in /metrics are re-read from Redis.
 STATS_REFRESH_S = 1.0
+# How long a refusal makes this worker reserve short texts' slots before planning them.
+REFUSAL_MEMORY_S = 1.0
 # Histogram buckets for the wait of a request's first chunk in the shared queue.
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -135,6 +138,11 @@ class FleetSpeechService:
         self.counters = FleetCounters()
         self.snapshot = FleetSnapshot()
         self._unclaimed: dict[str, FleetPlan] = {}
+        # When a short text may skip the reservation (see `_plans_inline`): while fewer of this
+        # worker's requests are being admitted than its share of the fleet's request bound, and no
+        # refusal came back in the last REFUSAL_MEMORY_S.
+        self._admitting = 0
+        self._refused_at = -math.inf
         self._tasks: list[asyncio.Task] = []
         self._started = time.monotonic()
 
@@ -206,10 +214,37 @@ class FleetSpeechService:
         text-frontend thread), so a burst beyond the fleet's bound is refused after one Redis round
         trip each, however much text the admitted requests' planning has to get through. A short
         text is planned on the loop in less time than that round trip takes, so it skips the
-        reservation: admit.lua checks both bounds in the one call that enqueues it."""
+        reservation (admit.lua checks both bounds in the one call that enqueues it), unless this
+        worker looks crowded (`_plans_inline`)."""
+        self._admitting += 1
+        try:
+            return await self._admit(request)
+        finally:
+            self._admitting -= 1
+
+    def _plans_inline(self, request: SpeechRequest) -> bool:
+        """Whether to plan a short text before its one admission call. In a burst beyond the
+        fleet's bound, planning every text before learning it is refused would put each refusal
+        behind all the planning before it on this loop: once this worker is admitting more than its
+        share of the bound at once, or the fleet refused lately, texts are reserved first."""
+        return (self.local.plans_inline(request) and self._admitting <= self._share_of_bound()
+                and time.monotonic() - self._refused_at > REFUSAL_MEMORY_S)
+
+    def _share_of_bound(self) -> float:
+        """This worker's share of the fleet's request bound (a replica per worker, all fleets on the queue)."""
+        bound = self.admission.bounds.max_requests
+        live = self.snapshot.stats.live_replicas if self.snapshot.stats else 0
+        return math.ceil(bound / max(1, self.replicas, live)) if bound > 0 else math.inf
+
+    def _refused(self, e: Refused) -> CapacityError:
+        self.counters.refused += 1
+        self._refused_at = time.monotonic()
+        return CapacityError(e.retry_after_ms / 1000, str(e))
+
+    async def _admit(self, request: SpeechRequest) -> FleetPlan:
         rid = None
         reserved = False
-        inline = self.local.plans_inline(request)
+        inline = self._plans_inline(request)
         if inline and not self.degraded:
             rid = uuid.uuid4().hex
         elif not self.degraded:
@@ -217,8 +252,7 @@ class FleetSpeechService:
                 rid = await self.admission.reserve()
                 reserved = True
             except Refused as e:
-                self.counters.refused += 1
-                raise CapacityError(e.retry_after_ms / 1000, str(e)) from None
+                raise self._refused(e) from None
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
         try:
@@ -232,9 +266,8 @@ class FleetSpeechService:
             jobs = [ChunkJob(encode_job(c.ids, plan.request.voice, speed), len(c.ids)) for c in plan.chunks if c.ids]
             try:
                 ticket = await self.admission.admit(jobs, speed, rid)
-            except Refused as e:  # the work bound: admit.lua has given the reservation back
-                self.counters.refused += 1
-                raise CapacityError(e.retry_after_ms / 1000, str(e)) from None
+            except Refused as e:  # a bound: admit.lua has given any reservation back
+                raise self._refused(e) from None
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
                 await self._drop_quietly(rid)

@@ -139,6 +139,40 @@ def test_a_full_fleet_refuses_with_both_retry_headers_and_frees_the_slot_after(l
     assert counters.refused == 1 and counters.admitted == 2
 
 
+def test_a_burst_beyond_the_bound_is_refused_without_planning_its_texts(local_service, redis_server, monkeypatch):
+    """A short text is planned before its one admission call only while the worker is not crowded:
+    in a burst beyond the fleet's bound, the refused requests must not each cost a text plan on the
+    event loop first (issue 14: every 503 of a burst within 100 ms)."""
+    planned = []
+    plan = local_service.plan
+    monkeypatch.setattr(local_service, "plan", lambda request: planned.append(request.text) or plan(request))
+
+    async def burst(fleet, n: int):
+        return await asyncio.gather(*(fleet.admit(SpeechRequest(f"Hello number {i}.", "af_heart")) for i in range(n)),
+                                    return_exceptions=True)
+
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url, queue_max_requests=2).start()
+        try:
+            first = await burst(fleet, 12)
+            admitted = [p for p in first if isinstance(p, FleetPlan)]
+            planned_first = len(planned)
+            for p in admitted:
+                await collect(fleet, p)
+            return first, planned_first, await idle(redis_server.url)
+        finally:
+            await fleet.aclose()
+
+    first, planned_first, stats = asyncio.run(go())
+    refused = [r for r in first if isinstance(r, CapacityError)]
+    assert len(refused) == 10 and len(first) - len(refused) == 2, first
+    # At most the worker's share of the bound (2) planned before admission, plus the admitted ones
+    # planned after their reservation (which of the burst's calls reaches Redis first is a race);
+    # planning every text first would make it 12.
+    assert planned_first <= 4, f"{planned_first} texts planned for 2 admitted requests: refusals waited on planning"
+    assert stats["refused_total"] == 10 and stats["admitted_total"] == 2 and stats["released_total"] == 2
+
+
 def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, redis_server):
     """Two fleets on one Redis (two containers) share one `admitted` counter: each one's derived
     bound must count the other's replicas too, or the second container's replicas idle behind 503s
