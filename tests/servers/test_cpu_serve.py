@@ -4,6 +4,10 @@ and inference priority, hit by bursts of 48 simultaneous streamed requests.
 
 The fleet admits two requests per replica; everything beyond gets 503 from the event loop, which
 must answer at once (within 100 ms) even though both replicas' inference threads keep the cores busy.
+The 100 ms bound is asserted whenever the fleet and this test had the machine to themselves; CPU
+that other processes took during the bursts (read from /proc/stat, hypervisor steal included) is
+measured, and only when it exceeds a tenth of the cores is a missed bound reported as an expected
+failure with its figures instead: the fleet cannot answer in time on cores it does not get.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +29,10 @@ pytestmark = pytest.mark.slow
 BURST = 48
 WORKERS = 2
 SHORT = load_texts("short")
+REFUSAL_BOUND_MS = 100.0
+# Other processes' CPU during the bursts, as a share of all cores, above which the machine counts
+# as shared and a missed refusal bound is reported rather than failed.
+SHARED_MACHINE_SHARE = 0.10
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +75,18 @@ async def _bursts(port: int, second_after_s: float) -> tuple[list[dict], list[di
     return list(await asyncio.gather(*first)), list(second)
 
 
+def _machine_cpu_seconds() -> float:
+    """CPU seconds every process on this machine has used since boot, plus the time the hypervisor
+    ran other guests on our cores (steal): /proc/stat's first line."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _worker_threads_at(pid: int, niceness: int) -> int:
     count = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -78,7 +100,11 @@ def _worker_threads_at(pid: int, niceness: int) -> int:
 
 
 def test_a_burst_gets_fast_503s_while_the_replicas_compute(cpu_fleet):
+    machine, fleet, own, start = _machine_cpu_seconds(), cpu_fleet.cpu_seconds(), _own_cpu_seconds(), time.monotonic()
     first, second = asyncio.run(_bursts(cpu_fleet.port, second_after_s=1.0))
+    elapsed = time.monotonic() - start
+    foreign = (_machine_cpu_seconds() - machine) - (cpu_fleet.cpu_seconds() - fleet) - (_own_cpu_seconds() - own)
+    foreign_share = max(0.0, foreign) / (elapsed * (os.cpu_count() or 1))
     for name, burst in (("first", first), ("second", second)):
         refused = sorted(r["answered_s"] * 1000 for r in burst if r["status"] == 503)
         served = [r for r in burst if r["status"] == 200]
@@ -94,10 +120,14 @@ def test_a_burst_gets_fast_503s_while_the_replicas_compute(cpu_fleet):
         base = os.getpriority(os.PRIO_PROCESS, pid)
         assert _worker_threads_at(pid, base + 10) >= 1, f"worker {pid} has no inference thread at niceness +10"
     # Every 503 within 100 ms (issue 14): the fleet reserves a slot before planning a request's text,
-    # so a refusal costs one Redis round trip on the event loop, never other requests' text frontend.
+    # so a refusal costs one Redis round trip on the event loop, never other requests' text frontend,
+    # and the inference threads run at raised niceness, so the loop gets a core when it wakes.
     slowest = max((r["answered_s"] * 1000 for r in first + second if r["status"] == 503), default=0.0)
-    load = os.getloadavg()[0]
+    print(f"slowest 503 {slowest:.1f} ms; other processes took {foreign_share:.0%} of the cores "
+          f"over the {elapsed:.1f} s of both bursts")
     assert slowest <= 1000.0, f"the slowest 503 took {slowest:.0f} ms: refusals wait behind other work"
-    if slowest > 100.0:  # the goal, not yet held on a loaded 2-core machine: reported, not hidden
-        pytest.xfail(f"the slowest 503 took {slowest:.0f} ms, over the 100 ms goal of issue 14 "
-                     f"(load average {load:.1f} on {os.cpu_count()} cores)")
+    if slowest > REFUSAL_BOUND_MS and foreign_share > SHARED_MACHINE_SHARE:
+        pytest.xfail(f"the slowest 503 took {slowest:.0f} ms, over {REFUSAL_BOUND_MS:.0f} ms, while other "
+                     f"processes took {foreign_share:.0%} of the {os.cpu_count()} cores")
+    assert slowest <= REFUSAL_BOUND_MS, (f"the slowest 503 took {slowest:.0f} ms (bound {REFUSAL_BOUND_MS:.0f} ms) "
+                                         f"with other processes taking only {foreign_share:.0%} of the cores")
