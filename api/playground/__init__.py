@@ -6,7 +6,7 @@ streamed as NDJSON of 24 kHz PCM pieces with their words (Play), `POST /v1/audio
 chosen format (Download). Nothing loads from outside the server (no CDN, no web fonts; the page's
 Content-Security-Policy forbids it). Two small JSON routes feed it: `/playground/config` (the input
 limit, whether API keys are needed) and `/playground/fleet` (the fleet panel, polled every few
-seconds). KOKORO_PLAYGROUND=false leaves all of them out.
+seconds; a simulated fleet, KOKORO_ENGINE=sim, shows a banner there). KOKORO_PLAYGROUND=false leaves all of them out.
 
     app.include_router(playground_router(state))   # state: api.state.AppState
 """
@@ -56,8 +56,10 @@ def fleet_figures(state: AppState) -> dict[str, Any]:
     else:
         queue_depth, queue_unit = one("kokoro_queue_depth"), "requests"
         refused = local_refused
+    engine = summary.get("engine", "torch")
     return {
         "ready": bool(one("kokoro_ready")), "mode": summary.get("mode", "unknown"),
+        "engine": engine, "simulated": engine == "sim",
         "replicas": len(alive), "busy": busy, "idle": len(alive) - busy,
         "queue_depth": int(queue_depth), "queue_unit": queue_unit, "refused": int(refused),
     }

@@ -26,6 +26,7 @@
     fleet: {
       replicas: $('fleet-replicas'), busy: $('fleet-busy'), idle: $('fleet-idle'), queue: $('fleet-queue'),
       refused: $('fleet-refused'), bars: $('fleet-bars'), note: $('fleet-note'),
+      simulated: $('fleet-simulated'),
     },
   };
 
@@ -504,6 +505,7 @@
 
   function renderFleet(f) {
     const d = els.fleet;
+    d.simulated.hidden = !f.simulated;
     d.replicas.textContent = String(f.replicas);
     d.busy.textContent = String(f.busy);
     d.idle.textContent = String(f.idle);

@@ -1,6 +1,6 @@
 """A simulated server says so on every surface a person or a scraper looks at, and a default one
 never claims to be simulated: /health, /ready, /metrics, `kokoro-fleet status` (read from
-/metrics) and the `X-Kokoro-Engine` header of speech responses. In-process: the app with its
+/metrics), the playground's fleet panel and the `X-Kokoro-Engine` header of speech responses. In-process: the app with its
 real start-up (the service built by build_service in the background), no Redis (one worker).
 The real processes (startup log, a 2-worker fleet, the status command) are in
 tests/servers/test_sim_serve.py."""
@@ -29,6 +29,8 @@ async def _surfaces(app) -> dict:
                 "health": (await c.get("/health")).json(),
                 "ready": await c.get("/ready"),
                 "metrics": (await c.get("/metrics")).text,
+                "playground": (await c.get("/playground/fleet")).json(),
+                "page": (await c.get("/")).text,
                 "speech": await c.post("/v1/audio/speech", json={"input": "Simulated speech, streamed.",
                                                                  "voice": "af_heart", "response_format": "mp3"}),
                 "captioned": await c.post("/v1/audio/speech/captioned",
@@ -39,7 +41,7 @@ async def _surfaces(app) -> dict:
 
 
 def test_a_sim_server_says_it_is_simulated_everywhere():
-    settings = Settings.from_env({"KOKORO_ENGINE": "sim", "KOKORO_PLAYGROUND": "false"})
+    settings = Settings.from_env({"KOKORO_ENGINE": "sim"})
     seen = asyncio.run(_surfaces(create_app(settings)))
     assert seen["state"].load_error is None and isinstance(seen["state"].service.replica, SimReplica)
 
@@ -60,11 +62,14 @@ def test_a_sim_server_says_it_is_simulated_everywhere():
     rows, summary = rows_from_metrics(parse_metrics(seen["metrics"]))
     assert summary["engine"] == "sim"
     assert format_table(rows, summary).startswith("SIMULATED ENGINE")
+    # the playground's fleet panel: the page carries the banner, hidden until the panel's JSON says so
+    assert seen["playground"]["engine"] == "sim" and seen["playground"]["simulated"] is True
+    assert 'id="fleet-simulated"' in seen["page"]
 
 
 def test_the_default_server_is_not_simulated():
     """No KOKORO_ENGINE: the real engine (tiny weights here), and nothing says `sim`."""
-    settings = Settings.from_env({"KOKORO_WEIGHTS": "tiny", "KOKORO_PLAYGROUND": "false"})
+    settings = Settings.from_env({"KOKORO_WEIGHTS": "tiny"})
     assert settings.engine == "torch"
     seen = asyncio.run(_surfaces(create_app(settings)))
     assert seen["state"].load_error is None and not isinstance(seen["state"].service.replica, SimReplica)
@@ -75,3 +80,4 @@ def test_the_default_server_is_not_simulated():
     assert seen["speech"].status_code == 200 and seen["speech"].headers["x-kokoro-engine"] == "torch"
     rows, summary = rows_from_metrics(parse_metrics(seen["metrics"]))
     assert summary["engine"] == "torch" and "SIMULATED" not in format_table(rows, summary)
+    assert seen["playground"]["engine"] == "torch" and seen["playground"]["simulated"] is False
