@@ -63,10 +63,10 @@ import modal
 
 # CPU milliseconds the whole serving path costs per audio-second served, per response_format:
 # `python -m loadtest.frontend --seconds 10 --concurrency 16` (a 2-worker sim fleet with no service
-# time, 3-s streamed requests), 2026-11-23, AMD EPYC (Zen 4) with 2 cores under other jobs' load
-# (load average 7-8). Measured per core as this machine counts them; Modal's `cpu=` counts
-# physical cores, so a plan from these figures errs on the generous side.
-FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 9.3, "opus": 12.5, "aac": 8.5, "flac": 2.5, "wav": 1.3, "pcm": 1.2}
+# time, 3.02-s streamed requests), 2026-11-23, AMD EPYC with 2 cores beside other jobs (load
+# average 2.5-4.3); the higher of two runs. Measured per core as this machine counts them; Modal's
+# `cpu=` counts physical cores, so a plan from these figures errs on the generous side.
+FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 6.02, "opus": 8.88, "aac": 5.08, "flac": 1.53, "wav": 0.74, "pcm": 0.78}
 
 
 def frontend_cores(audio_seconds_per_second: float, response_format: str, utilization: float = 1.0) -> float:

@@ -29,7 +29,7 @@ from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, Mod
                           VoiceList, model_cards)
 from api.service import SpeechBackend
 from api.serving import captioned_response, speech_response
-from api.state import AppState
+from api.state import AppState, encode_pool
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
 from worker.speech import ReplicaStats
@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         settings=settings,
         service=service,
         admission=ProcessAdmission(settings.max_requests),
+        encoders=encode_pool(settings.workers),  # the launcher sets KOKORO_WORKERS for every worker
         api_keys=tuple(k.strip() for k in settings.api_keys.split(",") if k.strip()),
         ready=service is not None,  # a service handed in is built and warmed by its owner
     )

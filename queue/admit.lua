@@ -3,8 +3,14 @@
 --       default_ms_per_phoneme, speed, n, then n pairs (phonemes_i, payload_i).
 -- A request id that reserve.lua holds already has its slot: only the work bound is checked, and a
 -- refusal gives the reservation back (withdrawn_total). Any other id is checked against both.
--- A bound <= 0 means unbounded. Returns
---   admitted: {1, arrival_ms, total_est_ms, live_replicas}
+-- A bound <= 0 means unbounded.
+-- Optionally, after the pairs: replica_id, lease_ms, replica_ttl_ms, own_owner, own_slack_ms,
+-- batch_max, batch_window_ms, batch_size_ratio (lease.lua's arguments): the caller's own replica is
+-- idle, so once the jobs are queued the same call leases for it exactly as lease.lua would (the
+-- earliest deadline, its own owner's within the slack, a batch): when that is this request's first
+-- chunk, the job never waits for a wake-up or crosses processes. Returns
+--   admitted: {1, arrival_ms, total_est_ms, live_replicas, leased} (leased: lease.lua's reply, {}
+--             without a replica)
 --   refused:  {0, reason ("requests"|"work"), admitted, queued_work_ms, inflight_work_ms,
 --              new_work_ms, live_replicas, rate ("" until measured: audio s per busy s per replica)}
 local rid, owner = ARGV[2], ARGV[3]
@@ -20,7 +26,7 @@ local existing = redis.call('HGET', K_REQUESTS, rid)
 local reserved = existing and redis.call('HGET', rk, 'state') == 'reserved'
 if existing and not reserved then
   return {1, num(redis.call('HGET', rk, 'arrival'), 0), num(redis.call('HGET', rk, 'total_est'), 0),
-          live_replicas(now)}
+          live_replicas(now), {}}
 end
 
 -- Until a completion has measured it, the audio per phoneme is the caller's prior.
@@ -80,8 +86,20 @@ for i = 0, n - 1 do
 end
 redis.call('HINCRBY', K_STATS, 'queued_jobs', n)
 redis.call('HINCRBY', K_STATS, 'queued_work_ms', new_work)
+
+local leased = {}
+local at = 10 + 2 * n  -- the optional lease arguments
+if ARGV[at] and ARGV[at] ~= '' then
+  leased = lease_for(ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), ARGV[at + 3] or '',
+                     tonumber(ARGV[at + 4] or '0') or 0, tonumber(ARGV[at + 5] or '1') or 1,
+                     tonumber(ARGV[at + 6] or '0') or 0, tonumber(ARGV[at + 7] or '1') or 1)
+end
 -- Wake-up tokens only need to cover the queued jobs; stale ones (a busy replica took the job
--- directly) would only cause empty leases, but keep the list short anyway.
+-- directly, or the lease above did) would only cause empty leases, so none are kept beyond them.
 local queued_jobs = num(redis.call('HGET', K_STATS, 'queued_jobs'), 0)
-redis.call('LTRIM', K_READY, -math.max(queued_jobs, 1), -1)
-return {1, now, new_work, live_replicas(now)}
+if queued_jobs > 0 then
+  redis.call('LTRIM', K_READY, -queued_jobs, -1)
+else
+  redis.call('DEL', K_READY)
+end
+return {1, now, new_work, live_replicas(now), leased}

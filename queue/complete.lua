@@ -3,8 +3,13 @@
 --       durations_bytes, audio_ms, busy_ms, ewma_alpha
 -- "local": the replica lives in the owner's own process and handed the PCM over in memory; only
 -- the durations and a `loc:i` marker are stored, so the audio never crosses Redis.
+-- Optional ARGV[11] "release": the owner is this replica's own process and takes a "local" result
+-- from memory, without reading it here (a job leased by admit.lua for that owner's idle replica):
+-- when it is the request's last chunk, the request is released in the same call, since its owner
+-- then holds all of its audio (release.lua's step; the owner makes no call of its own).
 -- Returns 1: delivered to the owner; 0: stale (the lease was lost, the job belongs to another
--- attempt now: result discarded); 2: dropped (the request was cancelled, released or failed).
+-- attempt now: result discarded); 2: dropped (the request was cancelled, released or failed);
+-- 3: delivered, and the request released.
 local replica, job, token, status = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local audio_ms, busy_ms, alpha = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local now = now_ms()
@@ -75,5 +80,10 @@ if phonemes > 0 and audio_ms > 0 then
   local mpp = tonumber(redis.call('HGET', K_STATS, 'ms_per_phoneme') or '')
   mpp = mpp and (mpp + alpha * (sample - mpp)) or sample
   redis.call('HSET', K_STATS, 'ms_per_phoneme', tostring(mpp))
+end
+if ARGV[11] == '1' and status == 'local' and idx == n - 1 then
+  drop_request(rid)
+  redis.call('HINCRBY', K_STATS, 'released_total', 1)
+  return 3
 end
 return 1

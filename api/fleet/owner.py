@@ -9,6 +9,8 @@ A worker holding a client's connection calls, per request:
         ...encode result.pcm and send it...
     await admission.release(ticket.request_id)        # or cancel(...) when the client went away
 
+(The read of the last chunk releases the request in the same call, so `release` then only forgets
+it here; chunks this process's own replica made are read from memory, without a call.)
 (`admit` without a reservation checks both bounds in one call; `admission.session(...)` wraps the
 admit / release-or-cancel pair.) Any replica in the fleet may
 run the chunk jobs; this side never needs to know which. Every Redis failure surfaces as
@@ -25,7 +27,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -85,6 +87,8 @@ class Ticket:
     arrival_ms: int             # Redis server time
     estimated_seconds: float    # estimated audio duration of the whole request
     live_replicas: int
+    # lease.lua's reply for this worker's idle replica, when `admit` was asked to lease for it
+    leased: tuple = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -139,11 +143,18 @@ class AdmissionClient(TracksAvailability):
 
     def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
                  ms_per_phoneme: float, prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0, poll_s: float = 1.0,
-                 local_results: dict[str, bytes] | None = None):
+                 local_results: dict[str, bytes] | None = None,
+                 local_delivered: dict[str, tuple[np.ndarray, bool]] | None = None):
         self.client = client
         # PCM that this process's own replica made for this owner's requests (api.fleet.replica's
         # Dispatcher fills it; fetch.lua answers "local" for those chunks).
         self.local_results = local_results if local_results is not None else {}
+        # job id -> (durations, request released) of those chunks once Redis accepted their completion:
+        # such a chunk is read from memory with no Redis call at all.
+        self.local_delivered = local_delivered if local_delivered is not None else {}
+        # Requests already released by the call that handed over their last chunk (fetch.lua or
+        # complete.lua); `release` and `cancel` then have nothing left to do in Redis.
+        self._released: set[str] = set()
         self.worker_id = worker_id
         self.bounds = bounds
         self.prefix = prefix
@@ -197,10 +208,13 @@ class AdmissionClient(TracksAvailability):
         """Give back a reservation whose request will not be admitted (its text was refused)."""
         return bool(await self._call("withdrawal", self.scripts.withdraw, self.prefix, request_id))
 
-    async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None) -> Ticket:
+    async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None,
+                    lease_for: Sequence | None = None) -> Ticket:
         """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`.
         With the id of a reservation, only the work bound is left to check; a refusal there gives
-        the reservation back."""
+        the reservation back. `lease_for` (an idle replica's `Dispatcher.lease_arguments()`): the
+        same call then leases for that replica as lease.lua would, and the ticket's `leased` holds
+        what it got (the replica must run it: `Dispatcher.run_claimed`)."""
         if not jobs:
             raise ValueError("a request needs at least one chunk job")
         if speed <= 0:
@@ -210,10 +224,13 @@ class AdmissionClient(TracksAvailability):
                       int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs)]
         for job in jobs:
             args += [int(job.phonemes), job.payload]
+        if lease_for:
+            args += list(lease_for)
         reply = await self._call("admission", self.scripts.admit, *args)
         if reply[0] == 1:
-            _, arrival_ms, total_est_ms, live = reply
-            return Ticket(rid, len(jobs), int(arrival_ms), total_est_ms / 1000, int(live))
+            _, arrival_ms, total_est_ms, live, *leased = reply
+            return Ticket(rid, len(jobs), int(arrival_ms), total_est_ms / 1000, int(live),
+                          tuple(leased[0]) if leased else ())
         raise self._refused(reply)
 
     def _refused(self, reply: list) -> Refused:
@@ -231,22 +248,38 @@ class AdmissionClient(TracksAvailability):
         seconds, ms = retry_after(must_drain_ms / 1000, int(live), rate)
         return Refused(reason, seconds, ms, work_ahead_ms / 1000, int(admitted), int(live), rate)
 
-    async def results(self, ticket: Ticket, timeout_s: float | None = None) -> AsyncIterator[ChunkResult]:
+    async def results(self, ticket: Ticket, timeout_s: float | None = None,
+                      local_run: asyncio.Future | None = None) -> AsyncIterator[ChunkResult]:
         """The request's chunk results in order, each as soon as it exists. `timeout_s` bounds the
         wait for any one chunk. Raises `RequestFailed` (with the queue's message), `RequestLost`,
-        `ResultTimeout` or `QueueUnavailable`; it never waits forever."""
+        `ResultTimeout` or `QueueUnavailable`; it never waits forever. `local_run`: this process's
+        replica running `ticket.leased` (awaited before reading those jobs' chunks from memory).
+        The read of the last chunk releases the request (the owner then holds all its audio)."""
         wake = f"{self.prefix}:wake:{ticket.request_id}"
+        leased = {entry[0].decode() for entry in ticket.leased}
         for index in range(ticket.chunks):
+            job_id = f"{ticket.request_id}#{index}"
+            if local_run is not None and job_id in leased and not local_run.done():
+                with contextlib.suppress(Exception):  # its failure shows in Redis: read from there
+                    await asyncio.shield(local_run)
+            local = self._delivered_here(job_id)
+            if local is not None:
+                yield ChunkResult(index, *local)
+                continue
+            last = index == ticket.chunks - 1
             give_up = None if timeout_s is None else time.monotonic() + timeout_s
             while True:
                 reply = await self._call("result read", self.scripts.fetch, self.prefix, ticket.request_id,
-                                         index, self.worker_id, self.owner_ttl_ms)
+                                         index, self.worker_id, self.owner_ttl_ms, int(last))
                 status = reply[0]
+                if reply[-1] == b"released":
+                    self._released.add(ticket.request_id)
                 if status == b"ok":
                     yield ChunkResult(index, reply[1], np.frombuffer(reply[2], dtype="<i8").astype(np.int64))
                     break
                 if status == b"local":
-                    pcm = self.local_results.pop(f"{ticket.request_id}#{index}", None)
+                    pcm = self.local_results.pop(job_id, None)
+                    self.local_delivered.pop(job_id, None)
                     if pcm is None:  # only if another process shares this worker id: a bug
                         raise RequestLost(f"chunk {index} of request {ticket.request_id} was made by this "
                                           "worker's replica but its audio is not in this process")
@@ -266,19 +299,41 @@ class AdmissionClient(TracksAvailability):
                 # Completions push to the wake list, so nothing is missed between fetch and wait.
                 await self._call("result wait", self.client.blpop, [wake], max(0.01, wait))
 
+    def _delivered_here(self, job_id: str) -> tuple[bytes, np.ndarray] | None:
+        """(pcm, durations) of a chunk this process's replica made and Redis accepted, or None."""
+        delivered = self.local_delivered.pop(job_id, None)
+        if delivered is None:
+            return None
+        pcm = self.local_results.pop(job_id, None)
+        if pcm is None:  # already read through fetch.lua
+            return None
+        durations, released = delivered
+        if released:
+            self._released.add(job_id.rsplit("#", 1)[0])
+        return pcm, np.asarray(durations, dtype=np.int64)
+
     def forget_local(self, request_id: str) -> None:
         """Drop in-memory results of a request that ended before its owner read them."""
-        for key in [k for k in self.local_results if k.startswith(request_id + "#")]:
-            del self.local_results[key]
+        prefix = request_id + "#"
+        for held in (self.local_results, self.local_delivered):
+            for key in [k for k in held if k.startswith(prefix)]:
+                del held[key]
 
     async def cancel(self, request_id: str) -> bool:
         """The client went away: drop the request's queued jobs and free its slot."""
         self.forget_local(request_id)
+        if request_id in self._released:  # its last chunk was read: nothing left to cancel
+            self._released.discard(request_id)
+            return False
         return bool(await self._call("cancel", self.scripts.cancel, self.prefix, request_id))
 
     async def release(self, request_id: str) -> bool:
-        """The last chunk has been streamed (or the error read): free the slot."""
+        """The last chunk has been streamed (or the error read): free the slot (already done when
+        the last chunk's read released it)."""
         self.forget_local(request_id)
+        if request_id in self._released:
+            self._released.discard(request_id)
+            return True
         return bool(await self._call("release", self.scripts.release, self.prefix, request_id))
 
     @contextlib.asynccontextmanager

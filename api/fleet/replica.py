@@ -85,14 +85,15 @@ class ReapReport:
     orphaned: int     # requests freed because their owner died (or outlived the age backstop)
 
 
-# complete.lua's answers
-DELIVERED, STALE, DROPPED = 1, 0, 2
+# complete.lua's answers (RELEASED: delivered, and the request released with it)
+DELIVERED, STALE, DROPPED, RELEASED = 1, 0, 2, 3
 
 
 class Dispatcher(TracksAvailability):
     def __init__(self, client: aioredis.Redis, replica_id: str, run_job: RunJob, *,
                  prefix: str = DEFAULT_PREFIX, lease_s: float = 10.0, heartbeat_s: float | None = None,
                  local_results: dict[str, bytes] | None = None, own_slack_ms: int = 0,
+                 local_delivered: dict[str, tuple[np.ndarray, bool]] | None = None,
                  replica_ttl_s: float = 5.0, reap_interval_s: float = 1.0, max_attempts: int = 2,
                  max_request_age_s: float = 3600.0, idle_wait_s: float = 1.0, ewma_alpha: float = 0.2,
                  retry_backoff_s: float = 0.5, batch_max: int = 1, run_batch: RunBatch | None = None,
@@ -122,6 +123,9 @@ class Dispatcher(TracksAvailability):
         # such jobs when they are due within own_slack_ms of the fleet's earliest.
         self.local_results = local_results
         self.own_slack_ms = int(own_slack_ms) if local_results is not None else 0
+        # ... and, once Redis has accepted such a result, its durations (and whether the completion
+        # released the request), so the owner reads the chunk with no Redis call.
+        self.local_delivered = local_delivered
         # Figures for /metrics, named as worker/replica.py's Replica names them.
         self.busy = False
         self.jobs_done = 0
@@ -132,6 +136,11 @@ class Dispatcher(TracksAvailability):
         self.batch_fallbacks = 0    # batches whose pass failed and ran again one job at a time
         self.degraded = False       # the last Redis call failed
         self._idle = False          # in the ready-list wait (safe to cancel: holds no lease)
+        # Cleared while this process's owner side runs jobs on the replica (`claim`): the loop
+        # leases nothing until it is set again, so the replica still runs one lease at a time.
+        self._unclaimed = asyncio.Event()
+        self._unclaimed.set()
+        self._claimed_runs: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -151,9 +160,11 @@ class Dispatcher(TracksAvailability):
         DELIVERED, STALE (the lease was lost meanwhile) or DROPPED (the request went away)."""
         return (await self.run_jobs([job]))[0]
 
-    async def run_jobs(self, jobs: Sequence[Job]) -> list[int]:
+    async def run_jobs(self, jobs: Sequence[Job], release_request: str | None = None) -> list[int]:
         """Run leased jobs, one alone or several as one batch, heartbeating every lease, then
-        complete each on its own. Returns each job's DELIVERED, STALE or DROPPED."""
+        complete each on its own. Returns each job's DELIVERED, STALE or DROPPED; RELEASED for the
+        last chunk of `release_request`, an own request whose owner awaits this run and reads the
+        chunk from memory without asking Redis: its completion also releases the request."""
         self.busy = True
         started = time.perf_counter()
         heartbeat = asyncio.create_task(self._heartbeat_leases(jobs), name=f"lease-heartbeat-{jobs[0].job_id}")
@@ -167,13 +178,55 @@ class Dispatcher(TracksAvailability):
                 # A batch's busy time is shared by audio, so every job reports the batch's rate
                 # (audio per busy second), which is what the fleet's capacity estimate wants.
                 share = busy_s * audio_s / total_audio if total_audio > 0 else busy_s / len(jobs)
-                statuses.append(await self._deliver(job, output, audio_s, share))
+                statuses.append(await self._deliver(job, output, audio_s, share,
+                                                      release=job.request_id == release_request))
             return statuses
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError, QueueUnavailable):
                 await heartbeat
             self.busy = False
+
+    # --- the owner side's turn: this process's request first, nothing crossing processes -----
+    def claim(self) -> bool:
+        """Take the replica for this process's owner side if it is waiting for work: the owner's
+        next admission then leases for it (`lease_arguments()` to admit.lua) and `run_claimed`
+        runs what that leased. False when the replica is busy (or already claimed, or stopping)."""
+        if not self._idle or not self._unclaimed.is_set() or self._stopping.is_set():
+            return False
+        self._unclaimed.clear()
+        return True
+
+    def unclaim(self) -> None:
+        self._unclaimed.set()
+
+    def lease_arguments(self) -> list:
+        """lease.lua's arguments after the prefix (also admit.lua's optional tail)."""
+        return [self.replica_id, self.lease_ms, self.replica_ttl_ms, self.replica_id, self.own_slack_ms,
+                self.batch_max, self.batch_window_ms, self.batch_size_ratio]
+
+    def run_claimed(self, leased: Sequence, request_id: str) -> asyncio.Task | None:
+        """Run the jobs admit.lua leased for the claimed replica (lease.lua's reply) when it
+        admitted `request_id` (whose owner awaits this run before reading those chunks), in a task
+        of its own (a client that leaves must not cut a leased job short), then give the replica
+        back to the loop. None, and the replica given back at once, when nothing was leased."""
+        jobs = self._jobs(leased)
+        if not jobs:
+            self.unclaim()
+            return None
+
+        async def run() -> None:
+            try:
+                await self.run_jobs(jobs, release_request=request_id)
+            except QueueUnavailable as e:  # leases are left to expire and be re-queued
+                log.warning("replica %s: %s", self.replica_id, e)
+            finally:
+                self.unclaim()
+
+        task = asyncio.create_task(run(), name=f"claimed-{jobs[0].job_id}")
+        self._claimed_runs.add(task)
+        task.add_done_callback(self._claimed_runs.discard)
+        return task
 
     async def step(self) -> bool:
         """Lease and run one job or one batch; False when there was none."""
@@ -196,6 +249,9 @@ class Dispatcher(TracksAvailability):
         try:
             while not self._stopping.is_set():
                 try:
+                    if not self._unclaimed.is_set():  # the owner side is running jobs on the replica
+                        await self._unclaimed.wait()
+                        continue
                     if not await self.step():
                         # Admissions and re-queues push one token per job onto the ready list.
                         self._idle = True
@@ -229,6 +285,8 @@ class Dispatcher(TracksAvailability):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._claimed_runs:  # jobs leased for the owner side finish and complete too
+            await asyncio.gather(*self._claimed_runs, return_exceptions=True)
         with contextlib.suppress(QueueUnavailable):
             with unavailable_as_error("leaving the replica table"):
                 await self.client.zrem(f"{self.prefix}:replicas", self.replica_id)
@@ -236,9 +294,12 @@ class Dispatcher(TracksAvailability):
 
     # --- internals -------------------------------------------------------------------------
     async def _lease(self, batch_max: int) -> list[Job]:
-        reply = await self._call("lease", self.scripts.lease, self.prefix, self.replica_id,
-                                 self.lease_ms, self.replica_ttl_ms, self.replica_id, self.own_slack_ms,
-                                 batch_max, self.batch_window_ms, self.batch_size_ratio)
+        args = self.lease_arguments()
+        args[5] = batch_max
+        return self._jobs(await self._call("lease", self.scripts.lease, self.prefix, *args))
+
+    def _jobs(self, reply) -> list[Job]:
+        """lease.lua's reply as jobs."""
         jobs = [Job(job_id.decode(), rid.decode(), int(idx), int(attempt), token.decode(), payload or b"",
                     (owner or b"").decode(), int(deadline), est / 1000, int(now))
                 for job_id, rid, idx, attempt, token, payload, owner, deadline, est, now in reply or ()]
@@ -280,7 +341,7 @@ class Dispatcher(TracksAvailability):
             return output.audio_seconds
         return float(np.asarray(output.durations).sum()) * FRAME_SECONDS
 
-    async def _deliver(self, job: Job, output, audio_s: float, busy_s: float) -> int:
+    async def _deliver(self, job: Job, output, audio_s: float, busy_s: float, release: bool = False) -> int:
         """Complete one job with its output, or with the error that failed it."""
         if isinstance(output, Exception):  # the job itself failed: the owner gets the reason, not a hang
             log.error("job %s failed on replica %s", job.job_id, self.replica_id, exc_info=output)
@@ -294,22 +355,29 @@ class Dispatcher(TracksAvailability):
             # The owner is this process: hand the PCM over in memory, before the completion
             # makes the result visible; take it back if the completion is refused.
             self.local_results[job.job_id] = bytes(output.pcm)
-            status = await self._complete(job, "local", b"", durations.tobytes(), audio_s, busy_s)
-            if status != DELIVERED:
-                self.local_results.pop(job.job_id, None)
+            status = STALE
+            try:
+                status = await self._complete(job, "local", b"", durations.tobytes(), audio_s, busy_s,
+                                              release=release)
+            finally:
+                if status not in (DELIVERED, RELEASED):
+                    self.local_results.pop(job.job_id, None)
+                elif self.local_delivered is not None:
+                    self.local_delivered[job.job_id] = (durations, status == RELEASED)
         else:
             status = await self._complete(job, "ok", bytes(output.pcm), durations.tobytes(), audio_s, busy_s)
-        if status == DELIVERED:
+        if status in (DELIVERED, RELEASED):
             self.jobs_done += 1
             self.busy_seconds += busy_s
             self.audio_seconds += audio_s
         return status
 
     async def _complete(self, job: Job, status: str, data: bytes, durations: bytes,
-                        audio_s: float, busy_s: float) -> int:
+                        audio_s: float, busy_s: float, release: bool = False) -> int:
         result = int(await self._call("complete", self.scripts.complete, self.prefix, self.replica_id,
                                       job.job_id, job.token, status, data, durations,
-                                      int(round(audio_s * 1000)), int(round(busy_s * 1000)), self.ewma_alpha))
+                                      int(round(audio_s * 1000)), int(round(busy_s * 1000)), self.ewma_alpha,
+                                      int(release)))
         if result == STALE:
             self.lease_losses += 1
             log.warning("replica %s: lease on %s was lost before completion; result discarded",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -361,6 +362,14 @@ def test_baseline_runs_up_to_four_chunks_at_once_with_the_same_audio(tiny_weight
     assert baseline.jobs_done == 6 and not baseline.busy
 
 
+async def _ping(url: str) -> bool:
+    client = connect(url)
+    try:
+        return await client.ping()
+    finally:
+        await client.aclose()
+
+
 def test_launcher_pieces():
     with pytest.raises(SystemExit, match=r"--workers 3"):
         check_gpu_memory(8, 3000, 10_000)
@@ -372,6 +381,10 @@ def test_launcher_pieces():
     redis = EmbeddedRedis().start()
     try:
         assert redis.ping() and redis.url.startswith("redis://127.0.0.1:")
+        # the workers' own way in: the Unix socket, in a directory only this user may enter
+        assert redis.worker_url.startswith("unix://") and os.stat(redis.socket_path).st_mode & 0o077 == 0
+        assert asyncio.run(_ping(redis.worker_url))
+        socket_dir = os.path.dirname(redis.socket_path)
     finally:
         redis.stop()
-    assert not redis.ping()
+    assert not redis.ping() and not os.path.exists(socket_dir)

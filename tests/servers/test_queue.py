@@ -263,6 +263,110 @@ def test_an_own_result_refused_as_stale_is_not_kept_in_memory(redis_server):
     asyncio.run(go())
 
 
+def _no_redis_reads(client: AdmissionClient) -> None:
+    """Make any fetch.lua or release.lua call of this owner fail the test."""
+    async def refuse(*args):
+        raise AssertionError("this read should not have needed Redis")
+    client.scripts.fetch = client.scripts.release = refuse
+
+
+def test_an_admission_leases_for_the_idle_own_replica_and_its_audio_never_crosses_redis(redis_server):
+    """When this worker's replica is waiting for work, admit.lua leases for it in the same call;
+    the replica runs the job in this process, its completion releases the one-chunk request, and
+    the owner reads the chunk from memory: two round trips in all (admit, complete), no fetch, no
+    wake-up, no release, no PCM in Redis."""
+    async def go():
+        shared, delivered = {}, {}
+        w1 = owner(redis_server.url, "w1", local_results=shared, local_delivered=delivered)
+        rep = replica(redis_server.url, "w1", local_results=shared, local_delivered=delivered, own_slack_ms=20)
+        ticket = await w1.admit(jobs(30), lease_for=rep.lease_arguments())
+        assert [entry[0].decode() for entry in ticket.leased] == [f"{ticket.request_id}#0"]
+        assert await rep.client.llen("{kf}:ready") == 0     # nothing left to wake another replica for
+        run = rep.run_claimed(ticket.leased, ticket.request_id)
+        _no_redis_reads(w1)
+        [result] = [r async for r in w1.results(ticket, timeout_s=5, local_run=run)]
+        assert run.done() and len(result.pcm) == 32 * 3 * 600 * 2 and len(result.durations) == 32
+        stats = await w1.stats()
+        assert stats["admitted"] == 0 and stats["released_total"] == 1 and stats["local_total"] == 1
+        assert stats["result_bytes_total"] == 0
+        assert await w1.release(ticket.request_id)          # already released: no call
+        assert shared == {} and delivered == {}
+        await assert_idle(w1)
+    asyncio.run(go())
+
+
+def test_an_admission_that_leases_still_takes_the_earliest_deadline_first(redis_server):
+    """The lease in admit.lua is lease.lua's: another worker's job due first (beyond the slack)
+    goes to the idle replica, and this request's job waits in the queue with its wake-up token."""
+    async def go():
+        shared, delivered = {}, {}
+        w1 = owner(redis_server.url, "w1", local_results=shared, local_delivered=delivered)
+        w2 = owner(redis_server.url, "w2")
+        rep = replica(redis_server.url, "w1", local_results=shared, local_delivered=delivered, own_slack_ms=5)
+        theirs = await w2.admit(jobs(30))
+        await asyncio.sleep(0.05)
+        mine = await w1.admit(jobs(30), lease_for=rep.lease_arguments())
+        assert [entry[1].decode() for entry in mine.leased] == [theirs.request_id]
+        assert await rep.client.llen("{kf}:ready") == 1
+        await rep.run_claimed(mine.leased, mine.request_id)  # theirs: its result goes through Redis
+        [result] = await collect(w2, theirs)                # through Redis, as before
+        assert len(result.pcm) == 32 * 3 * 600 * 2
+        job = await rep.lease()
+        assert job.request_id == mine.request_id and await rep.run_one(job) == DELIVERED
+        [result] = await collect(w1, mine)
+        assert len(result.pcm) == 32 * 3 * 600 * 2
+        for client, ticket in ((w1, mine), (w2, theirs)):
+            assert await client.release(ticket.request_id)
+        await assert_idle(w1)
+    asyncio.run(go())
+
+
+def test_the_read_of_the_last_chunk_releases_the_request(redis_server):
+    async def go():
+        client = owner(redis_server.url)
+        rep = replica(redis_server.url, "r0")
+        ticket = await client.admit(jobs(10, 10))
+        assert await rep.run_one(await rep.lease()) == DELIVERED
+        assert await rep.run_one(await rep.lease()) == DELIVERED
+        assert [r.index for r in await collect(client, ticket)] == [0, 1]
+        stats = await client.stats()
+        assert stats["admitted"] == 0 and stats["released_total"] == 1
+        _no_redis_reads(client)
+        assert await client.release(ticket.request_id)      # nothing left to do in Redis
+        assert not await client.cancel(ticket.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
+def test_a_claimed_replica_leases_nothing_else_until_its_claimed_run_ends(redis_server):
+    """The replica's loop and the owner side never run two leases at once on one replica: a claim
+    is granted only while the loop waits for work, and the loop leases again only after the run."""
+    async def go():
+        shared, delivered = {}, {}
+        w1 = owner(redis_server.url, "w1", local_results=shared, local_delivered=delivered)
+        w2 = owner(redis_server.url, "w2")
+        rep = replica(redis_server.url, "w1", local_results=shared, local_delivered=delivered, own_slack_ms=20,
+                      idle_wait_s=0.2)
+        rep.start()
+        while not rep._idle:
+            await asyncio.sleep(0.01)
+        assert rep.claim() and not rep.claim()              # one claim at a time
+        mine = await w1.admit(jobs(10, work_s=0.3), lease_for=rep.lease_arguments())
+        run = rep.run_claimed(mine.leased, mine.request_id)
+        await asyncio.sleep(0.05)
+        theirs = await w2.admit(jobs(10))                    # wakes the loop while the replica is claimed
+        await asyncio.sleep(0.1)
+        assert (await w1.stats())["queued_jobs"] == 1 and not run.done()
+        assert len([r async for r in w1.results(mine, timeout_s=5, local_run=run)]) == 1
+        [result] = await collect(w2, theirs)                 # the loop's turn after the claimed run
+        assert len(result.pcm) == 12 * 3 * 600 * 2
+        await w2.release(theirs.request_id)
+        await w1.release(mine.request_id)
+        await rep.close()
+        await assert_idle(w1)
+    asyncio.run(go())
+
+
 def test_measured_audio_moves_later_deadlines(redis_server):
     async def go():
         client = owner(redis_server.url)
