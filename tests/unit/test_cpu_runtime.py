@@ -103,11 +103,14 @@ def test_inference_and_its_openmp_pool_run_at_raised_niceness(tiny_weights):
 def test_compiled_kernels_are_cached_beside_the_weights(tmp_path, monkeypatch):
     from torch._inductor.runtime.runtime_utils import default_cache_dir
 
-    from worker.cpu_runtime import use_compile_cache
+    from worker.cpu_runtime import use_compile_cache, vector_isa
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch sets on first use
-    assert use_compile_cache(tmp_path) == tmp_path / "inductor"
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    # one directory per vector ISA: torch's cache would hand AVX2 kernels to an AVX-512 process
+    isa = vector_isa()
+    assert isa.startswith(("avx512", "avx2", "asimd", "sve", "vsx", "zvector", "scalar")) and " " not in isa, isa
+    assert use_compile_cache(tmp_path) == tmp_path / "inductor" / isa
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor" / isa)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own choice stays
     assert use_compile_cache(tmp_path) == tmp_path / "mine"
 
