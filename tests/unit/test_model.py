@@ -235,8 +235,10 @@ def test_int8_conv_is_the_window_quantized_conv():
     residual = layers.time_major(torch.randn(1, C, T, generator=g))
     for kernels_compiled in (False, True):
         layers.use_compiled_kernels(kernels_compiled)
-        out = layers.int8_conv(x, scale, shift, alpha, 1 / alpha, layers.Span(), conv)
+        out, (mean, var) = layers.int8_conv(x, scale, shift, alpha, 1 / alpha, layers.Span(), conv)
         assert out.shape == (1, C, T) and out.stride(1) == 1  # time-major, like the float path
+        v, m = torch.var_mean(out, dim=-1, keepdim=True, correction=0)
+        assert torch.allclose(mean, m, atol=1e-5) and torch.allclose(var, v, rtol=1e-4)
         # the same arithmetic in float: dequantized windows, dequantized weights, valid convolutions
         q, step, zero = layers._styled_snake_int8(*(a.transpose(1, 2) for a in (x, scale, shift, alpha, 1 / alpha)),
                                                   None, window, conv.padding[0])
@@ -247,7 +249,7 @@ def test_int8_conv_is_the_window_quantized_conv():
         reference = reference.transpose(0, 1).reshape(C, -1)[:, :T]
         assert torch.allclose(out[0], reference, rtol=1e-4, atol=1e-4 * float(reference.abs().max()))
         assert float((out - exact).norm() / exact.norm()) < 0.02
-        with_residual = layers.int8_conv(x, scale, shift, alpha, 1 / alpha, layers.Span(), conv, residual=residual)
+        with_residual, _ = layers.int8_conv(x, scale, shift, alpha, 1 / alpha, layers.Span(), conv, residual=residual)
         assert torch.allclose(with_residual, out + residual, atol=1e-5)
 
 

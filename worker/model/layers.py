@@ -284,9 +284,14 @@ class AdaIN1d(nn.Module):
         self.eps = eps
         self.fc = nn.Linear(style_dim, channels * 2)
 
-    def scale_shift(self, x: torch.Tensor, style: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [B, C, T] -> scale, shift: [B, C, 1] in x's dtype."""
-        mean, rstd = instance_stats(x, span, self.eps)  # [B, C, 1] float32
+    def scale_shift(self, x: torch.Tensor, style: torch.Tensor, span: Span,
+                    moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [B, C, T] -> scale, shift: [B, C, 1] in x's dtype. moments: x's mean and variance over
+        time ([B, C, 1] float32 each) when the kernel that wrote x computed them (`int8_conv`)."""
+        if moments is None:
+            mean, rstd = instance_stats(x, span, self.eps)  # [B, C, 1] float32
+        else:
+            mean, rstd = moments[0], torch.rsqrt(moments[1] + self.eps)
         gamma, beta = self.fc(style).float().unsqueeze(-1).chunk(2, dim=1)  # [B, C, 1]
         scale = (1 + gamma) * rstd
         return scale.to(x.dtype), (beta - scale * mean).to(x.dtype)
@@ -309,9 +314,7 @@ class AdaIN1d(nn.Module):
 def _stats(x: torch.Tensor, eps: float, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and 1/std over the time axis `dim`, float32: [B, C, T] -> [B, C, 1] twice (dim -1), or
     [B, T, C] -> [B, 1, C] (dim 1)."""
-    xf = x.float()
-    mean = xf.mean(dim=dim, keepdim=True)
-    var = (xf - mean).square().mean(dim=dim, keepdim=True)
+    var, mean = torch.var_mean(x.float(), dim=dim, keepdim=True, correction=0)  # one pass (Welford) when compiled
     return mean, torch.rsqrt(var + eps)
 
 
@@ -357,17 +360,20 @@ def _styled_snake_int8(x, scale, shift, alpha, inv_alpha, mask, window: int, hal
     return q.to(torch.uint8).contiguous(), step, zero
 
 
-def _int8_output(acc, step, zero, row_sums, bias, residual):
-    """A window-quantized convolution's float output from its integer sums (`int8_accumulate`):
+def _int8_output(acc, step, zero, row_sums, bias, residual, steps: int):
+    """A window-quantized convolution's float output from its integer sums (`int8_accumulate`),
+    with its mean and variance over time (what the next AdaIN needs, in the same pass):
     acc [B, N W, C] (N windows of W steps), step / zero [B, N], row_sums / bias [C], residual
-    [B, T, C] (T <= N W) or None -> [B, T, C] float32 (plus the residual)."""
-    B, steps, C = acc.shape
+    [B, T, C] or None, steps: T (<= N W) -> [B, T, C] float32 (plus the residual), mean and
+    variance [B, 1, C]."""
+    B, padded, C = acc.shape
     N = step.shape[1]
-    y = acc.view(B, N, steps // N, C) - zero[:, :, None, None] * row_sums
-    y = (y * step[:, :, None, None] + bias).view(B, steps, C)
-    if residual is None:
-        return y
-    return y[:, :residual.shape[1]] + residual
+    y = acc.view(B, N, padded // N, C) - zero[:, :, None, None] * row_sums
+    y = (y * step[:, :, None, None] + bias).view(B, padded, C)[:, :steps]
+    if residual is not None:
+        y = y + residual
+    var, mean = torch.var_mean(y, dim=1, keepdim=True, correction=0)
+    return y, mean, var
 
 
 def _styled_snake_f32(x, scale, shift, alpha, inv_alpha, dtype: torch.dtype):
@@ -461,9 +467,11 @@ def styled_snake(x, scale, shift, alpha, inv_alpha, dtype: torch.dtype) -> torch
 
 
 def int8_conv(x, scale, shift, alpha, inv_alpha, span: Span, conv: "WNConv1d",
-              residual: torch.Tensor | None = None) -> torch.Tensor:
+              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple | None]:
     """conv(Snake(AdaIN(x))) (+ residual) with an int8 convolution (`WNConv1d.use_int8`): x,
-    residual [B, C, T] time-major -> [B, C_out, T] float32, time-major.
+    residual [B, C, T] time-major -> ([B, C_out, T] float32 time-major, its mean and variance
+    over time [B, C_out, 1] for the next AdaIN, or None on a padded run, whose statistics cover
+    each item's valid steps only).
 
     The Snake output is quantized per window of the conv's `int8_window` output steps with the
     halo of inputs they read (zeros beyond the ends and on padding), each window with its own
@@ -475,9 +483,9 @@ def int8_conv(x, scale, shift, alpha, inv_alpha, span: Span, conv: "WNConv1d",
     acc = conv.int8_accumulate(q)
     _, _, _, row_sums = conv._int8
     bias = conv.bias if conv.bias is not None else torch.zeros_like(row_sums)
-    if residual is None:
-        return t(kernels.int8_output(acc, step, zero, row_sums, bias, None)[:, :x.shape[-1]])
-    return t(kernels.int8_output(acc, step, zero, row_sums, bias, t(residual)))
+    y, mean, var = kernels.int8_output(acc, step, zero, row_sums, bias, None if residual is None else t(residual),
+                                       x.shape[-1])
+    return t(y), (None if span.mask is not None else (t(mean), t(var)))
 
 
 # --- residual blocks ---------------------------------------------------------------------------
@@ -564,11 +572,12 @@ class AdaINResBlock1(nn.Module):
             inv1, inv2 = [1.0 / a for a in self.alpha1], [1.0 / a for a in self.alpha2]
         else:
             inv1, inv2 = self._inverse_alpha
+        moments = None  # x's mean and variance over time, when the int8 path computed them with x
         for c1, c2, n1, n2, a1, a2, i1, i2 in zip(self.convs1, self.convs2, self.adain1, self.adain2,
                                                   self.alpha1, self.alpha2, inv1, inv2):
-            if c1._int8 is not None:  # int8 mode (CPU): each conv reads its input quantized per item
-                h = int8_conv(x, *n1.scale_shift(x, style, span), a1, i1, span, c1)
-                x = int8_conv(h, *n2.scale_shift(h, style, span), a2, i2, span, c2, residual=x)
+            if c1._int8 is not None:  # int8 mode (CPU): each conv reads its input quantized per window
+                h, h_moments = int8_conv(x, *n1.scale_shift(x, style, span, moments), a1, i1, span, c1)
+                x, moments = int8_conv(h, *n2.scale_shift(h, style, span, h_moments), a2, i2, span, c2, residual=x)
                 continue
             h = styled_snake(x, *n1.scale_shift(x, style, span), a1, i1, dtype)
             h = c1(zero_padding(h, span))
