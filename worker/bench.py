@@ -55,7 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="30,100,250,500", help="phonemes per chunk, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per size and contender")
     parser.add_argument("--modes", default="auto,fp32",
-                        help="our engine's dtypes to time (auto, fp32, bf16, fp16; auto shows what it picked)")
+                        help="our engine's dtypes to time (auto, fp32, bf16, fp16, int8; auto shows what it picked)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for everyone (0: torch's default)")
     parser.add_argument("--no-reference", action="store_true", help="skip the reference KModel")
