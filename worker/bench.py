@@ -14,6 +14,11 @@ size B, B chunks of about `--batch-phonemes` phonemes each (different text, leng
 the fleet groups jobs by size), run as one batch and one by one, interleaved in the same run;
 it prints audio-s/s, the latency of the batch and the batch's speed-up over one by one.
 
+`--isa avx2` emulates a CPU without AVX-512 for our engine: the bench re-runs itself with the
+variables of `worker.cpu_features.ISA_CAPS` set (oneDNN, ATen, torch.compile's kernels and MKL stop
+at AVX2; `auto` sees no AVX-512 flags). onnxruntime has no such switch and keeps AVX-512, so the
+comparison is conservative: on a real AVX2-only CPU onnxruntime loses its wider vectors too.
+
 `--weights random-full` builds the full-size model with random weights whose durations and F0
 behave like speech (worker.model.random_init): for a GPU box where the real weights cannot travel.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import types
@@ -49,12 +55,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="30,100,250,500", help="phonemes per chunk, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per size and contender")
     parser.add_argument("--modes", default="auto,fp32",
-                        help="our engine's dtypes to time (auto, fp32, bf16, fp16; auto shows what it picked)")
+                        help="our engine's dtypes to time (auto, fp32, bf16, fp16, int8; auto shows what it picked)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for everyone (0: torch's default)")
     parser.add_argument("--no-reference", action="store_true", help="skip the reference KModel")
     parser.add_argument("--no-onnxruntime", action="store_true", help="skip onnxruntime on the int8 ONNX")
     parser.add_argument("--no-fused", action="store_true", help="CPU: eager elementwise kernels instead of compiled")
+    parser.add_argument("--isa", default="native", choices=["native", "avx2"],
+                        help="avx2: emulate a CPU without AVX-512 for our engine (re-runs with the variables set)")
     parser.add_argument("--voice", default="af_heart")
     parser.add_argument("--json", dest="json_path", default=None, help="write the figures here")
     parser.add_argument("--batch", default=None,
@@ -183,6 +191,7 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolved} "
              f"threads={torch.get_num_threads()} fused={fused} torch={torch.__version__} repeats={args.repeats}",
              f"cpu: {cpu.summary()}" + (f"  gpu: {torch.cuda.get_device_name()}" if device.type == "cuda" else ""),
+             f"isa: {isa_in_use()}",
              f"chunks of about {args.batch_phonemes} phonemes; one by one = the same chunks, synthesize() each, same run",
              f"{'batch':>5} {'audio s':>8} {'audio s/s':>10} {'batch p50 s':>12} {'1-by-1 audio s/s':>17}"
              f" {'speed-up':>9} {'audio s/cpu s':>14} {'speed-up cpu':>13}"]
@@ -205,9 +214,39 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     return 0
 
 
+def emulate_isa(isa: str) -> None:
+    """Re-run this command with the ISA caps of `isa` in the environment (they must be set before
+    oneDNN and ATen pick their kernels, i.e. at start-up); returns at once when they are set."""
+    from worker.cpu_features import ISA_CAPS
+
+    caps = ISA_CAPS.get(isa, {})
+    if all(os.environ.get(k) == v for k, v in caps.items()):
+        return  # already re-run (or the caller set them)
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    # torch.compile's cache must not mix kernels generated for two ISAs (see cpu_runtime.use_compile_cache)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    caps = {**caps, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, f"isa-{isa}")}
+    _progress(f"re-running with {' '.join(f'{k}={v}' for k, v in caps.items())}")
+    sys.stdout.flush()
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, **caps})
+
+
+def isa_in_use() -> str:
+    """What each library dispatches to here: ATen's kernels, torch.compile's C++ kernels, oneDNN's cap."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    from worker.cpu_features import isa_cap
+
+    return (f"aten={torch.backends.cpu.get_cpu_capability()} inductor={pick_vec_isa() or 'none'} "
+            f"onednn={isa_cap() or 'native'}")
+
+
 def run(args: argparse.Namespace) -> int:
     from worker.engine import Engine, resolve_device, resolve_dtype
 
+    if args.isa != "native":
+        emulate_isa(args.isa)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -297,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"kokoro-fleet bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
              f"fused={fused} torch={torch.__version__}",
              f"cpu: {cpu.summary()}",
+             f"isa: {isa_in_use()} (onnxruntime: its own choice, native)",
              f"{'phonemes':>8} {'contender':<22} {'audio s/s':>10} {'p50 s':>8} {'p95 s':>8} {'audio s':>8} {'vs ref':>7}"
              f" {'vs onnxrt':>9} {'audio s/cpu s':>14} {'vs ref':>7}"]
     for size, by_name in results.items():
@@ -321,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.json_path:
         meta = {"weights": args.weights, "device": str(device), "threads": torch.get_num_threads(),
-                "cpu": cpu.model, "cpu_flags": [f for f in cpu.flags if f in REPORTED_FLAGS],
+                "cpu": cpu.model, "cpu_flags": [f for f in cpu.flags if f in REPORTED_FLAGS], "isa": isa_in_use(),
                 "fused_kernels": fused, "torch": torch.__version__, "repeats": args.repeats}
         if device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()

@@ -8,8 +8,9 @@
   compiled kernels use) runs at the same niceness, while the event loop stays at the process's own.
   Under load the scheduler then hands a core to the event loop (and to Redis) as soon as it wakes,
   so admission and 503s stay fast while the replicas compute.
-* Compile cache: torch.compile's kernels are cached beside the weights (KOKORO_CACHE_DIR/inductor)
-  rather than in /tmp, so they survive reboots and container restarts that keep the cache volume.
+* Compile cache: torch.compile's kernels are cached beside the weights (KOKORO_CACHE_DIR/inductor,
+  one directory per vector ISA) rather than in /tmp, so they survive reboots and container
+  restarts that keep the cache volume.
 """
 
 from __future__ import annotations
@@ -68,15 +69,29 @@ def inference_executor(niceness: int) -> concurrent.futures.ThreadPoolExecutor:
                                                  initializer=raise_thread_niceness, initargs=(niceness,))
 
 
+def vector_isa() -> str:
+    """The vector ISA torch.compile's C++ kernels are generated for here (avx512-avx512_vnni,
+    avx2, ...; it follows ATEN_CPU_CAPABILITY), as a directory name."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    return "-".join(str(isa).lower().split()) if isa else "scalar"
+
+
 def use_compile_cache(cache_dir: str | Path) -> Path:
-    """Keep torch.compile's kernels under `cache_dir`/inductor, unless the user chose a place with
-    TORCHINDUCTOR_CACHE_DIR (torch itself fills that variable with its /tmp default on first use,
-    which does not count as a choice)."""
+    """Keep torch.compile's kernels under `cache_dir`/inductor/<vector ISA>, unless the user chose a
+    place with TORCHINDUCTOR_CACHE_DIR (torch itself fills that variable with its /tmp default on
+    first use, which does not count as a choice).
+
+    One directory per ISA: torch 2.13's cache does not key its entries by the ISA they were
+    generated for, and a kernel generated for AVX2 loaded by a process that generates AVX-512
+    code (a cache volume moved to another CPU, or ATEN_CPU_CAPABILITY=avx2 set for one run)
+    writes past its buffers: heap corruption, "corrupted size vs. prev_size" aborts."""
     from torch._inductor.runtime.runtime_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir) / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir) / "inductor" / vector_isa())
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 

@@ -7,8 +7,14 @@ the only device-to-host sync before the audio itself comes back.
 
 On CPU the same model code runs eagerly on exact shapes (padding would only add work there), the
 generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
-elementwise steps as torch.compile'd kernels; `auto` picks bf16 where the CPU runs it natively
-(AVX512-BF16 or AMX: worker/cpu_features.py), else fp32.
+elementwise steps as torch.compile'd kernels. `auto` picks bf16 where the CPU runs it natively
+(AVX512-BF16 or AMX: worker/cpu_features.py); else int8 where the CPU has AVX2: the generator's
+residual blocks (resblocks and noise_res, about three quarters of a synthesis in float32) convolve
+u8 activations with s8 weights through oneDNN, each convolution's input quantized per window of
+600 steps with its own scale (per-tensor scales, kokoro-onnx's way, miss the parity bound: quiet
+stretches lose their precision), while stage 1 (durations), F0 and the rest of the decoder stay
+float32 (KokoroModel.use_int8); else fp32. Both pass the parity bound against fp32 on the real
+weights (tests/unit/test_model.py).
 `synthesize_batch` runs several chunks in one forward pass, each padded to the longest and masked
 to its own lengths (worker/model/kokoro.py), eagerly on every device (no CUDA graphs per batch
 size yet); each item draws its single run's noise, so its result does not depend on its mates.
@@ -38,7 +44,9 @@ log = logging.getLogger("kokoro_fleet.engine")
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512)
 HARMONICS = 9  # the sine source's 1 + 8 harmonics (noise is drawn per harmonic)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Each mode's decoder dtype. int8 (CPU only) serves the float32 parameters and quantizes the
+# generator's convolutions at start-up (KokoroModel.use_int8).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 
 
 def frame_buckets(first: int = 32, last: int = 6144, ratio: float = 1.25) -> tuple[int, ...]:
@@ -63,15 +71,26 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """`auto`: bf16 where it is the faster mode and passes the parity bound (tests/unit/test_model.py
-    checks the bound on CPU; worker/gpu_check.py on CUDA), else fp32."""
+    """`auto`: the fastest mode that passes the parity bound (tests/unit/test_model.py checks the
+    bound on CPU; worker/gpu_check.py on CUDA): bf16 on CUDA, on the CPU `cpu_auto_dtype`."""
     if dtype != "auto":
         if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r}: expected auto, fp32, bf16 or fp16")
+            raise ValueError(f"dtype {dtype!r}: expected auto, fp32, bf16, fp16 or int8")
+        if dtype == "int8" and device.type != "cpu":
+            raise ValueError("dtype 'int8' runs on the CPU only (oneDNN int8 convolutions)")
         return dtype
     if device.type == "cuda":
         return "bf16"
-    return "bf16" if cpu_has_bf16() else "fp32"  # never a precision the CPU would emulate
+    return cpu_auto_dtype(cpu_features.cpu_info())
+
+
+def cpu_auto_dtype(info: cpu_features.CpuInfo) -> str:
+    """The fastest CPU mode that passes the parity bound here, never one the CPU would emulate:
+    bf16 with AVX512-BF16 or AMX; else int8 (oneDNN's u8 x s8 convolutions, AVX2 and up: see
+    KokoroModel.use_int8); else fp32."""
+    if info.native("bf16"):
+        return "bf16"
+    return "int8" if info.has("avx2") else "fp32"
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,8 @@ class Engine:
         decoder_dtype = DTYPES[self.dtype]
         served = serving_state_dict(weights, decoder_dtype) if self.device.type == "cpu" else fold(weights, decoder_dtype)
         self.model = KokoroModel.for_serving(weights.config, served, decoder_dtype, self.device)
+        if self.dtype == "int8":
+            self.model.use_int8(cpu_features.int8_weight_levels())
         self.generator = torch.Generator(device=self.device)
         self._noise = torch.empty(0, device=self.device)
         self._speed = torch.ones(1, device=self.device)

@@ -55,10 +55,11 @@ class Settings:
         "Where the converted offline bundle and downloaded files are cached.")
     device: str = setting("KOKORO_DEVICE", "auto", "`auto` (CUDA when present), `cuda`, `cuda:N` or `cpu`.",
                           choices=("auto", "cuda", "cpu"), also=("cuda:N", _is_cuda_index))
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = setting(
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "int8"] = setting(
         "KOKORO_DTYPE", "auto",
-        "Inference precision: `auto` (the fastest mode that passes the parity bound on this device), "
-        "`fp32`, `bf16` or `fp16`.")
+        "Inference precision: `auto` (the fastest mode that passes the parity bound on this device: bf16 on "
+        "CUDA and on CPUs with AVX512-BF16 or AMX, int8 on other CPUs with AVX2, else fp32), `fp32`, `bf16`, "
+        "`fp16` or `int8` (CPU only: the generator's convolutions in int8, the rest float32).")
     cuda_graphs: bool = setting("KOKORO_CUDA_GRAPHS", True, "Capture CUDA graphs per shape bucket at start-up (CUDA only).")
     seed: int = setting("KOKORO_SEED", 0, "Seed of the model's noise sources, so the same input gives the same audio.")
     threads: int = setting(

@@ -118,3 +118,14 @@ def test_batch_of_one_is_the_single_run_and_bad_items_are_refused(tiny_weights, 
         engine.synthesize_batch([BatchItem(ids, voice[19]), BatchItem([16] * 511, voice[0])])
     with pytest.raises(ValueError, match="speed"):
         engine.synthesize_batch([BatchItem(ids, voice[19]), BatchItem(ids, voice[19], 0.0)])
+
+
+def test_tiny_int8_batches_equal_single_runs(tiny_weights):
+    """The int8 mode quantizes each item's convolution inputs per window from its own start, with
+    its padding masked to zeros (the zeros its single run pads with), so its batched result is its
+    single run's (to float rounding) and does not depend on its mates."""
+    engine = Engine(tiny_weights, "cpu", "int8", noise=True, fused_kernels=False)
+    voice = next(iter(tiny_weights.voices.values()))
+    items = [BatchItem(ids_of(n, seed), voice[n - 1], speed)
+             for seed, (n, speed) in enumerate([(33, 1.0), (5, 0.8), (60, 1.3)])]
+    assert_each_equals_its_single_run(engine, items)

@@ -22,6 +22,14 @@ AVX2_EPYC = """processor	: 0
 model name	: AMD EPYC 7B12
 flags		: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2
 """
+ICE_LAKE = """processor	: 0
+model name	: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz
+flags		: fpu sse2 avx avx2 fma avx512f avx512_vnni
+"""
+OLD_XEON = """processor	: 0
+model name	: Intel(R) Xeon(R) CPU E5-2680 0 @ 2.70GHz
+flags		: fpu sse2 sse4_1 sse4_2 avx
+"""
 SAPPHIRE_RAPIDS = """processor	: 0
 model name	: Intel(R) Xeon(R) Platinum 8480+
 flags		: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_int8 amx_tile
@@ -48,12 +56,47 @@ def test_cpuinfo_is_parsed_into_model_and_flags():
     assert "amx_bf16" in amx.summary()
 
 
-def test_auto_never_picks_a_precision_the_cpu_emulates(fake_cpu):
+def test_auto_picks_the_fastest_mode_the_cpu_runs_natively(fake_cpu):
+    """bf16 with AVX512-BF16 or AMX; int8 (oneDNN u8 x s8 convolutions) with AVX2 but no native
+    bf16; fp32 without AVX2. Never a precision the CPU would emulate."""
     cpu = torch.device("cpu")
     fake_cpu(AVX2_EPYC)
-    assert resolve_dtype("auto", cpu) == "fp32"
+    assert resolve_dtype("auto", cpu) == "int8"
     fake_cpu(SAPPHIRE_RAPIDS)
     assert resolve_dtype("auto", cpu) == "bf16"
+    fake_cpu(ICE_LAKE)
+    assert resolve_dtype("auto", cpu) == "int8"
+    fake_cpu(OLD_XEON)
+    assert resolve_dtype("auto", cpu) == "fp32"
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_dtype("int8", torch.device("cuda"))
+
+
+def test_int8_weights_are_7_bit_without_vnni():
+    """AVX2's vpmaddubsw adds u8 x s8 pairs in saturating 16 bits: 255 * 127 * 2 overflows, 255 * 63 * 2 not."""
+    assert cpu_features.int8_weight_levels(parse_cpuinfo(AVX2_EPYC)) == 63
+    assert cpu_features.int8_weight_levels(parse_cpuinfo(ICE_LAKE)) == 127
+    assert cpu_features.int8_weight_levels(parse_cpuinfo(SAPPHIRE_RAPIDS)) == 127
+
+
+def test_an_isa_cap_hides_the_flags_above_it(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 (what `kokoro-fleet bench --isa avx2` sets) makes cpu_info() report
+    the CPU as oneDNN may use it: `auto` then picks what it picks on an AVX2-only CPU."""
+    flags = parse_cpuinfo(SAPPHIRE_RAPIDS).flags
+    assert cpu_features.capped_flags(flags, "AVX2") == {"fpu", "sse2", "avx", "avx2", "fma"}
+    assert "avx512_vnni" in cpu_features.capped_flags(flags, "AVX512_CORE_VNNI")
+    assert "avx512_bf16" not in cpu_features.capped_flags(flags, "AVX512_CORE_VNNI")
+    assert cpu_features.capped_flags(flags, None) == flags
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    cpu_features.cpu_info.cache_clear()
+    try:
+        info = cpu_features.cpu_info()
+        assert info.cap == "AVX2" and not any(f.startswith(("avx512", "amx")) for f in info.flags)
+        assert "capped at AVX2" in info.summary()
+        assert resolve_dtype("auto", torch.device("cpu")) == ("int8" if info.has("avx2") else "fp32")
+    finally:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        cpu_features.cpu_info.cache_clear()
 
 
 def test_forced_bf16_without_native_bf16_warns_at_start(fake_cpu, tiny_weights, caplog):
@@ -103,11 +146,14 @@ def test_inference_and_its_openmp_pool_run_at_raised_niceness(tiny_weights):
 def test_compiled_kernels_are_cached_beside_the_weights(tmp_path, monkeypatch):
     from torch._inductor.runtime.runtime_utils import default_cache_dir
 
-    from worker.cpu_runtime import use_compile_cache
+    from worker.cpu_runtime import use_compile_cache, vector_isa
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch sets on first use
-    assert use_compile_cache(tmp_path) == tmp_path / "inductor"
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    # one directory per vector ISA: torch's cache would hand AVX2 kernels to an AVX-512 process
+    isa = vector_isa()
+    assert isa.startswith(("avx512", "avx2", "asimd", "sve", "vsx", "zvector", "scalar")) and " " not in isa, isa
+    assert use_compile_cache(tmp_path) == tmp_path / "inductor" / isa
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor" / isa)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own choice stays
     assert use_compile_cache(tmp_path) == tmp_path / "mine"
 

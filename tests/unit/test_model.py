@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from worker.engine import Engine
 from worker.model import COMPONENTS, KokoroModel
@@ -104,10 +105,12 @@ def test_bf16_keeps_the_parity_bound(random_full, quiet_fp32):
     a, b = fp32.synthesize(ids, style), bf16.synthesize(ids, style)
     assert (np.abs(a.durations - b.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(a.audio, b.audio) <= 1.0
-    # so `auto` may pick it where the CPU runs bf16 convolutions natively
+    # so `auto` may pick it where the CPU runs bf16 convolutions natively (int8 or fp32 elsewhere)
+    from worker.cpu_features import cpu_info
     from worker.engine import cpu_has_bf16, resolve_dtype
 
-    assert resolve_dtype("auto", torch.device("cpu")) == ("bf16" if cpu_has_bf16() else "fp32")
+    other = "int8" if cpu_info().has("avx2") else "fp32"
+    assert resolve_dtype("auto", torch.device("cpu")) == ("bf16" if cpu_has_bf16() else other)
 
 
 def test_engine_rejects_what_it_cannot_synthesize(quiet_fp32):
@@ -186,6 +189,68 @@ def test_real_weights_padded_and_bf16(real_weights, real_sample, real_fp32):
     out = graph_like.synthesize(ids, style)
     assert (np.abs(plain.durations - out.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(plain.audio, out.audio) <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [100, 250])
+def test_real_weights_int8_keeps_the_parity_bound(real_weights, real_fp32, size):
+    """The int8 mode (`auto` on CPUs with AVX2 but no native bf16) against float32 on the bench's
+    chunks: durations within a frame for 99% of tokens, log-spectrogram within 1 dB; its noise
+    is seeded like every mode's."""
+    from worker.bench import chunk_ids
+
+    ids = chunk_ids(real_weights.config["vocab"], size)
+    style = real_weights.voices["af_heart"][len(ids) - 1]
+    plain = real_fp32.synthesize(ids, style)
+    int8 = Engine(real_weights, "cpu", "int8", noise=False)
+    out = int8.synthesize(ids, style)
+    within = (np.abs(plain.durations - out.durations) <= 1).mean()
+    lsd = log_spectral_distance_db(plain.audio, out.audio)
+    print(f"int8 vs fp32, {size} phonemes: durations within a frame {within:.3f}, log-spectral distance {lsd:.2f} dB")
+    assert len(out.durations) == len(ids) + 2 and within >= 0.99
+    assert len(out.audio) == int(out.durations.sum()) * 600
+    assert lsd <= 1.0
+    int8.noise, int8.seed = True, 7
+    first, again = int8.synthesize(ids, style), int8.synthesize(ids, style)
+    assert np.array_equal(first.audio, again.audio), "seeded noise must give the same audio"
+
+
+def test_int8_conv_is_the_window_quantized_conv():
+    """int8_conv = conv(Snake(AdaIN(x))) with the Snake output quantized per window (with the halo
+    the window's outputs read, zeros beyond the ends), exactly up to float rounding; and close to
+    the float32 conv."""
+    from worker.model import layers
+
+    g = torch.Generator().manual_seed(0)
+    C, T, k, d, window = 24, 1000, 7, 3, 128
+    conv = layers.WNConv1d(C, C, k, 1, dilation=d, padding=(k - 1) * d // 2)
+    conv.fold()
+    conv.requires_grad_(False)
+    x = layers.time_major(torch.randn(1, C, T, generator=g) * torch.linspace(0.01, 3, T))  # loud and quiet
+    scale, shift = torch.rand(1, C, 1, generator=g) + 0.5, torch.randn(1, C, 1, generator=g) * 0.1
+    alpha = torch.rand(1, C, 1, generator=g) + 0.2
+    y = layers._styled_snake(x, scale, shift, alpha, 1 / alpha, torch.float32)
+    exact = F.conv1d(y, conv.weight, conv.bias, 1, conv.padding, d)
+    conv.use_int8(63, window)
+    residual = layers.time_major(torch.randn(1, C, T, generator=g))
+    for kernels_compiled in (False, True):
+        layers.use_compiled_kernels(kernels_compiled)
+        out, (mean, var) = layers.int8_conv(x, scale, shift, alpha, 1 / alpha, layers.Span(), conv)
+        assert out.shape == (1, C, T) and out.stride(1) == 1  # time-major, like the float path
+        v, m = torch.var_mean(out, dim=-1, keepdim=True, correction=0)
+        assert torch.allclose(mean, m, atol=1e-5) and torch.allclose(var, v, rtol=1e-4)
+        # the same arithmetic in float: dequantized windows, dequantized weights, valid convolutions
+        q, step, zero = layers._styled_snake_int8(*(a.transpose(1, 2) for a in (x, scale, shift, alpha, 1 / alpha)),
+                                                  None, window, conv.padding[0])
+        _, w_scales, _, _ = conv._int8
+        weight = torch.round(conv.weight / w_scales[:, None, None]).clamp(-63, 63) * w_scales[:, None, None]
+        windows = (q[0].float() - zero[0, :, None, None]) * step[0, :, None, None]  # [N, W + 2 halo, C]
+        reference = F.conv1d(windows.transpose(1, 2), weight, conv.bias, 1, 0, d)  # [N, C, W]
+        reference = reference.transpose(0, 1).reshape(C, -1)[:, :T]
+        assert torch.allclose(out[0], reference, rtol=1e-4, atol=1e-4 * float(reference.abs().max()))
+        assert float((out - exact).norm() / exact.norm()) < 0.02
+        with_residual, _ = layers.int8_conv(x, scale, shift, alpha, 1 / alpha, layers.Span(), conv, residual=residual)
+        assert torch.allclose(with_residual, out + residual, atol=1e-5)
 
 
 def test_fused_kernels_match_eager_ones():

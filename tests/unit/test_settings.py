@@ -47,7 +47,7 @@ def test_a_mistyped_dtype_stops_serve_at_once_with_one_line():
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert "KOKORO_DTYPE" in lines[0] and "auto, fp32, bf16, fp16" in lines[0] and "Traceback" not in proc.stderr
+    assert "KOKORO_DTYPE" in lines[0] and "auto, fp32, bf16, fp16, int8" in lines[0] and "Traceback" not in proc.stderr
     print(f"serve with KOKORO_DTYPE=bf17 exited {proc.returncode} after {elapsed:.2f} s: {lines[0]}")
 
 

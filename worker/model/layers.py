@@ -118,6 +118,8 @@ class WNConv1d(_WeightNorm, nn.Conv1d):
         super().__init__(*args, **kwargs)
         self._init_weight_norm()
         self._weight_2d: torch.Tensor | None = None
+        self._int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.int8_window = 0
 
     @torch.no_grad()
     def use_channels_last(self) -> None:
@@ -129,6 +131,47 @@ class WNConv1d(_WeightNorm, nn.Conv1d):
         parameters, so the state dict keeps the official layout.
         """
         self._weight_2d = self.current_weight().unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+    @torch.no_grad()
+    def use_int8(self, levels: int, window: int) -> None:
+        """Convolve int8 activations with int8 weights through oneDNN (CPU; after folding and moving).
+
+        The weight is quantized per output channel, symmetric, to +-`levels`: 127, or 63 on a CPU
+        without VNNI, whose int8 kernels (vpmaddubsw) add pairs of u8 x s8 products in 16 bits and
+        would saturate beyond 7-bit weights. The input comes quantized per window of `window`
+        output steps, each with its own scale and zero point (`styled_snake_int8`): see
+        `int8_accumulate`. Kept apart from the parameters (the state dict keeps the official layout);
+        the float copy for channels-last convs is dropped.
+        """
+        if self.stride[0] != 1 or self.padding[0] * 2 != self.dilation[0] * (self.kernel_size[0] - 1):
+            raise ValueError("int8 convolutions here are stride-1 and 'same'-padded")
+        weight = self.current_weight().float()
+        scales = (weight.abs().amax(dim=(1, 2)) / levels).clamp(min=torch.finfo(torch.float32).tiny)
+        q = torch.round(weight / scales[:, None, None]).clamp(-levels, levels)
+        row_sums = scales * q.sum(dim=(1, 2))  # what a zero point of 1 adds to each output channel
+        q = q.to(torch.int8).unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        packed = torch.ops.onednn.qconv_prepack(q, scales, 1.0, 0, [1, 1], [0, 0], [1, self.dilation[0]],
+                                                self.groups, None)
+        self._int8 = (packed, scales, torch.zeros(len(scales), dtype=torch.long), row_sums)
+        self.int8_window = window
+        self._weight_2d = None
+
+    def int8_accumulate(self, q: torch.Tensor) -> torch.Tensor:
+        """q: [B, N, W + 2 halo, C] uint8, N windows of the input with their halos (from
+        `styled_snake_int8`) -> [B, N * W, C_out] float32: each window's integer sums times the
+        weight scales, as if every window had scale 1 and zero point 0; `int8_output` applies
+        the windows' own.
+
+        One oneDNN call for all windows (the batch dimension): a window's scale and zero point
+        are applied after the sums (y = scale * (sum - zero * row_sum) + bias), which is exact,
+        and the windows' outputs lie in time order in memory, so nothing needs concatenating."""
+        packed, w_scales, w_zero_points, _ = self._int8
+        B, N, width, C = q.shape
+        windows = q.view(B * N, width, C).transpose(1, 2).unsqueeze(2)  # [B N, C, 1, W + 2 halo] channels-last
+        acc = torch.ops.onednn.qconv_pointwise(windows, 1.0, 0, packed, w_scales, w_zero_points, None, [1, 1],
+                                               [0, 0], [1, self.dilation[0]], self.groups, 1.0, 0, torch.float32,
+                                               "none", [], "")  # [B N, C_out, 1, W] channels-last
+        return acc.squeeze(2).transpose(1, 2).view(B, -1, acc.shape[1])  # the same memory, [B, N W, C_out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._weight_2d is not None and x.shape[1] > 1 and x.stride(1) == 1:
@@ -241,9 +284,14 @@ class AdaIN1d(nn.Module):
         self.eps = eps
         self.fc = nn.Linear(style_dim, channels * 2)
 
-    def scale_shift(self, x: torch.Tensor, style: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [B, C, T] -> scale, shift: [B, C, 1] in x's dtype."""
-        mean, rstd = instance_stats(x, span, self.eps)  # [B, C, 1] float32
+    def scale_shift(self, x: torch.Tensor, style: torch.Tensor, span: Span,
+                    moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [B, C, T] -> scale, shift: [B, C, 1] in x's dtype. moments: x's mean and variance over
+        time ([B, C, 1] float32 each) when the kernel that wrote x computed them (`int8_conv`)."""
+        if moments is None:
+            mean, rstd = instance_stats(x, span, self.eps)  # [B, C, 1] float32
+        else:
+            mean, rstd = moments[0], torch.rsqrt(moments[1] + self.eps)
         gamma, beta = self.fc(style).float().unsqueeze(-1).chunk(2, dim=1)  # [B, C, 1]
         scale = (1 + gamma) * rstd
         return scale.to(x.dtype), (beta - scale * mean).to(x.dtype)
@@ -266,9 +314,7 @@ class AdaIN1d(nn.Module):
 def _stats(x: torch.Tensor, eps: float, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and 1/std over the time axis `dim`, float32: [B, C, T] -> [B, C, 1] twice (dim -1), or
     [B, T, C] -> [B, 1, C] (dim 1)."""
-    xf = x.float()
-    mean = xf.mean(dim=dim, keepdim=True)
-    var = (xf - mean).square().mean(dim=dim, keepdim=True)
+    var, mean = torch.var_mean(x.float(), dim=dim, keepdim=True, correction=0)  # one pass (Welford) when compiled
     return mean, torch.rsqrt(var + eps)
 
 
@@ -282,6 +328,52 @@ def _styled_snake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
     """Snake1D of the AdaIN output, y + sin(alpha * y)^2 / alpha with y = x * scale + shift, in dtype."""
     y = torch.addcmul(shift, x, scale)
     return torch.addcmul(y, torch.sin(y * alpha).square_(), inv_alpha).to(dtype)
+
+
+def _styled_snake_int8(x, scale, shift, alpha, inv_alpha, mask, window: int, halo: int):
+    """The Snake of the AdaIN output (as `_styled_snake`, float32), zeroed where mask is 0, cut
+    into windows of `window` steps with `halo` steps either side (halo <= window; zeros beyond
+    the ends: the convolution's own padding) and quantized per window for an int8 convolution.
+
+    x, scale, shift, alpha, inv_alpha, mask (or None): [B, T, C]-shaped (broadcast) ->
+    (uint8 [B, N, window + 2 halo, C], scale [B, N], zero point [B, N] (float32, integer-valued)).
+    A window's range is that of its own steps and its two neighbours' (which hold its halo), so
+    quiet stretches (pauses, soft sounds) are not quantized as coarsely as the loudest one; the
+    range always holds 0, so 0 is exact.
+    """
+    y = x.float() * scale.float() + shift.float()
+    y = y + torch.sin(y * alpha.float()).square() * inv_alpha.float()
+    if mask is not None:
+        y = y * mask
+    B, steps, C = y.shape
+    n = (steps + window - 1) // window
+    y = F.pad(y, (0, 0, halo, n * window - steps + halo))  # [B, halo + N window + halo, C]
+    core = y[:, halo:halo + n * window].reshape(B, n, window * C)
+    lo = F.pad(core.amin(dim=2).clamp(max=0.0), (1, 1))  # [B, N + 2]: a zero either side
+    hi = F.pad(core.amax(dim=2).clamp(min=0.0), (1, 1))
+    lo = torch.minimum(torch.minimum(lo[:, :-2], lo[:, 1:-1]), lo[:, 2:])  # [B, N]
+    hi = torch.maximum(torch.maximum(hi[:, :-2], hi[:, 1:-1]), hi[:, 2:])
+    step = ((hi - lo) / 255.0).clamp(min=1e-12)
+    zero = torch.round(-lo / step)
+    windows = y.unfold(1, window + 2 * halo, window).transpose(2, 3)  # [B, N, window + 2 halo, C]
+    q = (torch.round(windows / step[..., None, None]) + zero[..., None, None]).clamp(0.0, 255.0)
+    return q.to(torch.uint8).contiguous(), step, zero
+
+
+def _int8_output(acc, step, zero, row_sums, bias, residual, steps: int):
+    """A window-quantized convolution's float output from its integer sums (`int8_accumulate`),
+    with its mean and variance over time (what the next AdaIN needs, in the same pass):
+    acc [B, N W, C] (N windows of W steps), step / zero [B, N], row_sums / bias [C], residual
+    [B, T, C] or None, steps: T (<= N W) -> [B, T, C] float32 (plus the residual), mean and
+    variance [B, 1, C]."""
+    B, padded, C = acc.shape
+    N = step.shape[1]
+    y = acc.view(B, N, padded // N, C) - zero[:, :, None, None] * row_sums
+    y = (y * step[:, :, None, None] + bias).view(B, padded, C)[:, :steps]
+    if residual is not None:
+        y = y + residual
+    var, mean = torch.var_mean(y, dim=1, keepdim=True, correction=0)
+    return y, mean, var
 
 
 def _styled_snake_f32(x, scale, shift, alpha, inv_alpha, dtype: torch.dtype):
@@ -302,14 +394,17 @@ class _Kernels:
     def use_eager(self) -> None:
         self.compiled = False
         self.stats, self.snake, self.leaky_relu = _stats, _styled_snake, _styled_leaky_relu
+        self.snake_int8, self.int8_output = _styled_snake_int8, _int8_output
 
     def use_compiled(self) -> None:
         if self.compiled or self.broken:
             return
         if self._fused is None:  # built once; switching back and forth costs nothing
             self._fused = (self._compiled(_stats, "stats"), self._compiled(_styled_snake_f32, "snake"),
-                           self._compiled(_styled_leaky_relu_f32, "leaky_relu"))
-        self.stats, self.snake, self.leaky_relu = self._fused
+                           self._compiled(_styled_leaky_relu_f32, "leaky_relu"),
+                           self._compiled(_styled_snake_int8, "snake_int8"),
+                           self._compiled(_int8_output, "int8_output"))
+        self.stats, self.snake, self.leaky_relu, self.snake_int8, self.int8_output = self._fused
         self.compiled = True
 
     def _compiled(self, fn, name: str):
@@ -340,7 +435,9 @@ class _Kernels:
 
 _THREAD = threading.local()
 _EAGER = type("_Eager", (), {"stats": staticmethod(_stats), "snake": staticmethod(_styled_snake),
-                              "leaky_relu": staticmethod(_styled_leaky_relu)})
+                              "leaky_relu": staticmethod(_styled_leaky_relu),
+                              "snake_int8": staticmethod(_styled_snake_int8),
+                              "int8_output": staticmethod(_int8_output)})
 kernels = _Kernels()
 
 
@@ -367,6 +464,28 @@ def styled_snake(x, scale, shift, alpha, inv_alpha, dtype: torch.dtype) -> torch
         t = lambda a: a.transpose(1, 2)  # noqa: E731
         return t(kernels.snake(t(x), t(scale), t(shift), t(alpha), t(inv_alpha), dtype))
     return kernels.snake(x, scale, shift, alpha, inv_alpha, dtype)
+
+
+def int8_conv(x, scale, shift, alpha, inv_alpha, span: Span, conv: "WNConv1d",
+              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple | None]:
+    """conv(Snake(AdaIN(x))) (+ residual) with an int8 convolution (`WNConv1d.use_int8`): x,
+    residual [B, C, T] time-major -> ([B, C_out, T] float32 time-major, its mean and variance
+    over time [B, C_out, 1] for the next AdaIN, or None on a padded run, whose statistics cover
+    each item's valid steps only).
+
+    The Snake output is quantized per window of the conv's `int8_window` output steps with the
+    halo of inputs they read (zeros beyond the ends and on padding), each window with its own
+    scale and zero point, so quiet stretches keep their precision."""
+    t = lambda a: a.transpose(1, 2)  # noqa: E731  (contiguous [B, T, C] operands, as styled_snake)
+    mask = None if span.mask is None else t(span.mask).float()
+    q, step, zero = kernels.snake_int8(t(x), t(scale), t(shift), t(alpha), t(inv_alpha), mask, conv.int8_window,
+                                       conv.padding[0])
+    acc = conv.int8_accumulate(q)
+    _, _, _, row_sums = conv._int8
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(row_sums)
+    y, mean, var = kernels.int8_output(acc, step, zero, row_sums, bias, None if residual is None else t(residual),
+                                       x.shape[-1])
+    return t(y), (None if span.mask is not None else (t(mean), t(var)))
 
 
 # --- residual blocks ---------------------------------------------------------------------------
@@ -447,14 +566,19 @@ class AdaINResBlock1(nn.Module):
         """
         dtype = self.convs1[0].current_weight().dtype
         x = x.float()
-        if self.convs1[0]._weight_2d is not None:
+        if self.convs1[0]._weight_2d is not None or self.convs1[0]._int8 is not None:
             x = time_major(x)
         if self._inverse_alpha is None:
             inv1, inv2 = [1.0 / a for a in self.alpha1], [1.0 / a for a in self.alpha2]
         else:
             inv1, inv2 = self._inverse_alpha
+        moments = None  # x's mean and variance over time, when the int8 path computed them with x
         for c1, c2, n1, n2, a1, a2, i1, i2 in zip(self.convs1, self.convs2, self.adain1, self.adain2,
                                                   self.alpha1, self.alpha2, inv1, inv2):
+            if c1._int8 is not None:  # int8 mode (CPU): each conv reads its input quantized per window
+                h, h_moments = int8_conv(x, *n1.scale_shift(x, style, span, moments), a1, i1, span, c1)
+                x, moments = int8_conv(h, *n2.scale_shift(h, style, span, h_moments), a2, i2, span, c2, residual=x)
+                continue
             h = styled_snake(x, *n1.scale_shift(x, style, span), a1, i1, dtype)
             h = c1(zero_padding(h, span))
             h = styled_snake(h, *n2.scale_shift(h, style, span), a2, i2, dtype)
