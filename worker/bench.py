@@ -234,11 +234,10 @@ def emulate_isa(isa: str) -> None:
 
 def isa_in_use() -> str:
     """What each library dispatches to here: ATen's kernels, torch.compile's C++ kernels, oneDNN's cap."""
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
     from worker.cpu_features import isa_cap
+    from worker.cpu_runtime import vector_isa
 
-    return (f"aten={torch.backends.cpu.get_cpu_capability()} inductor={pick_vec_isa() or 'none'} "
+    return (f"aten={torch.backends.cpu.get_cpu_capability()} inductor={vector_isa()} "
             f"onednn={isa_cap() or 'native'}")
 
 

@@ -71,10 +71,16 @@ def inference_executor(niceness: int) -> concurrent.futures.ThreadPoolExecutor:
 
 def vector_isa() -> str:
     """The vector ISA torch.compile's C++ kernels are generated for here (avx512-avx512_vnni,
-    avx2, ...; it follows ATEN_CPU_CAPABILITY), as a directory name."""
+    avx2, ...; it follows ATEN_CPU_CAPABILITY), as a directory name. torch finds it by compiling a
+    probe, so on a machine without a C++ compiler (the CPU image has none) it cannot tell; no
+    kernel can be compiled there either, and ATen's own capability names the directory."""
+    import torch
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    isa = pick_vec_isa()
+    try:
+        isa = pick_vec_isa()
+    except Exception:  # torch._inductor.exc.InvalidCxxCompiler, or a probe that fails to build
+        return f"{torch.backends.cpu.get_cpu_capability().lower()}-no-compiler"
     return "-".join(str(isa).lower().split()) if isa else "scalar"
 
 

@@ -158,6 +158,26 @@ def test_compiled_kernels_are_cached_beside_the_weights(tmp_path, monkeypatch):
     assert use_compile_cache(tmp_path) == tmp_path / "mine"
 
 
+def test_the_kernel_cache_needs_no_compiler(tmp_path, monkeypatch):
+    """The CPU image has no C++ compiler: torch's ISA probe raises there, and the replica must still
+    start (its kernels then run eagerly), its cache directory named after ATen's capability."""
+    import torch
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.exc import InvalidCxxCompiler
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    from worker.cpu_runtime import use_compile_cache, vector_isa
+
+    def no_compiler():
+        raise InvalidCxxCompiler()
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", no_compiler)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    expected = f"{torch.backends.cpu.get_cpu_capability().lower()}-no-compiler"
+    assert vector_isa() == expected
+    assert use_compile_cache(tmp_path) == tmp_path / "inductor" / expected
+
+
 # --- the real weights: the auto mode's parity, and the bench against onnxruntime ---------------------
 
 @pytest.mark.slow
