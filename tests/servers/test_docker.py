@@ -119,8 +119,11 @@ class Container:
         while True:
             assert self.state(".State.Running") == "true", f"the container stopped:\n{self.logs()}"
             try:
-                if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
+                ready = httpx.get(f"{self.base}/ready", timeout=2)
+                if ready.status_code == 200:
                     return time.monotonic() - self.started
+                # a load that failed stays failed: say so now, not after READY_TIMEOUT_S
+                assert "failed to load" not in ready.text, f"{ready.text}\n{self.logs()}"
             except httpx.TransportError:
                 pass
             assert time.monotonic() - self.started < READY_TIMEOUT_S, f"not ready after {READY_TIMEOUT_S} s:\n{self.logs()}"
