@@ -85,7 +85,9 @@ launch_engine() {
     local driver=$1 args=(--iptables=false --bridge=none)
     [[ -n $driver ]] && args+=(--storage-driver "$driver")
     log "starting dockerd ${args[*]} (log: $cache/dockerd.log)"
-    # setsid and closed descriptors: the engine outlives this script without holding its pipes.
+    # setsid and closed descriptors: the engine outlives this script without holding its pipes,
+    # nor the build lock (fd 9): an engine that inherited it held the lock for its whole life, and
+    # every later `image` build waited out flock's two hours behind it.
     local stale
     # An engine killed with its session leaves its pid file; dockerd refuses to start while that
     # pid names a live process, which after a restart can be any other program.
@@ -93,7 +95,7 @@ launch_engine() {
     if [[ -n $stale ]] && [[ $(cat "/proc/$stale/comm" 2>/dev/null) != dockerd ]]; then
         "${SUDO[@]}" rm -f /var/run/docker.pid
     fi
-    "${SUDO[@]}" setsid dockerd "${args[@]}" >>"$cache/dockerd.log" 2>&1 </dev/null &
+    "${SUDO[@]}" setsid dockerd "${args[@]}" >>"$cache/dockerd.log" 2>&1 </dev/null 9>&- &
     echo $! >"$cache/dockerd.pid"
     for _ in $(seq 60); do
         engine_answers && return 0
