@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-from worker.audio import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE, to_pcm16
 
 # What each `response_format` is on the wire.
 CONTENT_TYPES: dict[str, str] = {
@@ -35,12 +35,6 @@ CONTENT_TYPES: dict[str, str] = {
     "pcm": "audio/pcm",
 }
 FORMATS = tuple(CONTENT_TYPES)
-
-
-def to_int16(pcm: np.ndarray, volume: float = 1.0) -> np.ndarray:
-    """float32 [-1, 1] (any shape) -> int16, volume applied, clipped rather than wrapped."""
-    scaled = np.asarray(pcm, dtype=np.float32) * np.float32(volume * 32767.0)
-    return np.clip(np.rint(scaled), -32768, 32767).astype("<i2")
 
 
 class Encoder:
@@ -65,7 +59,7 @@ class PcmEncoder(Encoder):
         self.volume = volume
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        return to_int16(pcm, self.volume).tobytes()
+        return to_pcm16(pcm, self.volume).tobytes()
 
     def finish(self) -> bytes:
         return b""
@@ -102,7 +96,7 @@ class WavEncoder(Encoder):
         self._held: list[bytes] = []
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        data = to_int16(pcm, self.volume).tobytes()
+        data = to_pcm16(pcm, self.volume).tobytes()
         if not self.streamed:
             self._held.append(data)
             return b""
@@ -212,7 +206,7 @@ class AvEncoder(Encoder):
             self._container.mux(packet)
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        samples = to_int16(pcm, self.volume)
+        samples = to_pcm16(pcm, self.volume)
         if samples.size == 0:
             return b""
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")

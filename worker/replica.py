@@ -5,17 +5,20 @@ chunks at once in threads, as Kokoro-FastAPI does.
 
 Inference runs in the replica's own thread, at lower priority than the event loop (see
 worker/cpu_runtime.py): the loop must answer admissions and 503s while the replica computes.
+A replica's audio leaves on the 16-bit PCM grid (worker/audio.py): the form it crosses processes in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import time
 from typing import Sequence
 
 import torch
 
+from worker.audio import on_pcm16_grid
 from worker.cpu_runtime import inference_executor
 from worker.engine import BatchItem, Engine, Synthesis
 
@@ -36,7 +39,7 @@ class Replica:
 
     async def synthesize(self, ids: Sequence[int], style: torch.Tensor, speed: float = 1.0) -> Synthesis:
         """Queue behind the running job (FIFO), then run in a worker thread."""
-        result = await self._exclusive(self.engine.synthesize, ids, style, speed)
+        result = served(await self._exclusive(self.engine.synthesize, ids, style, speed))
         self.jobs_done += 1
         self.audio_seconds += len(result.audio) / self.engine.sample_rate
         return result
@@ -44,7 +47,7 @@ class Replica:
     async def synthesize_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
         """Several chunk jobs in one engine call (one forward pass once batching exists), under the
         same one-at-a-time lock as single jobs."""
-        results = await self._exclusive(self.engine.synthesize_batch, items)
+        results = [served(r) for r in await self._exclusive(self.engine.synthesize_batch, items)]
         self.jobs_done += len(results)
         self.audio_seconds += sum(len(r.audio) for r in results) / self.engine.sample_rate
         return results
@@ -61,6 +64,11 @@ class Replica:
             finally:
                 self.busy = False
                 self.busy_seconds += time.perf_counter() - start
+
+
+def served(result: Synthesis) -> Synthesis:
+    """The engine's synthesis as a replica hands it out: its audio on the 16-bit PCM grid."""
+    return dataclasses.replace(result, audio=on_pcm16_grid(result.audio))
 
 
 async def run_to_completion(work: asyncio.Future):
@@ -105,7 +113,7 @@ class BaselineReplica:
             view = await self._views.get()
             self._enter()
             try:
-                result = await asyncio.to_thread(view.synthesize, ids, style, speed)
+                result = served(await asyncio.to_thread(view.synthesize, ids, style, speed))
             finally:
                 self._leave()
                 self._views.put_nowait(view)

@@ -10,8 +10,9 @@ can be unreachable into one exception, `QueueUnavailable`, so callers can fall b
 serving. It imports neither torch nor FastAPI.
 
 A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
-own VoiceBank (every worker loads the same voices) and returns float32 PCM, so the owner's audio is
-bit-identical to what its own replica would have made.
+own VoiceBank (every worker loads the same voices) and returns 16-bit PCM (little-endian; its
+replica's audio is on that grid already: worker/audio.py), so the owner's audio is bit-identical to
+what its own replica would have made.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                 unavailable_as_error)
 from api.metrics import Histogram
-from worker.audio import FRAME_SECONDS, SAMPLE_RATE
+from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
 
 log = logging.getLogger("kokoro_fleet.dispatch")
 
@@ -458,5 +458,4 @@ class ReplicaJobRunner:
 
     @staticmethod
     def _output(result) -> JobOutput:
-        audio = np.ascontiguousarray(result.audio, dtype="<f4")
-        return JobOutput(audio.tobytes(), result.durations, len(audio) / SAMPLE_RATE)
+        return JobOutput(to_pcm16(result.audio).tobytes(), result.durations, len(result.audio) / SAMPLE_RATE)

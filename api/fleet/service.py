@@ -20,7 +20,7 @@ KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. When this worker's replica is w
 a request is admitted, the admission leases for it in the same Redis call (`Dispatcher.claim`) and
 the replica runs the job in this process at once: a one-chunk request then costs two Redis round
 trips (admit-and-lease, complete-and-release) instead of about eight. Only audio another worker's replica made crosses
-Redis (96 kB per audio second as float32); `kokoro_fleet_local_total` and
+Redis (48 kB per audio second as 16-bit PCM); `kokoro_fleet_local_total` and
 `kokoro_fleet_result_bytes_total` in /metrics show the split.
 """
 
@@ -45,7 +45,7 @@ from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, conne
                                 read_replicas, read_stats, worker_id)
 from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
-from worker.audio import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE, from_pcm16
 from worker.settings import Settings
 from worker.speech import (SECONDS_PER_PHONEME, AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest,
                            SpeechService, fade_edges)
@@ -369,7 +369,7 @@ class FleetSpeechService:
                     if remote:
                         try:
                             result = await anext(results)
-                            audio = np.frombuffer(result.pcm, dtype="<f4")
+                            audio = from_pcm16(np.frombuffer(result.pcm, dtype="<i2"))
                             durations = result.durations
                         except (QueueUnavailable, RequestLost) as e:
                             # Redis went away (or restarted empty) under this stream: finish it here.

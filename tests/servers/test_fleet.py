@@ -20,7 +20,7 @@ from api.fleet.service import FleetPlan, FleetSpeechService
 from api.metrics import Metrics
 from api.serve_cli import EmbeddedRedis, Mps, check_gpu_memory
 from api.status_cli import parse_metrics, rows_from_metrics
-from worker.replica import BaselineReplica
+from worker.replica import BaselineReplica, served
 from worker.speech import SpeechRequest, SpeechService
 
 TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good while longer, so that the "
@@ -79,7 +79,7 @@ def test_job_payload_round_trips():
 @pytest.mark.parametrize("runner", ["own replica", "another worker's replica"])
 def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server, runner):
     """The same audio whichever replica runs the jobs: this worker's own (the PCM is handed over in
-    memory and never stored in Redis) or another worker's (float32 PCM through Redis)."""
+    memory and never stored in Redis) or another worker's (16-bit PCM through Redis)."""
     async def go():
         fleet = await fleet_for(local_service, redis_server.url, name="owner").start()
         other = None
@@ -112,9 +112,9 @@ def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service
     if runner == "own replica":
         assert stats["local_total"] == jobs_done and stats["result_bytes_total"] == 0
     else:
-        # float32 PCM of every chunk crossed Redis (the pieces add their pauses on top of it)
+        # 16-bit PCM (2 bytes a sample) of every chunk crossed Redis (the pieces add their pauses on top)
         assert stats["local_total"] == 0
-        assert 0.9 * 4 * sum(len(p.pcm) for p in local) < stats["result_bytes_total"] <= 4 * sum(len(p.pcm) for p in local)
+        assert 0.9 * 2 * sum(len(p.pcm) for p in local) < stats["result_bytes_total"] <= 2 * sum(len(p.pcm) for p in local)
     assert left_in_memory == {}
 
 
@@ -339,7 +339,7 @@ def test_baseline_runs_up_to_four_chunks_at_once_with_the_same_audio(tiny_weight
     baseline = BaselineReplica(engine)
     style = tiny_weights.voices["af_heart"][20]
     ids = list(range(16, 60))
-    expected = engine.synthesize(ids, style)
+    expected = served(engine.synthesize(ids, style))  # what a replica hands out: 16-bit PCM levels
 
     async def go():
         peak = 0

@@ -228,7 +228,7 @@ def assert_parity(reference, results, label: str) -> None:
     identical, worst = 0, float("inf")
     for ref, got in zip(reference, results):
         assert np.array_equal(got.durations, ref.durations), f"{label}: durations differ"
-        a, b = np.frombuffer(ref.pcm, dtype="<f4"), np.frombuffer(got.pcm, dtype="<f4")
+        a, b = np.frombuffer(ref.pcm, dtype="<i2"), np.frombuffer(got.pcm, dtype="<i2")
         snr = snr_db(a, b)
         worst = min(worst, snr)
         identical += ref.pcm == got.pcm

@@ -10,7 +10,8 @@ import av
 import numpy as np
 import pytest
 
-from api.encoders import CONTENT_TYPES, FORMATS, make_encoder, to_int16, wav_header
+from api.encoders import CONTENT_TYPES, FORMATS, make_encoder, wav_header
+from worker.audio import from_pcm16, on_pcm16_grid, to_pcm16
 
 SR = 24000
 
@@ -83,7 +84,7 @@ def test_lossless_formats_are_exact():
     for fmt in ("pcm", "wav", "flac"):
         data, _ = encode(fmt, np.array_split(audio, 3), streamed=True)
         samples, _ = decode(data, fmt)
-        np.testing.assert_array_equal(np.rint(samples * 32768).astype(np.int32), to_int16(audio).astype(np.int32))
+        np.testing.assert_array_equal(np.rint(samples * 32768).astype(np.int32), to_pcm16(audio).astype(np.int32))
 
 
 def test_volume_multiplier_scales_and_clips():
@@ -139,3 +140,13 @@ def test_the_encode_pool_gives_each_worker_its_share_of_the_cores(monkeypatch):
 
     monkeypatch.setattr(api.state.os, "cpu_count", lambda: 8)
     assert [api.state.encode_pool(w)._max_workers for w in (0, 1, 2, 3, 8, 16)] == [8, 8, 4, 3, 1, 1]
+
+
+def test_16_bit_pcm_levels_survive_the_round_trip_exactly():
+    """Every int16 level -> float32 -> int16 is the identity: audio on the grid (what replicas hand
+    out) crosses processes as int16 and comes back bit-identical."""
+    levels = np.arange(-32768, 32768, dtype=np.int16)
+    np.testing.assert_array_equal(to_pcm16(from_pcm16(levels)), levels)
+    audio = np.array([-1.5, -1.0, -0.25, 0.0, 0.3, 1.0, 2.0], dtype=np.float32)
+    np.testing.assert_array_equal(to_pcm16(audio), [-32768, -32767, -8192, 0, 9830, 32767, 32767])
+    np.testing.assert_array_equal(on_pcm16_grid(audio), from_pcm16(to_pcm16(audio)))

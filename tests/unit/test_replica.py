@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from worker.audio import from_pcm16, to_pcm16
 from worker.engine import Synthesis
 from worker.replica import Replica
 
@@ -107,10 +108,16 @@ def test_replica_with_a_real_tiny_engine(tiny_weights):
 
     engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
     replica = Replica(engine)
-    result = asyncio.run(replica.synthesize([50, 83, 54, 16, 56], tiny_weights.voices["af_heart"][4]))
+    ids, style = [50, 83, 54, 16, 56], tiny_weights.voices["af_heart"][4]
+    result = asyncio.run(replica.synthesize(ids, style))
     assert result.durations.shape == (7,)
     assert len(result.audio) == int(result.durations.sum()) * 600
     assert replica.jobs_done == 1
+    # Handed out on the 16-bit PCM grid, so it crosses processes as int16 and comes back the same.
+    raw = engine.synthesize(ids, style).audio
+    assert not np.array_equal(result.audio, raw)
+    assert np.max(np.abs(result.audio - np.clip(raw, -1, 1))) <= 0.5 / 32767 + 1e-9
+    np.testing.assert_array_equal(from_pcm16(to_pcm16(result.audio)), result.audio)
 
 
 def test_a_cancelled_caller_does_not_let_the_next_job_overlap_its_inference():
