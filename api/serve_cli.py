@@ -186,6 +186,9 @@ class EmbeddedRedis:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        self.remove_socket_dir()
+
+    def remove_socket_dir(self) -> None:
         if self._socket_dir:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None

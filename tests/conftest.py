@@ -31,4 +31,4 @@ def redis_server():
 
     server = RedisServer().start()
     yield server
-    server.stop()
+    server.close()

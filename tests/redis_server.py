@@ -3,6 +3,7 @@
     with RedisServer() as server:          # or the `redis_server` fixture in conftest.py
         client = connect(server.url)
         server.stop(); server.start()      # same port, empty data: a Redis restart
+    # leaving the block (or server.close()) kills it and removes its socket directory
 
 It is the fleet's own embedded Redis (api.serve_cli.EmbeddedRedis), except that stopping it is a
 crash (SIGKILL: nothing flushed, clients cut off), which is what the fault tests need. Never
@@ -23,14 +24,20 @@ class RedisServer(EmbeddedRedis):
         return self
 
     def stop(self) -> None:
-        """Kill the server (SIGKILL: like a crash, nothing is flushed) and wait for it."""
+        """Kill the server (SIGKILL: like a crash, nothing is flushed) and wait for it. Its socket
+        directory stays for a restart on the same addresses."""
         if self.process is not None:
             self.process.kill()
             self.process.wait(timeout=10)
             self.process = None
 
+    def close(self) -> None:
+        """Kill the server for good and remove its socket directory."""
+        self.stop()
+        self.remove_socket_dir()
+
     def __enter__(self) -> "RedisServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.close()

@@ -388,3 +388,16 @@ def test_launcher_pieces():
     finally:
         redis.stop()
     assert not redis.ping() and not os.path.exists(socket_dir)
+
+
+def test_the_test_redis_restarts_on_the_same_addresses_and_leaves_no_directory_behind():
+    from redis_server import RedisServer
+
+    with RedisServer() as server:
+        socket_path = server.socket_path
+        server.stop()  # a crash: the directory stays for the restart
+        assert not server.ping() and os.path.isdir(os.path.dirname(socket_path))
+        server.start()
+        assert server.ping() and server.socket_path == socket_path
+        assert asyncio.run(_ping(server.worker_url))
+    assert not os.path.exists(os.path.dirname(socket_path))

@@ -40,7 +40,7 @@ def redis(tmp_path_factory):
 
     server = RedisServer().start()
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture(scope="module")
