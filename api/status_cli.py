@@ -28,6 +28,7 @@ class ReplicaRow:
     jobs_done: int
     busy_seconds: float
     audio_seconds: float
+    engine: str | None = None  # "torch cuda bf16", "sim"; None where the replica reports none
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -75,8 +76,9 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
                                  per_replica("kokoro_fleet_replica_busy_fraction"))
         busy_s, audio_s = (per_replica("kokoro_fleet_replica_busy_seconds_total"),
                            per_replica("kokoro_fleet_replica_audio_seconds_total"))
+        labels = {labels["replica"]: labels.get("engine") for labels, _ in samples.get("kokoro_fleet_replica_info", [])}
         rows = [ReplicaRow(r, bool(alive.get(r, 1)), bool(busy.get(r, 0)), fraction.get(r), int(names[r]),
-                           busy_s.get(r, 0.0), audio_s.get(r, 0.0)) for r in sorted(names)]
+                           busy_s.get(r, 0.0), audio_s.get(r, 0.0), labels.get(r)) for r in sorted(names)]
         summary["mode"] = "degraded" if summary.get("degraded") else "fleet"
         return rows, summary
     # One worker without a queue: its own replica, as api/app.py names it.
@@ -84,7 +86,7 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
         return [], {"mode": "unknown", **engine}
     busy_s = one("kokoro_replica_busy_seconds_total") or 0.0
     row = ReplicaRow("local", True, bool(one("kokoro_replica_busy")), None, int(one("kokoro_replica_jobs_total") or 0),
-                     busy_s, one("kokoro_replica_audio_seconds_total") or 0.0)
+                     busy_s, one("kokoro_replica_audio_seconds_total") or 0.0, engine.get("engine"))
     return [row], {"mode": "single", **engine}
 
 
@@ -97,9 +99,10 @@ async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow
         replicas = await read_replicas(client, prefix or DEFAULT_PREFIX)
     finally:
         await client.aclose()
-    rows = [ReplicaRow(r.replica, r.alive, r.busy, None, r.jobs_done, r.busy_seconds, r.audio_seconds)
+    rows = [ReplicaRow(r.replica, r.alive, r.busy, None, r.jobs_done, r.busy_seconds, r.audio_seconds, r.engine)
             for r in sorted(replicas, key=lambda r: r.replica)]
-    summary = {"mode": "redis", **{g: stats[g] for g in GAUGES}, "live_replicas": stats.live_replicas,
+    engines = sorted({r.engine for r in rows if r.engine})
+    summary = {"mode": "redis", **({"engine": ",".join(engines)} if engines else {}), **{g: stats[g] for g in GAUGES}, "live_replicas": stats.live_replicas,
                **{k: stats[k] for k in ("admitted_total", "refused_total", "expired_total", "requeued_total",
                                         "failed_total", "local_total", "result_bytes_total")}}
     summary["queued_work_seconds"] = summary.pop("queued_work_ms") / 1000
@@ -107,16 +110,18 @@ async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow
 
 
 def format_table(rows: list[ReplicaRow], summary: dict) -> str:
-    head = f"{'replica':<28} {'alive':>5} {'busy':>4} {'busy%':>6} {'jobs':>7} {'busy s':>9} {'audio s':>9} {'RTFx':>6}"
+    head = (f"{'replica':<28} {'engine':<15} {'alive':>5} {'busy':>4} {'busy%':>6} {'jobs':>7} {'busy s':>9} "
+            f"{'audio s':>9} {'RTFx':>6}")
     lines = [head, "-" * len(head)]
-    if summary.get("engine") == "sim":
+    if summary.get("engine") == "sim" or any(r.engine == "sim" for r in rows):
         lines.insert(0, "SIMULATED ENGINE (KOKORO_ENGINE=sim): no model; replicas sleep an assumed GPU time "
                         "and return synthetic audio\n")
     for r in rows:
         fraction = "-" if r.busy_fraction is None else f"{100 * r.busy_fraction:.0f}"
         speed = f"{r.audio_seconds / r.busy_seconds:.1f}" if r.busy_seconds > 0 else "-"
-        lines.append(f"{r.replica:<28} {'yes' if r.alive else 'no':>5} {'yes' if r.busy else 'no':>4} {fraction:>6} "
-                     f"{r.jobs_done:>7} {r.busy_seconds:>9.1f} {r.audio_seconds:>9.1f} {speed:>6}")
+        lines.append(f"{r.replica:<28} {r.engine or '-':<15} {'yes' if r.alive else 'no':>5} "
+                     f"{'yes' if r.busy else 'no':>4} {fraction:>6} {r.jobs_done:>7} {r.busy_seconds:>9.1f} "
+                     f"{r.audio_seconds:>9.1f} {speed:>6}")
     if not rows:
         lines.append("(no replicas reported)")
     shown = {k: v for k, v in summary.items() if v is not None}

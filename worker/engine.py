@@ -144,6 +144,11 @@ class Engine:
         self.graphs: CudaGraphs | None = None
         self.want_graphs = cuda_graphs and self.device.type == "cuda"
 
+    @property
+    def label(self) -> str:
+        """What the fleet's replica table shows of this engine: "torch <device> <precision>"."""
+        return f"torch {self.device.type} {self.dtype}"
+
     # --- public ------------------------------------------------------------------------------------
 
     @torch.inference_mode()

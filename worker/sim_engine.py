@@ -119,6 +119,7 @@ class SimEngine:
     sample_rate = SAMPLE_RATE
     frame_samples = SAMPLES_PER_FRAME
     max_phonemes = 510
+    label = "sim"  # the replica table's engine column: never mistaken for a model
 
     def __init__(self, seed: int = 0):
         self.waveform = speech_like_waveform(seed=seed)

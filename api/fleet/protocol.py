@@ -205,6 +205,7 @@ class ReplicaStatus:
     jobs_done: int
     busy_seconds: float
     audio_seconds: float
+    engine: str | None = None  # "torch cuda bf16", "sim"; None from a replica that writes none
 
 
 async def read_replicas(client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> list[ReplicaStatus]:
@@ -218,5 +219,5 @@ async def read_replicas(client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) ->
             rows.append(ReplicaStatus(
                 replica=name.decode(), alive=expiry > now_ms, busy=h.get("busy") == "1",
                 jobs_done=int(h.get("jobs_done", 0)), busy_seconds=int(h.get("busy_ms", 0)) / 1000,
-                audio_seconds=int(h.get("audio_ms", 0)) / 1000))
+                audio_seconds=int(h.get("audio_ms", 0)) / 1000, engine=h.get("engine")))
     return rows

@@ -97,11 +97,13 @@ class Dispatcher(TracksAvailability):
                  replica_ttl_s: float = 5.0, reap_interval_s: float = 1.0, max_attempts: int = 2,
                  max_request_age_s: float = 3600.0, idle_wait_s: float = 1.0, ewma_alpha: float = 0.2,
                  retry_backoff_s: float = 0.5, batch_max: int = 1, run_batch: RunBatch | None = None,
-                 batch_window_ms: int = BATCH_WINDOW_MS, batch_size_ratio: float = BATCH_SIZE_RATIO):
+                 batch_window_ms: int = BATCH_WINDOW_MS, batch_size_ratio: float = BATCH_SIZE_RATIO,
+                 engine: str = ""):
         if batch_max < 1:
             raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self.client = client
         self.replica_id = replica_id
+        self.engine = engine  # shown in the replica table ("torch cuda bf16", "sim"); "" writes none
         self.run_job = run_job
         self.run_batch = run_batch
         self.batch_max = int(batch_max)
@@ -246,6 +248,8 @@ class Dispatcher(TracksAvailability):
     async def run(self) -> None:
         """Serve jobs until `stop()`; runs the reaper tick beside it."""
         reaper = asyncio.create_task(self._reap_forever(), name=f"reaper-{self.replica_id}")
+        with contextlib.suppress(QueueUnavailable):
+            await self._announce_engine()
         try:
             while not self._stopping.is_set():
                 try:
@@ -407,8 +411,17 @@ class Dispatcher(TracksAvailability):
                 report = await self.reap()
                 if report.expired or report.orphaned:
                     log.warning("replica %s reaper: %s", self.replica_id, report)
+                await self._announce_engine()
             except QueueUnavailable:
                 pass
+
+    async def _announce_engine(self) -> None:
+        """Write the engine into this replica's row, if the row lacks it: at start, and again on
+        every reaper tick, because a reaper that found this replica stalled past its TTL deleted
+        the row, which the next lease re-creates without it."""
+        if self.engine:
+            await self._call("engine", self.client.hsetnx, f"{self.prefix}:replica:{self.replica_id}", "engine",
+                             self.engine)
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

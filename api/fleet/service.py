@@ -140,7 +140,7 @@ class FleetSpeechService:
                                      # the TTL, or a reaper would drop its row (and its counters)
                                      idle_wait_s=min(1.0, owner_ttl_s / 3),
                                      local_results=local_results, local_delivered=local_delivered,
-                                     own_slack_ms=settings.own_job_slack_ms)
+                                     own_slack_ms=settings.own_job_slack_ms, engine=self.replica.engine.label)
         self._stats_client = connect(redis_url)
         self.counters = FleetCounters()
         self.snapshot = FleetSnapshot()
@@ -549,6 +549,9 @@ class FleetSpeechService:
                 value = read(r)
                 if value is not None:
                     lines.append(f'{name}{{replica="{r.replica}"}} {float(value):g}')
+        lines += ["# HELP kokoro_fleet_replica_info The engine each replica runs: torch <device> <precision>, "
+                  "or sim (SIMULATED: no model).", "# TYPE kokoro_fleet_replica_info gauge"]
+        lines += [f'kokoro_fleet_replica_info{{replica="{r.replica}",engine="{r.engine}"}} 1' for r in rows if r.engine]
         return lines
 
 

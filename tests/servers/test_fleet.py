@@ -325,6 +325,7 @@ def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
     samples = parse_metrics(text)
     rows, summary = rows_from_metrics(samples)
     assert len(rows) == 1 and rows[0].jobs_done == jobs and rows[0].audio_seconds > 0 and rows[0].alive
+    assert rows[0].engine == "torch cpu fp32"  # the tiny engine's device and precision, from Redis
     assert summary["mode"] == "fleet" and summary["admitted_total"] == 1 and summary["live_replicas"] == 1
     # one worker: every result was its own replica's, handed over in memory
     assert summary["local_total"] == jobs and summary["result_bytes_total"] == 0

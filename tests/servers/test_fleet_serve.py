@@ -121,6 +121,7 @@ def test_a_long_text_fans_out_over_both_replicas_and_status_shows_them(fleet, re
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     table = json.loads(out.stdout)
     assert sorted(r["replica"] for r in table["replicas"]) == sorted(after)
+    assert all(r["engine"].startswith("torch cpu ") for r in table["replicas"]), table
     assert health(fleet.url)["mode"] == "fleet"
 
 

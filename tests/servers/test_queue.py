@@ -409,6 +409,34 @@ def test_results_come_back_in_chunk_order_when_replicas_finish_out_of_order(redi
     asyncio.run(go())
 
 
+def test_the_replica_table_names_each_replicas_engine_even_after_a_reaper_dropped_its_row(redis_server):
+    async def go():
+        real = replica(redis_server.url, "real", engine="torch cuda bf16", reap_interval_s=0.1)
+        sim = replica(redis_server.url, "sim", engine="sim")
+        silent = replica(redis_server.url, "old")  # a replica that writes no engine
+        for r in (real, sim, silent):
+            r.start()
+
+        async def table() -> dict:
+            return {row.replica: row.engine for row in await read_replicas(real.client)}
+
+        deadline = time.monotonic() + 5
+        while await table() != {"real": "torch cuda bf16", "sim": "sim", "old": None}:
+            assert time.monotonic() < deadline, await table()
+            await asyncio.sleep(0.05)
+        # A reaper that finds a replica's liveness expired deletes its row; once the replica lives
+        # again (its next lease re-adds it), its reaper tick writes the engine back.
+        await real.client.delete("{kf}:replica:real")
+        deadline = time.monotonic() + 5
+        while (await table()).get("real") != "torch cuda bf16":
+            assert time.monotonic() < deadline, await table()
+            await asyncio.sleep(0.05)
+        for r in (real, sim, silent):
+            await r.close()
+        assert await table() == {}
+    asyncio.run(go())
+
+
 def test_many_requests_on_several_replicas_all_complete_and_counters_return_to_zero(redis_server):
     async def go():
         rng = random.Random(5)

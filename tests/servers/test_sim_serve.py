@@ -21,11 +21,19 @@ SPEECH = {"model": "kokoro", "voice": "af_heart", "input": "A simulated fleet st
           "response_format": "mp3"}
 
 
-def status(url: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "api.cli", "status", "--url", url], cwd=ROOT, capture_output=True,
+def status(*source: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "api.cli", "status", *source], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def engine_column(table: str) -> list[str]:
+    """The engine of each replica row of `kokoro-fleet status`'s table (rows between the rule and
+    the blank line before the summary)."""
+    lines = table.splitlines()
+    rows = lines[next(i for i, line in enumerate(lines) if line.startswith("---")) + 1:]
+    return [line.split()[1] for line in rows[:rows.index("")]]
 
 
 def fresh(url: str, path: str) -> httpx.Response:
@@ -55,8 +63,12 @@ def test_a_sim_fleet_says_so_on_every_surface(tmp_path):
 
         metrics = fresh(fleet.url, "/metrics").text
         assert 'kokoro_engine_info{engine="sim"} 1' in metrics.splitlines()
-        shown = status(fleet.url)
+        shown = status("--url", fleet.url)
         assert shown.startswith("SIMULATED ENGINE") and "engine=sim" in shown, shown
+        assert engine_column(shown) and set(engine_column(shown)) == {"sim"}, shown
+        # ... and read from Redis alone: each replica's row names its engine.
+        shown = status("--redis-url", fleet.redis_url())
+        assert shown.startswith("SIMULATED ENGINE") and engine_column(shown) == ["sim", "sim"], shown
         log = fleet.log_path.read_text(errors="replace")
     launcher = [line for line in log.splitlines() if "kokoro_fleet.serve" in line]
     assert any("SIMULATED ENGINE (KOKORO_ENGINE=sim)" in line for line in launcher), log
@@ -75,6 +87,6 @@ def test_without_the_setting_the_fleet_serves_the_model(tmp_path):
         speech = httpx.post(fleet.url + "/v1/audio/speech", json=SPEECH, timeout=120, trust_env=False)
         assert speech.status_code == 200 and speech.headers["x-kokoro-engine"] == "torch"
         assert 'kokoro_engine_info{engine="torch"} 1' in fresh(fleet.url, "/metrics").text.splitlines()
-        assert "SIMULATED" not in status(fleet.url)
+        assert "SIMULATED" not in status("--url", fleet.url)
         log = fleet.log_path.read_text(errors="replace")
     assert "SIMULATED" not in log

@@ -181,3 +181,10 @@ def test_build_service_builds_the_sim_only_when_asked(monkeypatch):
     monkeypatch.setattr("worker.weights.load_weights", no_weights)
     with pytest.raises(WeightsError):
         asyncio.run(build_service(Settings.from_env({})))
+
+
+def test_the_engines_name_themselves_for_the_replica_table(tiny_weights):
+    from worker.engine import Engine
+
+    assert SimReplica().engine.label == "sim"
+    assert Engine(tiny_weights, "cpu", "int8", fused_kernels=False).label == "torch cpu int8"
