@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.audio import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE, to_pcm16
 from worker.settings import get_settings
 
 
@@ -32,7 +32,7 @@ def read_text(arg: str) -> str:
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
-    pcm16 = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    pcm16 = to_pcm16(audio)  # the levels the server's wav and pcm responses carry
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -47,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from worker.weights import WeightsError
 
     settings = get_settings()
+    if settings.engine == "sim":
+        # `say` is for listening to the model; the simulated engine's audio is a synthetic stand-in.
+        print("error: KOKORO_ENGINE=sim is set, and the simulated engine has no model (its audio is synthetic); "
+              "`say` speaks with the model: unset KOKORO_ENGINE or set it to torch", file=sys.stderr)
+        return 2
     if args.weights:
         settings = settings.replace(weights=args.weights)
     if not 0.25 <= args.speed <= 4.0:

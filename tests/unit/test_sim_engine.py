@@ -183,6 +183,16 @@ def test_build_service_builds_the_sim_only_when_asked(monkeypatch):
         asyncio.run(build_service(Settings.from_env({})))
 
 
+def test_say_refuses_the_simulated_engine_and_names_the_setting(monkeypatch, tmp_path, capsys):
+    """`say` is for listening to the model: with KOKORO_ENGINE=sim it writes no synthetic stand-in."""
+    from api.cli import main
+
+    monkeypatch.setattr("worker.settings._current", Settings.from_env({"KOKORO_ENGINE": "sim"}))
+    out = tmp_path / "out.wav"
+    assert main(["say", "Hello there.", "-o", str(out)]) == 2
+    assert "KOKORO_ENGINE=sim" in capsys.readouterr().err and not out.exists()
+
+
 def test_the_engines_name_themselves_for_the_replica_table(tiny_weights):
     from worker.engine import Engine
 
