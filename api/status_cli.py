@@ -81,6 +81,10 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
                            busy_s.get(r, 0.0), audio_s.get(r, 0.0), labels.get(r)) for r in sorted(names)]
         summary["mode"] = "degraded" if summary.get("degraded") else "fleet"
         return rows, summary
+    if any(name.startswith("kokoro_fleet_") for name in samples):
+        # A fleet worker that has not read the replica table from Redis yet (it does every
+        # STATS_REFRESH_S): its own replica alone would pass it off as a single worker.
+        return [], {**summary, "mode": "fleet"}
     # One worker without a queue: its own replica, as api/app.py names it.
     if one("kokoro_replica_jobs_total") is None:
         return [], {"mode": "unknown", **engine}
@@ -123,7 +127,8 @@ def format_table(rows: list[ReplicaRow], summary: dict) -> str:
                      f"{'yes' if r.busy else 'no':>4} {fraction:>6} {r.jobs_done:>7} {r.busy_seconds:>9.1f} "
                      f"{r.audio_seconds:>9.1f} {speed:>6}")
     if not rows:
-        lines.append("(no replicas reported)")
+        lines.append("(the worker has not read the fleet's replica table from Redis yet: try again in a second)"
+                     if summary.get("mode") == "fleet" else "(no replicas reported)")
     shown = {k: v for k, v in summary.items() if v is not None}
     lines.append("")
     lines.append("  ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
