@@ -25,10 +25,10 @@ from api.admission import ProcessAdmission
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
 from api.playground import FLEET_PATH, playground_router
-from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, ModelCard, ModelList, VoiceEntry,
-                          VoiceList, model_cards)
+from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, ModelCard, ModelList, PhonemizeResponse,
+                          VoiceEntry, VoiceList, model_cards)
 from api.service import SpeechBackend
-from api.serving import captioned_response, speech_response
+from api.serving import captioned_response, phonemize_response, speech_response
 from api.state import AppState, encode_pool
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
@@ -106,6 +106,18 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     for path in ("/v1/audio/speech/captioned", "/dev/captioned_speech"):
         app.add_api_route(path, captioned, methods=["POST"], dependencies=authed, response_model=CaptionedSpeechResponse,
                           include_in_schema=path.startswith("/v1"))
+
+    # Kokoro-FastAPI's phoneme endpoints, for pronunciations a text cannot spell.
+    @app.post("/dev/phonemize", dependencies=authed, response_model=PhonemizeResponse)
+    async def phonemize(request: Request) -> PhonemizeResponse:
+        """The phonemes and model ids the server would speak for `text` (no synthesis)."""
+        return await phonemize_response(state, request)
+
+    @app.post("/dev/generate_from_phonemes", dependencies=authed, response_class=Response,
+              responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()}}})
+    async def generate_from_phonemes(request: Request) -> Response:
+        """Speak `phonemes` as given; streamed WAV by default (any speech format may be asked)."""
+        return await speech_response(state, request, phonemes=True)
 
     @app.get("/v1/audio/voices", dependencies=authed, response_model=VoiceList)
     async def voices() -> VoiceList:

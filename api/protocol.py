@@ -48,6 +48,40 @@ def _normalization_model() -> type[BaseModel]:
 NormalizationOptionsModel = _normalization_model()
 
 
+def _checked_text(value: str, info: ValidationInfo, name: str) -> str:
+    """A body's text field (`input`, `text`, `phonemes`): not empty, within the request's character
+    limit (validation context `max_input_chars`), and nothing the text frontend cannot take."""
+    if not value.strip():
+        raise ValueError(f"{name} is empty; give the {'phonemes' if name == 'phonemes' else 'text'} to speak")
+    limit = (info.context or {}).get("max_input_chars", DEFAULT_MAX_INPUT_CHARS)
+    if len(value) > limit:
+        raise ValueError(f"{name} is {len(value)} characters; the limit is {limit}. Split it into several requests")
+    nul = value.find("\x00")
+    if nul >= 0:
+        raise ValueError(f"{name} contains a NUL character (U+0000) at position {nul}; remove it")
+    for i, ch in enumerate(value):
+        if "\ud800" <= ch <= "\udfff":
+            raise ValueError(f"{name} contains a lone UTF-16 surrogate (U+{ord(ch):04X}) at position {i}; "
+                             "send valid Unicode text")
+    return value
+
+
+def _checked_voice(value: str | VoiceId) -> str | VoiceId:
+    spec = value.id if isinstance(value, VoiceId) else value
+    if not spec.strip():
+        raise ValueError("voice is empty; give a voice name such as af_heart (GET /v1/audio/voices lists them)")
+    return value
+
+
+def _frontend_options(options: BaseModel | None):
+    """A body's `normalization_options` as the text frontend's `NormalizationOptions` (None: its defaults)."""
+    if options is None:
+        return None
+    from worker.text import NormalizationOptions
+
+    return NormalizationOptions(**options.model_dump())
+
+
 class VoiceId(BaseModel):
     """OpenAI's custom-voice object form, `{"id": "..."}`; here the id is any voice spec."""
 
@@ -93,27 +127,12 @@ class SpeechRequest(BaseModel):
     @field_validator("input")
     @classmethod
     def _speakable_input(cls, value: str, info: ValidationInfo) -> str:
-        if not value.strip():
-            raise ValueError("input is empty; give the text to speak")
-        limit = (info.context or {}).get("max_input_chars", DEFAULT_MAX_INPUT_CHARS)
-        if len(value) > limit:
-            raise ValueError(f"input is {len(value)} characters; the limit is {limit}. Split the text into several requests")
-        nul = value.find("\x00")
-        if nul >= 0:
-            raise ValueError(f"input contains a NUL character (U+0000) at position {nul}; remove it")
-        for i, ch in enumerate(value):
-            if "\ud800" <= ch <= "\udfff":
-                raise ValueError(f"input contains a lone UTF-16 surrogate (U+{ord(ch):04X}) at position {i}; "
-                                 "send valid Unicode text")
-        return value
+        return _checked_text(value, info, "input")
 
     @field_validator("voice")
     @classmethod
     def _voice_spec(cls, value: str | VoiceId) -> str | VoiceId:
-        spec = value.id if isinstance(value, VoiceId) else value
-        if not spec.strip():
-            raise ValueError("voice is empty; give a voice name such as af_heart (GET /v1/audio/voices lists them)")
-        return value
+        return _checked_voice(value)
 
     @property
     def voice_spec(self) -> str:
@@ -121,11 +140,65 @@ class SpeechRequest(BaseModel):
 
     def normalization(self):
         """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
-        if self.normalization_options is None:
-            return None
-        from worker.text import NormalizationOptions
+        return _frontend_options(self.normalization_options)
 
-        return NormalizationOptions(**self.normalization_options.model_dump())
+
+# --- phonemes (Kokoro-FastAPI's /dev endpoints) ----------------------------------------------
+
+class PhonemizeRequest(BaseModel):
+    """Body of `POST /dev/phonemize`: the phonemes the server would speak for a text, no synthesis."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(..., description="The text to phonemize, as `input` of a speech request.")
+    language: str = Field("a", description="Language code, as `lang_code` of a speech request.")
+    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
+        None, description="As in a speech request.")
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str, info: ValidationInfo) -> str:
+        return _checked_text(value, info, "text")
+
+    def normalization(self):
+        return _frontend_options(self.normalization_options)
+
+
+class PhonemizeResponse(BaseModel):
+    phonemes: str       # Kokoro's alphabet, chunks joined by a space: fit for /dev/generate_from_phonemes
+    tokens: list[int]   # the model's input ids, in order, without the boundary pads
+
+
+class PhonemeSpeechRequest(BaseModel):
+    """Body of `POST /dev/generate_from_phonemes`: speak phonemes as given (no normalization, no
+    G2P), for pronunciations a text cannot spell. Answers WAV unless another format is asked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phonemes: str = Field(..., description="Phonemes in Kokoro's alphabet, words separated by spaces "
+                                           "(what /dev/phonemize returns).")
+    voice: str | VoiceId = Field("af_heart", description="As in a speech request.")
+    response_format: ResponseFormat = Field("wav", description="Audio container and codec.")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
+    stream: bool = Field(True, description="As in a speech request.")
+    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
+
+    @field_validator("phonemes")
+    @classmethod
+    def _phonemes(cls, value: str, info: ValidationInfo) -> str:
+        return _checked_text(value, info, "phonemes")
+
+    @field_validator("voice")
+    @classmethod
+    def _voice_spec(cls, value: str | VoiceId) -> str | VoiceId:
+        return _checked_voice(value)
+
+    def as_speech_request(self) -> SpeechRequest:
+        """The same request in the speech endpoint's terms (already validated), `input` holding the phonemes."""
+        return SpeechRequest.model_construct(
+            input=self.phonemes, voice=self.voice, response_format=self.response_format, speed=self.speed,
+            stream=self.stream, volume_multiplier=self.volume_multiplier, model=MODEL_ID, stream_format="audio",
+            instructions=None, lang_code=None, normalization_options=None)
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ failed, client gone) the slot is released and the synthesis stops after the chun
 
     await speech_response(state, request)      # POST /v1/audio/speech
     await captioned_response(state, request)   # POST /v1/audio/speech/captioned
+    await speech_response(state, request, phonemes=True)   # POST /dev/generate_from_phonemes
+    await phonemize_response(state, request)   # POST /dev/phonemize (no synthesis)
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from pydantic import ValidationError
 from api.admission import ProcessSlot
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
 from api.errors import bad_request, internal_error, read_json_object, validation_error
-from api.protocol import (CaptionedSpeechResponse, SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage,
-                          StreamError, WordTimestampModel)
+from api.protocol import (CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
+                          SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, StreamError,
+                          WordTimestampModel)
 from api.service import SpeechBackend
 from api.state import AppState
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
@@ -49,9 +52,10 @@ INLINE_FORMATS = ("pcm", "wav")
 CLIENT_CLOSED_REQUEST = 499
 
 
-async def speech_response(state: AppState, request: Request) -> Response:
-    """Chunked audio, SSE events, or (`stream: false`) one body."""
-    req, plan, slot = await _prepare(request, state)
+async def speech_response(state: AppState, request: Request, phonemes: bool = False) -> Response:
+    """Chunked audio, SSE events, or (`stream: false`) one body. phonemes: the body is a
+    `PhonemeSpeechRequest` (POST /dev/generate_from_phonemes), spoken as given."""
+    req, plan, slot = await _prepare(request, state, phonemes)
     info: RequestInfo = request.state.info
     if req.stream_format == "sse":
         return DisconnectAwareStreamingResponse(
@@ -89,37 +93,64 @@ async def captioned_response(state: AppState, request: Request) -> Response:
     ).model_dump())
 
 
+async def phonemize_response(state: AppState, request: Request) -> PhonemizeResponse:
+    """The phonemes and model ids the server would speak for a text, from the text frontend alone."""
+    data = await read_json_object(request, state.settings.max_body_bytes)
+    try:
+        req = PhonemizeRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
+    except ValidationError as e:
+        raise validation_error(e) from None
+    from worker.text import TextError, text_to_chunks
+
+    try:
+        chunks = await asyncio.to_thread(text_to_chunks, req.text, req.language, req.normalization(),
+                                         state.settings.first_chunk_phonemes, state.settings.chunk_phonemes)
+    except TextError as e:
+        param = "language" if e.param == "lang_code" else "text"
+        raise bad_request(str(e), param=param, code=f"invalid_{param}") from None
+    return PhonemizeResponse(phonemes=" ".join(c.phonemes for c in chunks if c.phonemes),
+                             tokens=[i for c in chunks for i in c.ids])
+
+
 # --- admission and planning ---------------------------------------------------------------------
 
-async def _prepare(request: Request, state: AppState) -> tuple[SpeechRequest, SpeechPlan, ProcessSlot]:
+async def _prepare(request: Request, state: AppState,
+                   phonemes: bool = False) -> tuple[SpeechRequest, SpeechPlan, ProcessSlot]:
     """Read, validate, admit and plan; every refusal here is a clean 4xx/5xx before any audio."""
     info: RequestInfo = request.state.info
     data = await read_json_object(request, state.settings.max_body_bytes)
+    text_field, default_format = ("phonemes", "wav") if phonemes else ("input", "mp3")
     # Best effort for the access log, so a refused request still shows what it asked for.
     info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
-    info.chars = len(data["input"]) if isinstance(data.get("input"), str) else None
-    info.format = data.get("response_format", "mp3") if isinstance(data.get("response_format", "mp3"), str) else None
+    info.chars = len(data[text_field]) if isinstance(data.get(text_field), str) else None
+    fmt = data.get("response_format", default_format)
+    info.format = fmt if isinstance(fmt, str) else None
+    context = {"max_input_chars": state.settings.max_input_chars}
     try:
-        req = SpeechRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
+        if phonemes:
+            req = PhonemeSpeechRequest.model_validate(data, context=context).as_speech_request()
+        else:
+            req = SpeechRequest.model_validate(data, context=context)
     except ValidationError as e:
         raise validation_error(e) from None
     info.voice, info.chars, info.format, info.stream = req.voice_spec, len(req.input), req.response_format, req.stream
     service = state.require_service()
     slot = state.admission.admit(info.id)
     try:
-        plan = await _admit(service, req)  # the fleet: a place in the shared queue, or 503
+        plan = await _admit(service, req, phonemes)  # the fleet: a place in the shared queue, or 503
     except BaseException:
         slot.release()
         raise
     return req, plan, slot
 
 
-async def _admit(service: SpeechBackend, req: SpeechRequest) -> SpeechPlan:
+async def _admit(service: SpeechBackend, req: SpeechRequest, phonemes: bool = False) -> SpeechPlan:
     """The service's admission and plan; its TextError / VoiceError (a ValueError naming the field)
     becomes a 400."""
     try:
         return await service.admit(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
-                                                       lang_code=req.lang_code, normalization=req.normalization()))
+                                                       lang_code=req.lang_code, normalization=req.normalization(),
+                                                       phonemes=phonemes))
     except ValueError as e:
         param = getattr(e, "param", None)
         if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug

@@ -19,7 +19,7 @@ import numpy as np
 
 from worker.audio import SAMPLE_RATE
 from worker.settings import Settings, get_settings
-from worker.text import Chunk, NormalizationOptions, TextError, text_to_chunks
+from worker.text import Chunk, NormalizationOptions, TextError, phonemes_to_chunks, text_to_chunks
 from worker.timestamps import WordTimestamp, word_timestamps
 from worker.voices import Voice, VoiceBank
 
@@ -51,6 +51,7 @@ class SpeechRequest:
     speed: float = 1.0
     lang_code: str | None = None  # None: follow the voice's language
     normalization: NormalizationOptions | None = None
+    phonemes: bool = False  # `text` holds Kokoro phonemes to speak as given (no normalization, no G2P)
 
 
 @dataclass
@@ -146,18 +147,21 @@ class SpeechService:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""
         voice = self.voices.resolve(request.voice)
         lang_code = request.lang_code or voice.lang_code
+        sizes = {"first_chunk_phonemes": self.settings.first_chunk_phonemes,
+                 "chunk_phonemes": self.settings.chunk_phonemes}
         try:
-            chunks = text_to_chunks(
-                request.text, lang_code, request.normalization,
-                first_chunk_phonemes=self.settings.first_chunk_phonemes,
-                chunk_phonemes=self.settings.chunk_phonemes,
-            )
+            if request.phonemes:
+                chunks = phonemes_to_chunks(request.text, **sizes)
+            else:
+                chunks = text_to_chunks(request.text, lang_code, request.normalization, **sizes)
         except TextError as exc:
             if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
                 raise TextError(f"voice {voice.name}: {exc}; pick another voice or set lang_code",
                                 param="voice") from None
             raise
         if not any(c.ids for c in chunks):
+            if request.phonemes:
+                raise TextError("phonemes hold nothing to speak", param="phonemes")
             raise TextError("input has nothing to speak: after normalization it holds no pronounceable text")
         plan = SpeechPlan(request, voice, lang_code, chunks)
         limit = self.settings.max_request_audio_seconds

@@ -180,6 +180,42 @@ def test_bad_bodies_then_still_healthy(tiny_server):
     assert ok.status_code == 200 and decode(ok.content, "wav")[0] > 0.1
 
 
+def test_phonemize_then_generate_from_phonemes_speaks_what_the_text_would(tiny_server):
+    """Kokoro-FastAPI's phoneme endpoints: /dev/phonemize's phonemes, sent back to
+    /dev/generate_from_phonemes, are the very ids the text makes, so the audio is as long."""
+    text = "Phonemes come back as they went. A second sentence makes a second chunk of the text."
+    phonemized = httpx.post(tiny_server.url + "/dev/phonemize", json={"text": text}, timeout=60)
+    assert phonemized.status_code == 200, phonemized.text
+    phonemes, tokens = phonemized.json()["phonemes"], phonemized.json()["tokens"]
+    assert phonemes.startswith("fˈOn") and phonemes.endswith("tˈɛkst.") and len(tokens) >= len(phonemes.split()) and all(isinstance(t, int) for t in tokens)
+    spoken = httpx.post(tiny_server.url + "/dev/generate_from_phonemes", timeout=60,
+                        json={"phonemes": phonemes, "voice": "af_heart"})
+    assert spoken.status_code == 200 and spoken.headers["content-type"] == "audio/wav"  # Kokoro-FastAPI's default
+    from_text = httpx.post(tiny_server.url + "/v1/audio/speech", timeout=60,
+                           json={"input": text, "voice": "af_heart", "response_format": "wav", "stream": False})
+    assert decode(spoken.content, "wav")[0] == decode(from_text.content, "wav")[0] > 1.0
+    mp3 = httpx.post(tiny_server.url + "/dev/generate_from_phonemes", timeout=60,
+                     json={"phonemes": "həlˈO wˈɜɹld.", "voice": "af_sky", "response_format": "mp3", "stream": False})
+    assert mp3.status_code == 200 and mp3.headers["content-type"] == "audio/mpeg" and decode(mp3.content, "mp3")[0] > 0.2
+
+
+BAD_PHONEME_BODIES = [
+    ("/dev/generate_from_phonemes", {"phonemes": "həlˈO 42"}, "phonemes"),  # digits are no phonemes
+    ("/dev/generate_from_phonemes", {"phonemes": "   "}, "phonemes"),
+    ("/dev/generate_from_phonemes", {"phonemes": "həlˈO", "voice": "no_such_voice"}, "voice"),
+    ("/dev/generate_from_phonemes", {"phonemes": "həlˈO", "input": "Hello."}, "input"),
+    ("/dev/phonemize", {"text": "Hello.", "language": "xx"}, "language"),
+    ("/dev/phonemize", {"text": ""}, "text"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD_PHONEME_BODIES, ids=[f"{p}-{i}" for i, (_, _, p) in enumerate(BAD_PHONEME_BODIES)])
+def test_phoneme_endpoints_answer_bad_bodies_in_the_openai_shape(tiny_server, path, body, param):
+    error = openai_error(httpx.post(tiny_server.url + path, json=body, timeout=60), 400, param)
+    if param == "phonemes" and body["phonemes"].strip():
+        assert "'4'" in error["message"] and "/dev/phonemize" in error["message"], error
+
+
 def test_sse_matches_plain_audio(tiny_server):
     body = {"input": "Streaming events carry the same audio.", "voice": "af_bella(2)+af_sky(1)", "response_format": "pcm"}
     plain = httpx.post(tiny_server.url + "/v1/audio/speech", json=body, timeout=60).content

@@ -185,3 +185,25 @@ def test_first_chunk_without_an_early_clause_ends_at_a_word_near_its_target():
     assert len(chunks) >= 2
     assert 15 <= len(chunks[0].ids) <= 60
     assert " ".join(c.text for c in chunks).split() == text.split()
+
+
+def test_phonemes_of_a_long_text_split_again_into_the_texts_own_chunks():
+    """Phonemes spoken as given (/dev/generate_from_phonemes) chunk by the same rules as text: the
+    phonemes of a long text give back its chunks, id for id, each within the model's limit."""
+    from worker.text import phonemes_to_chunks
+
+    text = (TEXTS / "paragraphs.txt").read_text(encoding="utf-8")[:3000]
+    chunks = text_to_chunks(text)
+    again = phonemes_to_chunks(" ".join(c.phonemes for c in chunks))
+    assert len(chunks) > 3 and [c.ids for c in again] == [c.ids for c in chunks]
+    assert all(len(c.ids) <= MAX_PHONEMES for c in again)
+    words = [w.text for c in again for w in c.words]  # the phoneme words, punctuation left as boundaries
+    assert len(words) > 100 and not any(set(w) & set(".,;:!?“”()") for w in words)
+
+
+def test_phonemes_outside_the_vocabulary_are_refused_by_name():
+    from worker.text import TextError, phonemes_to_chunks
+
+    with pytest.raises(TextError) as caught:
+        phonemes_to_chunks("həlˈO wˈɜɹld 3 ☃")
+    assert caught.value.param == "phonemes" and "'3'" in str(caught.value) and "U+2603" in str(caught.value)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from worker.text.errors import TextError
 from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, resolve_language, text_to_tokens
 from worker.text.normalize import NormalizationOptions, normalize_text
 from worker.text.vocab import to_ids, to_phonemes, vocab
@@ -62,6 +63,34 @@ def text_to_chunks(
     normalized = normalize_text(text, options, code)
     tokens = text_to_tokens(normalized, code)
     return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)
+
+
+def phonemes_to_chunks(phonemes: str, first_chunk_phonemes: int = 60, chunk_phonemes: int = 400) -> list[Chunk]:
+    """Phonemes in Kokoro's alphabet (what `/dev/phonemize` returns), spoken as given: split into
+    chunks by the same rules as text, with whitespace-separated phoneme words as the words and the
+    vocabulary's punctuation as the boundaries. Raises TextError naming any symbol outside the
+    vocabulary (text input drops those with a warning; phonemes sent on purpose deserve an answer)."""
+    table = vocab()
+    unknown = sorted({c for c in phonemes if c not in table and not c.isspace()})
+    if unknown:
+        listed = " ".join(f"{c!r} (U+{ord(c):04X})" for c in unknown[:10])
+        raise TextError(f"phonemes contain {len(unknown)} symbol(s) outside Kokoro's vocabulary: {listed}; "
+                        "POST /dev/phonemize shows the phonemes of a text", param="phonemes")
+    tokens: list[Token] = []
+    for piece in phonemes.split():
+        core = piece.strip(_PHONEME_PUNCTUATION)
+        lead = piece[:len(piece) - len(piece.lstrip(_PHONEME_PUNCTUATION))] if core else piece
+        trail = piece[len(lead) + len(core):]
+        tokens += [Token(mark, mark, kind="punct", source="punct") for mark in lead]
+        if core:
+            tokens.append(Token(core, core, source="custom"))
+        tokens += [Token(mark, mark, kind="punct", source="punct") for mark in trail]
+        tokens[-1].space_after = True
+    return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)
+
+
+# The vocabulary's punctuation: a boundary inside a phoneme string, never part of a word.
+_PHONEME_PUNCTUATION = ";:,.!?—…\"()“”"
 
 
 # ---------------------------------------------------------------------------------------------
