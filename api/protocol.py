@@ -9,9 +9,9 @@ Serving code (api/app.py) translates these into worker calls; nothing here knows
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 # The one model we serve, and the OpenAI model names accepted for it, so clients written for
 # OpenAI work unchanged. Every alias means the same Kokoro-82M.
@@ -89,6 +89,10 @@ class VoiceId(BaseModel):
     id: str
 
 
+# A voice field: a name, an alias or a mix, as a string or OpenAI's `{"id": ...}`; never blank.
+VoiceSpec = Annotated[str | VoiceId, AfterValidator(_checked_voice)]
+
+
 class SpeechRequest(BaseModel):
     """Body of `POST /v1/audio/speech` (and of the captioned variant)."""
 
@@ -96,7 +100,7 @@ class SpeechRequest(BaseModel):
 
     model: str = Field(MODEL_ID, description=f"`{MODEL_ID}`; OpenAI's {', '.join(MODEL_ALIASES)} are accepted as aliases.")
     input: str = Field(..., description="The text to speak. At most KOKORO_MAX_INPUT_CHARS characters (4096 by default).")
-    voice: str | VoiceId = Field(
+    voice: VoiceSpec = Field(
         "af_heart",
         description="A voice name (`af_heart`), an OpenAI voice alias (`alloy`), or a mix: `af_bella+af_sky` "
                     "(equal weights) or `af_bella(2)+af_sky(1)` (weighted).")
@@ -128,11 +132,6 @@ class SpeechRequest(BaseModel):
     @classmethod
     def _speakable_input(cls, value: str, info: ValidationInfo) -> str:
         return _checked_text(value, info, "input")
-
-    @field_validator("voice")
-    @classmethod
-    def _voice_spec(cls, value: str | VoiceId) -> str | VoiceId:
-        return _checked_voice(value)
 
     @property
     def voice_spec(self) -> str:
@@ -177,7 +176,7 @@ class PhonemeSpeechRequest(BaseModel):
 
     phonemes: str = Field(..., description="Phonemes in Kokoro's alphabet, words separated by spaces "
                                            "(what /dev/phonemize returns).")
-    voice: str | VoiceId = Field("af_heart", description="As in a speech request.")
+    voice: VoiceSpec = Field("af_heart", description="As in a speech request.")
     response_format: ResponseFormat = Field("wav", description="Audio container and codec.")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
     stream: bool = Field(True, description="As in a speech request.")
@@ -187,11 +186,6 @@ class PhonemeSpeechRequest(BaseModel):
     @classmethod
     def _phonemes(cls, value: str, info: ValidationInfo) -> str:
         return _checked_text(value, info, "phonemes")
-
-    @field_validator("voice")
-    @classmethod
-    def _voice_spec(cls, value: str | VoiceId) -> str | VoiceId:
-        return _checked_voice(value)
 
     def as_speech_request(self) -> SpeechRequest:
         """The same request in the speech endpoint's terms (already validated), `input` holding the phonemes."""
