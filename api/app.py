@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from api.admission import ProcessAdmission
@@ -77,6 +78,11 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     _register_metrics(state)
     app.add_middleware(AccessLogMiddleware, metrics=state.metrics,
                        quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH), engine=settings.engine)
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:  # outermost: preflights are answered before the API key check, which they cannot pass
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                           expose_headers=["Retry-After", "X-Request-Id", "X-Kokoro-Engine"], max_age=600)
 
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
     # time, the pool's start) for every request, 503s included

@@ -94,6 +94,11 @@ class Settings:
     workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim, the core count on CPU).")
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop; it counts idle keep-alive connections too and answers beyond it with a bare 503 (no Retry-After) that closes the connection (0: 512, or twice KOKORO_MAX_REQUESTS plus 16 if more).")
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
+    cors_origins: str = setting(
+        "KOKORO_CORS_ORIGINS", "*",
+        "Comma-separated origins whose web pages may call the API from a browser (CORS), such as "
+        "`https://app.example.com`; `*`: any origin, as Kokoro-FastAPI allows; empty: no CORS headers. "
+        "Pages may read `Retry-After`, `X-Request-Id` and `X-Kokoro-Engine`.")
     playground: bool = setting(
         "KOKORO_PLAYGROUND", True,
         "Serve the playground page at `/` (type, pick or mix voices, hear it stream, see the fleet); "

@@ -451,6 +451,31 @@ def test_api_keys():
     assert right.status_code == 200 and health.status_code == 200
 
 
+def test_cors_lets_a_web_page_call_the_api_and_read_retry_after():
+    async def call(settings: Settings):
+        app = create_app(settings, service=ScriptedService())
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            page = {"Origin": "https://app.example.com"}
+            preflight = await c.options("/v1/audio/speech", headers={
+                **page, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type"})
+            listed = await c.get("/v1/models", headers={**page, "Authorization": "Bearer k1"})
+            return preflight, listed
+
+    # The default (Kokoro-FastAPI's): any origin; the preflight passes before the key check.
+    preflight, listed = asyncio.run(call(Settings().replace(api_keys="k1")))
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "*"
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    assert listed.status_code == 200 and listed.headers["access-control-allow-origin"] == "*"
+    assert "retry-after" in listed.headers["access-control-expose-headers"].lower()
+    # Narrowed to other origins: this page gets no CORS headers; switched off: none at all.
+    for origins in ("https://other.example.com", ""):
+        preflight, listed = asyncio.run(call(Settings().replace(cors_origins=origins)))
+        assert "access-control-allow-origin" not in preflight.headers and preflight.status_code != 200
+        assert listed.status_code == 200 and "access-control-allow-origin" not in listed.headers
+
+
 def test_not_ready_until_loaded():
     app = create_app(Settings().replace(weights="/nonexistent/weights/dir"))
 
