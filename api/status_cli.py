@@ -1,9 +1,10 @@
-"""`kokoro-fleet status [--url URL | --redis-url URL]`: the fleet's replicas in one table.
+"""`kokoro-fleet status [--url URL | --redis-url URL] [--watch SECONDS]`: the fleet's replicas in one table.
 
 From a running server (`--url`, default http://127.0.0.1:8880): reads its /metrics, where every
 worker publishes the fleet-wide replica table it reads from Redis (one worker without a queue shows
 its one replica). From Redis directly (`--redis-url`): reads the queue's replica table and gauges,
-no server needed.
+no server needed. `--watch SECONDS` reads again every SECONDS (a terminal redraws in place); the
+busy% Redis cannot give (it keeps running totals) then comes from each interval.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import json
 import re
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
@@ -36,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="read the fleet's Redis directly instead of a server")
     parser.add_argument("--prefix", default=None, help="queue key prefix (default {kf})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--watch", type=float, default=0.0, metavar="SECONDS",
+                        help="redraw every SECONDS until interrupted; busy%% then comes from the interval too")
+    parser.add_argument("--count", type=int, default=0, help="with --watch: stop after this many reads (0: never)")
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -135,22 +140,71 @@ def format_table(rows: list[ReplicaRow], summary: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.redis_url:
-        rows, summary = asyncio.run(rows_from_redis(args.redis_url, args.prefix))
-    else:
-        import httpx
+class StatusUnavailable(Exception):
+    """The server or Redis could not be read; the message says which and why."""
 
-        base = args.url.rstrip("/")
+
+def read_status(args: argparse.Namespace) -> tuple[list[ReplicaRow], dict]:
+    if args.redis_url:
+        from api.fleet.protocol import QueueUnavailable
+
         try:
-            response = httpx.get(base + "/metrics", timeout=10, trust_env=False)
-            response.raise_for_status()
-        except httpx.HTTPError as e:
-            print(f"kokoro-fleet status: cannot read {base}/metrics: {e}", file=sys.stderr)
-            return 1
-        rows, summary = rows_from_metrics(parse_metrics(response.text))
-    if args.json:
-        print(json.dumps({"replicas": [asdict(r) for r in rows], "summary": summary}, indent=2))
-    else:
-        print(format_table(rows, summary))
-    return 0
+            return asyncio.run(rows_from_redis(args.redis_url, args.prefix))
+        except QueueUnavailable as e:
+            raise StatusUnavailable(f"cannot read the fleet's Redis: {e}") from None
+    import httpx
+
+    base = args.url.rstrip("/")
+    try:
+        response = httpx.get(base + "/metrics", timeout=10, trust_env=False)
+        response.raise_for_status()
+    except httpx.HTTPError as e:
+        raise StatusUnavailable(f"cannot read {base}/metrics: {e}") from None
+    return rows_from_metrics(parse_metrics(response.text))
+
+
+def busy_over_interval(rows: list[ReplicaRow], before: dict[str, ReplicaRow], seconds: float) -> None:
+    """Fill in busy_fraction where the source gave none (Redis holds only running totals): the
+    replica's busy seconds since the last read over the time between the reads. Redis counts a job's
+    busy time when it completes, so an interval shorter than a job reads in steps."""
+    for row in rows:
+        last = before.get(row.replica)
+        if row.busy_fraction is None and last is not None and seconds > 0:
+            row.busy_fraction = min(1.0, max(0.0, (row.busy_seconds - last.busy_seconds) / seconds))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return show(args)
+    except KeyboardInterrupt:  # how --watch ends
+        return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    """Read and print once, or with --watch every args.watch seconds."""
+    before: dict[str, ReplicaRow] = {}
+    last_read = 0.0
+    reads = 0
+    while True:
+        try:
+            rows, summary = read_status(args)
+        except StatusUnavailable as e:
+            print(f"kokoro-fleet status: {e}", file=sys.stderr)
+            rows, summary = None, None
+        now = time.monotonic()
+        reads += 1
+        if rows is not None:
+            if before:
+                busy_over_interval(rows, before, now - last_read)
+            before, last_read = {r.replica: r for r in rows}, now
+            if args.json:
+                print(json.dumps({"replicas": [asdict(r) for r in rows], "summary": summary}, indent=2), flush=True)
+            else:
+                if args.watch and sys.stdout.isatty():
+                    print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal
+                elif args.watch:
+                    print(time.strftime("%H:%M:%S"))
+                print(format_table(rows, summary), flush=True)
+        if not args.watch or (args.count and reads >= args.count):
+            return 0 if rows is not None else 1
+        time.sleep(args.watch)

@@ -437,6 +437,34 @@ def test_the_replica_table_names_each_replicas_engine_even_after_a_reaper_droppe
     asyncio.run(go())
 
 
+def test_status_watch_reads_redis_again_and_measures_busy_over_each_interval(redis_server):
+    """`kokoro-fleet status --redis-url URL --watch S`: Redis holds running totals only, so the first
+    frame has no busy%; each later one has the replica's busy seconds over the interval."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    async def go():
+        rep = replica(redis_server.url, "r0", engine="sim")
+        rep.start()
+        client = owner(redis_server.url)
+        ticket = await client.admit(jobs(*[40] * 40, work_s=0.1))  # 4 s of back-to-back jobs
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "api.cli", "status", "--redis-url", redis_server.url, "--watch", "0.6",
+            "--count", "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
+        out, err = await status.communicate()
+        await collect(client, ticket)
+        await client.release(ticket.request_id)
+        await rep.close()
+        return status.returncode, out.decode(), err.decode()
+
+    returncode, out, err = asyncio.run(go())
+    assert returncode == 0, err
+    busy = [line.split()[4] for line in out.splitlines() if line.startswith("r0 ")]
+    assert len(busy) == 3 and busy[0] == "-", out
+    assert all(b != "-" and 30 <= int(b) <= 100 for b in busy[1:]), out  # busy nearly all of each interval
+
+
 def test_many_requests_on_several_replicas_all_complete_and_counters_return_to_zero(redis_server):
     async def go():
         rng = random.Random(5)
