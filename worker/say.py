@@ -21,6 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25 to 4.0")
     parser.add_argument("--lang", default=None, help="language code (a, b, e, f, h, i, p); default: the voice's")
     parser.add_argument("--weights", default=None, help="weight source (offline, official, tiny or a directory); default: KOKORO_WEIGHTS")
+    parser.add_argument("--phonemes", action="store_true",
+                        help="TEXT is phonemes in Kokoro's alphabet (as `kokoro-fleet phonemize` prints), spoken as given")
 
 
 def read_text(arg: str) -> str:
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         service = SpeechService.from_settings(settings)
-        plan = service.plan(SpeechRequest(read_text(args.text), args.voice, args.speed, args.lang))
+        plan = service.plan(SpeechRequest(read_text(args.text), args.voice, args.speed, args.lang,
+                                          phonemes=args.phonemes))
     except (TextError, VoiceError, WeightsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
