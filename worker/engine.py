@@ -36,6 +36,7 @@ import torch
 
 from worker import cpu_features
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from worker.cpu_runtime import keep_freed_memory
 from worker.model import KokoroModel
 from worker.model.layers import kernels, use_compiled_kernels
 from worker.weights.serving import fold, serving_state_dict
@@ -124,6 +125,8 @@ class Engine:
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
             log.warning(warning)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # large activations reuse freed memory instead of page-faulting in new
         self.seed = seed
         self.noise = noise
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
