@@ -11,9 +11,9 @@
 * Compile cache: torch.compile's kernels are cached beside the weights (KOKORO_CACHE_DIR/inductor,
   one directory per vector ISA) rather than in /tmp, so they survive reboots and container
   restarts that keep the cache volume.
-* Freed memory: a CPU engine keeps the memory of freed activations for the next ones (glibc
-  malloc without mmap; `keep_freed_memory`) instead of handing it back to the kernel and
-  page-faulting it in again at every large tensor.
+* Freed memory: during a synthesis a CPU engine keeps the memory of freed activations for the
+  next ones (glibc malloc without mmap; `keep_freed_memory`) instead of handing it back to the
+  kernel and page-faulting it in again at every large tensor; after it, the free pages go back.
 """
 
 from __future__ import annotations
@@ -80,40 +80,50 @@ _KEEP_FREED = {"applied": False}
 
 
 def keep_freed_memory() -> bool:
-    """Make glibc malloc keep freed memory for reuse: no mmap'd chunks, no trimming of the heap.
-    Process-wide, once; returns whether it is in force.
+    """Make glibc malloc keep freed memory for reuse: no mmap'd chunks, no trimming of the heap
+    (until `return_freed_memory`, which a CPU engine calls after each synthesis). Process-wide,
+    once; returns whether it is in force.
 
     glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh mmap and
     unmaps it on free, so each large tensor of a synthesis (the generator's last stage holds
-    [120F, 128] float32 activations: 9 MiB for 100 phonemes, 37 MiB for 250) comes back as new
-    pages that the kernel zero-fills on first touch, one fault per 4 KiB. On the 2-core AMD EPYC
-    at --isa avx2 in int8 mode that was a quarter of a synthesis's time (a torch.compile'd
-    elementwise kernel over a [72000, 128] tensor: 15 ms with the default, 4 ms without), and
-    keeping the memory made whole syntheses 1.3-1.4x faster.
+    [120F, 128] float32 activations: 37 MiB for a 250-phoneme chunk) comes back as new pages that
+    the kernel zero-fills on first touch, one fault per 4 KiB: a torch.compile'd elementwise
+    kernel over [72000, 128] took 15 ms with the default and 4 ms without mmap (2-core AMD EPYC,
+    AVX2). Whole 250-phoneme syntheses in int8 mode at --isa avx2 ran 1.4x faster; 100-phoneme
+    ones (9 MiB tensors, under the threshold) did not change.
 
-    The cost is memory: the heap keeps its high-water mark (it cannot return holes between live
-    blocks), and fragmentation raises that mark: a replica that served chunks of 30-500 phonemes
-    held 2.4-2.9 GB resident afterwards, against a 1.9-2.1 GB peak and 1.3-1.6 GB after with the
-    default. Left alone when the environment already tunes malloc (MALLOC_MMAP_MAX_,
-    MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_ or glibc.malloc tunables in GLIBC_TUNABLES:
-    a replica short of memory sets, say, MALLOC_MMAP_MAX_=65536, glibc's default count), and
-    outside glibc (musl, macOS)."""
+    The cost is memory during a synthesis: the heap fragments, so its high-water mark is higher
+    than the sum of the live tensors (a replica serving chunks of 30-500 phonemes peaked at 2.4 GB
+    resident against 1.4 GB with glibc's default; between syntheses both hold 0.9 GB, as
+    `return_freed_memory` hands the free pages back). Left alone when the environment already
+    tunes malloc (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_ or
+    glibc.malloc tunables in GLIBC_TUNABLES: a replica short of memory sets, say,
+    MALLOC_MMAP_MAX_=65536, glibc's default count), and outside glibc (musl, macOS)."""
     if _KEEP_FREED["applied"]:
         return True
     chosen = any(os.environ.get(k) for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
     if chosen or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         # trimming only past 1 GiB free at the top of the heap (the value is a C int)
         applied = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**30))
     except (OSError, AttributeError):
         return False
-    _KEEP_FREED["applied"] = applied
     if applied:
-        log.info("malloc keeps freed memory for reuse (no mmap'd chunks); MALLOC_MMAP_MAX_=65536 returns it")
+        _KEEP_FREED.update(applied=True, malloc_trim=libc.malloc_trim)
+        log.info("malloc keeps freed memory during a synthesis (no mmap'd chunks); MALLOC_MMAP_MAX_=65536 turns it off")
     return applied
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the kernel (glibc malloc_trim), where `keep_freed_memory`
+    is in force: after a synthesis, so an idle replica holds no more than it would with glibc's
+    default. Costs about a millisecond and the page faults of the next synthesis's first pass."""
+    if _KEEP_FREED["applied"]:
+        _KEEP_FREED["malloc_trim"](0)
 
 
 def vector_isa() -> str:
