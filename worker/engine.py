@@ -36,6 +36,7 @@ import torch
 
 from worker import cpu_features
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from worker.cpu_runtime import keep_freed_memory, return_freed_memory
 from worker.model import KokoroModel
 from worker.model.layers import kernels, use_compiled_kernels
 from worker.weights.serving import fold, serving_state_dict
@@ -124,6 +125,8 @@ class Engine:
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
             log.warning(warning)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # within a synthesis, large activations reuse freed memory
         self.seed = seed
         self.noise = noise
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
@@ -163,6 +166,8 @@ class Engine:
             audio, durations = self.graphs.run(ids, style, speed)
         else:
             audio, durations = self._run_eager(ids, style, speed)
+        if self.device.type == "cpu":
+            return_freed_memory()
         return Synthesis(audio=audio, durations=durations[:n_tokens])
 
     @torch.inference_mode()
@@ -178,7 +183,10 @@ class Engine:
             return [self.synthesize(item.ids, item.style, item.speed) for item in items]
         if self.device.type == "cpu":
             use_compiled_kernels(self.fused_kernels)
-        return self._run_batch(items)
+        results = self._run_batch(items)
+        if self.device.type == "cpu":
+            return_freed_memory()
+        return results
 
     @torch.inference_mode()
     def warmup(self) -> None:

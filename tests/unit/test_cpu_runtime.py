@@ -124,6 +124,38 @@ def test_workers_share_the_cores():
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
+def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
+    """glibc malloc without mmap'd chunks (freed activations are reused, not faulted in anew) once
+    a CPU engine exists, until it hands the free pages back; a MALLOC_* variable in the environment
+    leaves malloc alone. Each case runs in a fresh interpreter: the setting is process-wide."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    probe = "from worker.cpu_runtime import keep_freed_memory; print(keep_freed_memory(), keep_freed_memory())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+
+    def run(code=probe, **extra):
+        return subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert run() == ["True", "True"]
+    assert run(MALLOC_MMAP_MAX_="65536") == ["False", "False"]
+    # freed memory stays resident until return_freed_memory() (a CPU engine's, after each synthesis)
+    # finds more than its slack above the last trim
+    memory = ("import torch; from worker.cpu_runtime import keep_freed_memory, return_freed_memory\n"
+              "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
+              "keep_freed_memory(); return_freed_memory(0); before = rss()\n"
+              "x = torch.ones(64 << 20, dtype=torch.uint8); del x\n"
+              "kept = rss(); return_freed_memory(256 << 20); kept_in_slack = rss(); return_freed_memory(0)\n"
+              "print(kept - before, kept_in_slack - before, rss() - before)")
+    kept, kept_in_slack, left = map(int, run(memory))
+    assert kept >= 60 and kept_in_slack >= 60 and left < 8
+    assert run(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=1048576") == ["False", "False"]
+
+
 def test_inference_and_its_openmp_pool_run_at_raised_niceness(tiny_weights):
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     if base + 3 > 19:
