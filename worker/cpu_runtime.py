@@ -11,7 +11,7 @@
 * Compile cache: torch.compile's kernels are cached beside the weights (KOKORO_CACHE_DIR/inductor,
   one directory per vector ISA) rather than in /tmp, so they survive reboots and container
   restarts that keep the cache volume.
-* Freed memory: during a synthesis a CPU engine keeps the memory of freed activations for the
+* Freed memory: during a synthesis a CPU engine in int8 mode keeps the memory of freed activations for the
   next ones (glibc malloc without mmap; `keep_freed_memory`) instead of handing it back to the
   kernel and page-faulting it in again at every large tensor; after it, the free pages go back.
 """
@@ -81,7 +81,8 @@ _KEEP_FREED = {"applied": False}
 
 def keep_freed_memory() -> bool:
     """Make glibc malloc keep freed memory for reuse: no mmap'd chunks, no trimming of the heap
-    (until `return_freed_memory`, which a CPU engine calls after each synthesis). Process-wide,
+    (until `return_freed_memory`, which a CPU engine calls after each synthesis; engines ask
+    for it in int8 mode only, where it was measured to pay). Process-wide,
     once; returns whether it is in force.
 
     glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh mmap and
