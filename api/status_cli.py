@@ -163,6 +163,18 @@ def read_status(args: argparse.Namespace) -> tuple[list[ReplicaRow], dict]:
     return rows_from_metrics(parse_metrics(response.text))
 
 
+def read_status_settled(args: argparse.Namespace, patience_s: float = 3.0) -> tuple[list[ReplicaRow], dict]:
+    """read_status, but a fleet worker that has not read the replica table from Redis yet (it
+    re-reads every second; the kernel may hand us one that has just started) is asked again for up
+    to patience_s before its empty table is shown."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        rows, summary = read_status(args)
+        if rows or summary.get("mode") != "fleet" or time.monotonic() >= deadline:
+            return rows, summary
+        time.sleep(0.25)
+
+
 def busy_over_interval(rows: list[ReplicaRow], before: dict[str, ReplicaRow], seconds: float) -> None:
     """Fill in busy_fraction where the source gave none (Redis holds only running totals): the
     replica's busy seconds since the last read over the time between the reads. Redis counts a job's
@@ -187,7 +199,7 @@ def show(args: argparse.Namespace) -> int:
     reads = 0
     while True:
         try:
-            rows, summary = read_status(args)
+            rows, summary = read_status_settled(args)
         except StatusUnavailable as e:
             print(f"kokoro-fleet status: {e}", file=sys.stderr)
             rows, summary = None, None

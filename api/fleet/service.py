@@ -412,9 +412,13 @@ class FleetSpeechService:
     # --- background -----------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
         """Re-read the fleet's figures for /metrics, note degraded/recovered, and cancel tickets
-        whose response never started."""
+        whose response never started. The first read comes at once, so /metrics and `status`
+        show the replica table from a worker's first second, not one refresh later."""
+        first = True
         while True:
-            await asyncio.sleep(STATS_REFRESH_S)
+            if not first:
+                await asyncio.sleep(STATS_REFRESH_S)
+            first = False
             self._note_degraded()
             now = time.monotonic()
             for rid, plan in list(self._unclaimed.items()):

@@ -313,6 +313,45 @@ def test_a_fleet_worker_that_has_not_read_the_replica_table_yet_says_fleet_not_s
     assert "not read the fleet's replica table" in format_table(rows, summary)
 
 
+def test_a_started_fleet_worker_reads_the_fleets_figures_at_once(local_service, redis_server):
+    """The first read of Redis comes when the worker starts, not one refresh (a second) later: a
+    worker that has just started shows the replica table in /metrics and `status` straight away."""
+    from api.fleet.service import STATS_REFRESH_S
+
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            await asyncio.sleep(STATS_REFRESH_S / 3)
+            return fleet.snapshot.read_at, fleet.snapshot.stats
+        finally:
+            await fleet.aclose()
+
+    read_at, stats = asyncio.run(go())
+    assert read_at > 0 and stats is not None
+
+
+def test_status_asks_a_worker_that_has_not_read_the_replica_table_again(monkeypatch):
+    """The kernel may hand `status --url` to a worker that has just started; an empty fleet table is
+    asked again (up to a few seconds) before it is shown, and a single worker is never asked twice."""
+    import argparse
+
+    from api import status_cli
+
+    answers = [([], {"mode": "fleet"}), ([], {"mode": "fleet"}),
+               ([status_cli.ReplicaRow("w0-r0", True, False, None, 0, 0.0, 0.0, "sim")], {"mode": "fleet"})]
+    monkeypatch.setattr(status_cli, "read_status", lambda args: answers.pop(0))
+    monkeypatch.setattr(status_cli.time, "sleep", lambda s: None)
+    rows, _ = status_cli.read_status_settled(argparse.Namespace())
+    assert [r.replica for r in rows] == ["w0-r0"] and answers == []
+
+    single = [([], {"mode": "single"}), ([], {"mode": "fleet"})]
+    monkeypatch.setattr(status_cli, "read_status", lambda args: single.pop(0))
+    assert status_cli.read_status_settled(argparse.Namespace()) == ([], {"mode": "single"}) and len(single) == 1
+
+    monkeypatch.setattr(status_cli, "read_status", lambda args: ([], {"mode": "fleet"}))
+    assert status_cli.read_status_settled(argparse.Namespace(), patience_s=0.0) == ([], {"mode": "fleet"})
+
+
 def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
     async def go():
         fleet = await fleet_for(local_service, redis_server.url).start()
