@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from worker.audio import SAMPLE_RATE
+from worker.cpu_runtime import _KEEP_FREED
 
 # Phonemes of ordinary English (misaki's set), cut to the chunk sizes: real ids and a real rhythm
 # of words and punctuation, without needing the text frontend.
@@ -336,6 +337,8 @@ def run(args: argparse.Namespace) -> int:
              f"fused={fused} torch={torch.__version__}",
              f"cpu: {cpu.summary()}",
              f"isa: {isa_in_use()} (onnxruntime: its own choice, native)",
+             *([f"malloc: keeps freed memory for every contender here (process-wide, set by the int8 engine; "
+                f"a bf16 or fp32 server runs with glibc's default)"] if _KEEP_FREED["applied"] else []),
              f"{'phonemes':>8} {'contender':<22} {'audio s/s':>10} {'p50 s':>8} {'p95 s':>8} {'audio s':>8} {'vs ref':>7}"
              f" {'vs onnxrt':>9} {'audio s/cpu s':>14} {'vs ref':>7}"]
     for size, by_name in results.items():
