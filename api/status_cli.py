@@ -31,6 +31,7 @@ class ReplicaRow:
     busy_seconds: float
     audio_seconds: float
     engine: str | None = None  # "torch cuda bf16", "sim"; None where the replica reports none
+    running_seconds: float = 0.0  # Redis only: how long the job in hand has run (busy_seconds counts it when done)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +109,8 @@ async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow
         replicas = await read_replicas(client, prefix or DEFAULT_PREFIX)
     finally:
         await client.aclose()
-    rows = [ReplicaRow(r.replica, r.alive, r.busy, None, r.jobs_done, r.busy_seconds, r.audio_seconds, r.engine)
+    rows = [ReplicaRow(r.replica, r.alive, r.busy, None, r.jobs_done, r.busy_seconds, r.audio_seconds, r.engine,
+                       r.running_seconds)
             for r in sorted(replicas, key=lambda r: r.replica)]
     engines = sorted({r.engine for r in rows if r.engine})
     summary = {"mode": "redis", **({"engine": ",".join(engines)} if engines else {}), **{g: stats[g] for g in GAUGES}, "live_replicas": stats.live_replicas,
@@ -178,11 +180,13 @@ def read_status_settled(args: argparse.Namespace, patience_s: float = 3.0) -> tu
 def busy_over_interval(rows: list[ReplicaRow], before: dict[str, ReplicaRow], seconds: float) -> None:
     """Fill in busy_fraction where the source gave none (Redis holds only running totals): the
     replica's busy seconds since the last read over the time between the reads. Redis counts a job's
-    busy time when it completes, so an interval shorter than a job reads in steps."""
+    busy time when it completes; the time the job in hand has run so far is added, so an interval
+    shorter than a job reads busy, not 0% and then over 100% when the job completes."""
     for row in rows:
         last = before.get(row.replica)
         if row.busy_fraction is None and last is not None and seconds > 0:
-            row.busy_fraction = min(1.0, max(0.0, (row.busy_seconds - last.busy_seconds) / seconds))
+            busy = (row.busy_seconds + row.running_seconds) - (last.busy_seconds + last.running_seconds)
+            row.busy_fraction = min(1.0, max(0.0, busy / seconds))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -193,6 +193,7 @@ local function lease_for(replica, lease_ms, replica_ttl, own_owner, own_slack, b
     end
   end
   redis.call('HINCRBY', K_STATS, 'lease_batches_total', 1)
-  redis.call('HSET', replica_key(replica), 'busy', 1, 'job', leased[1][1], 'batch', #leased, 'seen', now)
+  -- 'since': when this lease began, so `status` can count a running job's time before it completes
+  redis.call('HSET', replica_key(replica), 'busy', 1, 'job', leased[1][1], 'batch', #leased, 'seen', now, 'since', now)
   return leased
 end

@@ -206,6 +206,21 @@ class ReplicaStatus:
     busy_seconds: float
     audio_seconds: float
     engine: str | None = None  # "torch cuda bf16", "sim"; None from a replica that writes none
+    running_seconds: float = 0.0  # how long its current lease has run; busy_seconds counts a job when it completes
+
+    @property
+    def busy_so_far(self) -> float:
+        """Busy seconds including the job in hand: what a busy fraction over an interval shorter
+        than a job must read, or it shows 0% until the job completes and then well over 100%."""
+        return self.busy_seconds + self.running_seconds
+
+
+def running_seconds(row: dict[str, str], now_ms: int, alive: bool) -> float:
+    """Seconds the replica's current lease has run, from its row's `since`; 0 when it is idle,
+    dead (a dead replica's row keeps busy=1 until a reaper drops it) or writes no `since`."""
+    if not alive or row.get("busy") != "1" or "since" not in row:
+        return 0.0
+    return max(0, now_ms - int(row["since"])) / 1000
 
 
 async def read_replicas(client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> list[ReplicaStatus]:
@@ -219,5 +234,6 @@ async def read_replicas(client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) ->
             rows.append(ReplicaStatus(
                 replica=name.decode(), alive=expiry > now_ms, busy=h.get("busy") == "1",
                 jobs_done=int(h.get("jobs_done", 0)), busy_seconds=int(h.get("busy_ms", 0)) / 1000,
-                audio_seconds=int(h.get("audio_ms", 0)) / 1000, engine=h.get("engine")))
+                audio_seconds=int(h.get("audio_ms", 0)) / 1000, engine=h.get("engine"),
+                running_seconds=running_seconds(h, now_ms, alive=expiry > now_ms)))
     return rows

@@ -439,7 +439,7 @@ class FleetSpeechService:
             for r in replicas:
                 before = previous.get(r.replica)
                 if before is not None and elapsed > 0:
-                    busy[r.replica] = min(1.0, max(0.0, (r.busy_seconds - before.busy_seconds) / elapsed))
+                    busy[r.replica] = min(1.0, max(0.0, (r.busy_so_far - before.busy_so_far) / elapsed))
             self.snapshot = FleetSnapshot(stats, replicas, busy, now)
             self._follow_live_replicas(stats.live_replicas)
 

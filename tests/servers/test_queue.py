@@ -465,6 +465,43 @@ def test_status_watch_reads_redis_again_and_measures_busy_over_each_interval(red
     assert all(b != "-" and 30 <= int(b) <= 100 for b in busy[1:]), out  # busy nearly all of each interval
 
 
+def test_status_counts_the_running_job_so_a_watch_shorter_than_a_job_reads_busy(redis_server):
+    """One job far longer than the watch interval: Redis adds its busy time only when it completes,
+    so without the running lease's time every frame during it would read 0%."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    async def go():
+        rep = replica(redis_server.url, "r0", engine="sim")
+        rep.start()
+        client = owner(redis_server.url)
+        ticket = await client.admit(jobs(40, work_s=8.0))
+        rows = []
+        for _ in range(100):  # until the replica holds the job
+            rows = await read_replicas(client.client)
+            if rows and rows[0].busy:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        running = (await read_replicas(client.client))[0]
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "api.cli", "status", "--redis-url", redis_server.url, "--watch", "0.5",
+            "--count", "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
+        out, err = await status.communicate()
+        await collect(client, ticket, timeout_s=30)
+        await client.release(ticket.request_id)
+        await rep.close()
+        return running, status.returncode, out.decode(), err.decode()
+
+    running, returncode, out, err = asyncio.run(go())
+    assert running.busy and running.busy_seconds == 0 and 0.4 <= running.running_seconds < 8, running
+    assert returncode == 0, err
+    busy = [line.split()[4] for line in out.splitlines() if line.startswith("r0 ")]
+    assert len(busy) == 3 and busy[0] == "-", out
+    assert all(b != "-" and int(b) >= 80 for b in busy[1:]), out  # the whole interval inside the job
+
+
 def test_many_requests_on_several_replicas_all_complete_and_counters_return_to_zero(redis_server):
     async def go():
         rng = random.Random(5)
