@@ -13,12 +13,15 @@
   restarts that keep the cache volume.
 * Freed memory: during a synthesis a CPU engine in int8 mode keeps the memory of freed activations for the
   next ones (glibc malloc without mmap; `keep_freed_memory`) instead of handing it back to the
-  kernel and page-faulting it in again at every large tensor; after it, the free pages go back.
+  kernel and page-faulting it in again at every large tensor. Once a replica is idle, in every
+  mode, the free pages go back to the kernel if the process holds 512 MiB more than after its
+  last trim (`return_freed_memory`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import logging
 import os
@@ -77,11 +80,12 @@ def inference_executor(niceness: int) -> concurrent.futures.ThreadPoolExecutor:
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _KEEP_FREED = {"applied": False}
+_TRIM: dict = {}  # glibc's malloc_trim (None outside glibc) and the resident bytes after the last trim
 
 
 def keep_freed_memory() -> bool:
     """Make glibc malloc keep freed memory for reuse: no mmap'd chunks, no trimming of the heap
-    (until `return_freed_memory`, which a CPU engine calls after each synthesis; engines ask
+    (until `return_freed_memory`, which a CPU replica calls once idle; engines ask
     for it in int8 mode only, where it was measured to pay). Process-wide,
     once; returns whether it is in force.
 
@@ -114,7 +118,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     if applied:
-        _KEEP_FREED.update(applied=True, malloc_trim=libc.malloc_trim)
+        _KEEP_FREED.update(applied=True)
         log.info("malloc keeps freed memory during a synthesis (no mmap'd chunks); MALLOC_MMAP_MAX_=65536 turns it off")
     return applied
 
@@ -124,20 +128,40 @@ def _resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _malloc_trim():
+    """glibc's malloc_trim, or None outside glibc (musl, macOS)."""
+    if "malloc_trim" not in _TRIM:
+        trim = None
+        if platform.libc_ver()[0] == "glibc":
+            with contextlib.suppress(OSError, AttributeError):
+                trim = ctypes.CDLL(None).malloc_trim
+        _TRIM["malloc_trim"] = trim
+    return _TRIM["malloc_trim"]
+
+
 def return_freed_memory(slack: int = 512 << 20) -> None:
-    """Hand the heap's free pages back to the kernel (glibc malloc_trim), where `keep_freed_memory`
-    is in force, once the process holds more than `slack` bytes above what it held after its
-    last trim: a CPU engine calls it after each synthesis, so an idle replica holds at most
-    `slack` more than it would with glibc's default, and the free pages of short chunks stay for
-    the next one. AVX2 int8 mode, 2-core AMD EPYC: a 100-phoneme synthesis leaves the process
-    about 0.3 GB above its floor (no trim with the default slack); a 250-phoneme one about 0.7 GB
-    (trimmed: about 50 ms), a 500-phoneme one about 1.1 GB (about 75 ms)."""
-    if not _KEEP_FREED["applied"]:
+    """Hand the free pages of every malloc arena back to the kernel (glibc malloc_trim) once the
+    process holds more than `slack` bytes above what it held after its last trim. A CPU replica
+    calls it once it has been idle for a few seconds (worker/replica.py), so an idle replica holds
+    at most `slack` more than its floor, while a busy one keeps its pages for the next job.
+
+    Needed in every mode, not only with `keep_freed_memory`: glibc's default raises its mmap and
+    trim thresholds as large tensors come and go, and each thread that allocates (the inference
+    thread, the OpenMP pool, the warm-up's) keeps an arena of its own, so a bf16 replica that
+    served a few 3000-character texts held 2.1-2.3 GB resident between requests (0.93 GB at
+    ready). With `keep_freed_memory` (int8) nothing is ever unmapped, so without this the heap
+    would hold its high-water mark for good. 2-core AMD EPYC, bf16: a trim takes 8 ms after a
+    30-phoneme chunk, 30-50 ms after 400-510 phoneme ones; a trim after every synthesis made a
+    30-510-phoneme mix 4% slower (the trims, and faulting the pages in again), hence idle only.
+    AVX2 int8: a 100-phoneme synthesis leaves the process about 0.3 GB above its floor, a
+    250-phoneme one about 0.7 GB."""
+    trim = _malloc_trim()
+    if trim is None:
         return
     resident = _resident_bytes()
-    if resident > _KEEP_FREED.get("floor", 0) + slack:
-        _KEEP_FREED["malloc_trim"](0)
-        _KEEP_FREED["floor"] = _resident_bytes()
+    if resident > _TRIM.get("floor", 0) + slack:
+        trim(0)
+        _TRIM["floor"] = _resident_bytes()
 
 
 def vector_isa() -> str:

@@ -36,7 +36,7 @@ import torch
 
 from worker import cpu_features
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from worker.cpu_runtime import keep_freed_memory, return_freed_memory
+from worker.cpu_runtime import keep_freed_memory
 from worker.model import KokoroModel
 from worker.model.layers import kernels, use_compiled_kernels
 from worker.weights.serving import fold, serving_state_dict
@@ -169,8 +169,6 @@ class Engine:
             audio, durations = self.graphs.run(ids, style, speed)
         else:
             audio, durations = self._run_eager(ids, style, speed)
-        if self.device.type == "cpu":
-            return_freed_memory()
         return Synthesis(audio=audio, durations=durations[:n_tokens])
 
     @torch.inference_mode()
@@ -187,8 +185,6 @@ class Engine:
         if self.device.type == "cpu":
             use_compiled_kernels(self.fused_kernels)
         results = self._run_batch(items)
-        if self.device.type == "cpu":
-            return_freed_memory()
         return results
 
     @torch.inference_mode()

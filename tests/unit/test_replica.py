@@ -140,3 +140,47 @@ def test_a_cancelled_caller_does_not_let_the_next_job_overlap_its_inference():
     assert engine.most_at_once == 1
     assert engine.order == [1, 2]
     assert replica.jobs_done == 1
+
+
+def test_a_cpu_replica_trims_its_heap_once_idle_never_between_back_to_back_jobs(monkeypatch):
+    """The free heap pages go back (cpu_runtime.return_freed_memory) after an idle spell, in the
+    inference thread and never overlapping a job; jobs that follow each other closely keep them."""
+    import worker.replica
+
+    engine = SlowEngine(0.05)
+    engine.device = torch.device("cpu")
+    trims = []  # (thread name, jobs running on the engine at the time)
+    monkeypatch.setattr(worker.replica, "return_freed_memory",
+                        lambda: trims.append((threading.current_thread().name, engine.running)))
+    replica = Replica(engine, idle_before_trim_s=0.3)
+
+    async def main():
+        for i in range(6):  # back to back, 0.05 s apart: well under the idle spell
+            await replica.synthesize([i], torch.zeros(256))
+            await asyncio.sleep(0.05)
+        during = len(trims)
+        await asyncio.sleep(0.8)  # idle: one trim
+        after_idle = len(trims)
+        await asyncio.sleep(0.8)  # still idle: no job since, no second trim
+        return during, after_idle, len(trims)
+
+    during, after_idle, total = asyncio.run(main())
+    assert (during, after_idle, total) == (0, 1, 1)
+    assert trims[0][0].startswith("inference") and trims[0][1] == 0
+
+
+def test_a_gpu_replica_never_trims_the_heap(monkeypatch):
+    import worker.replica
+
+    engine = SlowEngine(0.01)
+    engine.device = torch.device("cuda")  # a stand-in: nothing runs on it
+    trims = []
+    monkeypatch.setattr(worker.replica, "return_freed_memory", lambda: trims.append(1))
+    replica = Replica(engine, idle_before_trim_s=0.05)
+
+    async def main():
+        await replica.synthesize([1], torch.zeros(256))
+        await asyncio.sleep(0.3)
+
+    asyncio.run(main())
+    assert trims == []
