@@ -143,7 +143,7 @@ def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
 
     assert run() == ["True", "True"]
     assert run(MALLOC_MMAP_MAX_="65536") == ["False", "False"]
-    # freed memory stays resident until return_freed_memory() (a CPU engine's, after each synthesis)
+    # freed memory stays resident until return_freed_memory() (a CPU replica's, once idle)
     # finds more than its slack above the last trim
     memory = ("import torch; from worker.cpu_runtime import keep_freed_memory, return_freed_memory\n"
               "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
