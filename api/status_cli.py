@@ -33,6 +33,10 @@ class ReplicaRow:
     engine: str | None = None  # "torch cuda bf16", "sim"; None where the replica reports none
     running_seconds: float = 0.0  # Redis only: how long the job in hand has run (busy_seconds counts it when done)
 
+    @property
+    def busy_so_far(self) -> float:
+        return self.busy_seconds + self.running_seconds
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8880", help="a server of the fleet (reads its /metrics)")
@@ -185,8 +189,7 @@ def busy_over_interval(rows: list[ReplicaRow], before: dict[str, ReplicaRow], se
     for row in rows:
         last = before.get(row.replica)
         if row.busy_fraction is None and last is not None and seconds > 0:
-            busy = (row.busy_seconds + row.running_seconds) - (last.busy_seconds + last.running_seconds)
-            row.busy_fraction = min(1.0, max(0.0, busy / seconds))
+            row.busy_fraction = min(1.0, max(0.0, (row.busy_so_far - last.busy_so_far) / seconds))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -414,11 +414,10 @@ class FleetSpeechService:
         """Re-read the fleet's figures for /metrics, note degraded/recovered, and cancel tickets
         whose response never started. The first read comes at once, so /metrics and `status`
         show the replica table from a worker's first second, not one refresh later."""
-        first = True
+        delay = 0.0
         while True:
-            if not first:
-                await asyncio.sleep(STATS_REFRESH_S)
-            first = False
+            await asyncio.sleep(delay)
+            delay = STATS_REFRESH_S
             self._note_degraded()
             now = time.monotonic()
             for rid, plan in list(self._unclaimed.items()):
