@@ -9,7 +9,8 @@ this command starts and owns an embedded `redis-server` (loopback, a free port, 
 workers reach it through a Unix socket, cheaper per round trip than TCP),
 stopped with the fleet, also on SIGTERM/SIGINT; with one it uses that Redis (passwords and
 `rediss://` TLS URLs go straight to redis-py). One worker without a Redis URL serves alone, no
-queue. On a GPU it checks that N replicas fit in the free GPU memory before starting any, and
+queue. On CPU it starts no more replicas than the available memory holds (cgroup limits included:
+worker/machine.py); on a GPU it checks that N replicas fit in the free GPU memory before starting any, and
 starts the CUDA MPS daemon unless one already runs (docker/entrypoint.sh starts it in images).
 `--baseline` serves Kokoro-FastAPI's architecture with our engine instead: one process, one model,
 no queue, four chunks at a time.
@@ -92,14 +93,56 @@ def _on_gpu(settings: Settings) -> bool:
 
 
 def resolve_workers(settings: Settings) -> int:
-    """KOKORO_WORKERS, or its default: 8 replicas on a GPU (or simulating one), one per core on CPU."""
+    """KOKORO_WORKERS, or its default: 8 replicas on a GPU (or simulating one), one per usable core
+    on CPU (cgroup CPU quota included; `fit_cpu_memory` may lower that)."""
+    from worker.machine import usable_cores
+
     if settings.baseline:
         return 1
     if settings.workers > 0:
         return settings.workers
     if settings.engine == "sim" or _on_gpu(settings):
         return 8
-    return os.cpu_count() or 1
+    return usable_cores()
+
+
+# --- memory on CPU ---------------------------------------------------------------------------------
+
+def replica_cpu_mib(settings: Settings) -> int:
+    """KOKORO_REPLICA_CPU_MIB, or the peak measured for the weights in use (see its setting)."""
+    if settings.replica_cpu_mib > 0:
+        return settings.replica_cpu_mib
+    return 1280 if settings.weights == "tiny" else 2560
+
+
+def fit_cpu_memory(workers: int, per_replica_mib: int, available_mib: int | None,
+                   chosen: bool) -> tuple[int, str, bool]:
+    """How many of `workers` CPU replicas to start, a line for the log, and whether it warns.
+
+    A default count (one per core) is lowered to what the available memory holds; a count the
+    user chose (`chosen`) that does not fit stops the launch with what to do, before any replica
+    loads, instead of letting the OOM killer take replicas mid-request. One replica always starts,
+    with a warning when even it may not fit."""
+    if available_mib is None:
+        return workers, "memory: available memory unknown (no /proc/meminfo); not checked", False
+    fits = available_mib // per_replica_mib
+    if workers <= fits:
+        return workers, (f"memory: {workers} replica(s) x {per_replica_mib} MiB (KOKORO_REPLICA_CPU_MIB) fit in "
+                         f"{available_mib} MiB available"), False
+    if chosen and workers > max(1, fits):
+        raise SystemExit(
+            f"kokoro-fleet serve: {workers} replicas may take about {workers * per_replica_mib} MiB of memory "
+            f"({per_replica_mib} MiB each at their peak, KOKORO_REPLICA_CPU_MIB) but {available_mib} MiB are "
+            f"available (cgroup limits included). Start at most {max(1, fits)} (--workers {max(1, fits)}), give "
+            f"the machine or container more memory, or, if your texts are short, set KOKORO_REPLICA_CPU_MIB to "
+            f"what one replica reaches under your load.")
+    if fits >= 1:
+        return fits, (f"memory: {fits} worker(s), not one per core ({workers}): each replica may take "
+                      f"{per_replica_mib} MiB at its peak (KOKORO_REPLICA_CPU_MIB) and {available_mib} MiB are "
+                      f"available (cgroup limits included)"), True
+    return 1, (f"memory: only {available_mib} MiB available (cgroup limits included) and one replica may take "
+               f"{per_replica_mib} MiB at its peak (KOKORO_REPLICA_CPU_MIB): long requests may run out of memory; "
+               f"a smaller KOKORO_CHUNK_PHONEMES lowers the peak"), True
 
 
 # --- the embedded Redis ---------------------------------------------------------------------------
@@ -294,10 +337,18 @@ def run(args: argparse.Namespace) -> int:
 
         log.warning(describe(settings))
     workers = resolve_workers(settings)
+    on_gpu = _on_gpu(settings)
+    if not on_gpu and settings.engine == "torch":
+        from worker.machine import available_memory_bytes
+
+        available = available_memory_bytes()
+        workers, line, warn = fit_cpu_memory(workers, replica_cpu_mib(settings),
+                                             None if available is None else available >> 20,
+                                             chosen=settings.workers > 0 and not settings.baseline)
+        (log.warning if warn else log.info)(line)
     if settings.baseline and (settings.workers > 1 or getattr(args, "workers", None)):
         log.warning("--baseline runs one process: ignoring --workers/KOKORO_WORKERS=%d", settings.workers)
     os.environ["KOKORO_WORKERS"] = str(workers)
-    on_gpu = _on_gpu(settings)
     mps = Mps(settings.mps)
     redis: EmbeddedRedis | None = None
     try:

@@ -4,7 +4,6 @@ metrics, and the thread pool its PyAV encoders run in."""
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -12,6 +11,7 @@ from api.admission import ProcessAdmission
 from api.errors import ApiError, CapacityError
 from api.metrics import Metrics
 from api.service import SpeechBackend
+from worker.machine import usable_cores
 from worker.settings import Settings
 
 
@@ -22,7 +22,7 @@ def encode_pool(workers: int = 1) -> ThreadPoolExecutor:
     every worker would only make the threads take turns on the cores, and the switching costs CPU
     (2 workers on 2 cores under the front-end benchmark's mp3 load: 5-6% more server CPU per
     request with two encode threads per worker than with one)."""
-    threads = max(1, math.ceil((os.cpu_count() or 1) / max(1, workers)))
+    threads = max(1, math.ceil(usable_cores() / max(1, workers)))
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kokoro-encode")
 
 

@@ -1,7 +1,8 @@
 """How a replica process shares a CPU machine: thread count, inference priority, compile cache.
 
-* Threads: N replicas on C cores get C // N intra-op threads each (at least one), unless
-  KOKORO_THREADS says otherwise: several replicas each using every core would only fight over them.
+* Threads: N replicas on C usable cores (a container's CPU quota included: worker/machine.py) get
+  C // N intra-op threads each (at least one), unless KOKORO_THREADS says otherwise: several
+  replicas each using every core would only fight over them.
 * Priority: inference runs in one dedicated thread at raised niceness (KOKORO_INFERENCE_NICE).
   Linux niceness is per thread and inherited by the threads a thread creates, so the OpenMP pool
   that the inference thread starts at its first parallel region (the intra-op threads torch and the
@@ -29,15 +30,9 @@ import platform
 import threading
 from pathlib import Path
 
+from worker.machine import usable_cores
+
 log = logging.getLogger("kokoro_fleet.cpu")
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, e.g. a container's cpuset), else the count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def inference_threads(configured: int, workers: int, cores: int | None = None) -> int:

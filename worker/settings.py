@@ -91,7 +91,9 @@ class Settings:
     # --- HTTP API ---
     host: str = setting("KOKORO_HOST", "0.0.0.0", "Address the server listens on.")
     port: int = setting("KOKORO_PORT", 8880, "Port the server listens on.")
-    workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim, the core count on CPU).")
+    workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim; on CPU one per "
+        "usable core, a container's CPU quota included, and no more than the available memory holds: "
+        "KOKORO_REPLICA_CPU_MIB).")
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop; it counts idle keep-alive connections too and answers beyond it with a bare 503 (no Retry-After) that closes the connection (0: 512, or twice KOKORO_MAX_REQUESTS plus 16 if more).")
     api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
     cors_origins: str = setting(
@@ -166,6 +168,12 @@ class Settings:
         "KOKORO_BASELINE", False,
         "Serve as the comparison baseline: one process, one model, no queue, chunks of all requests run "
         "four at a time on it (Kokoro-FastAPI's architecture); `kokoro-fleet serve --baseline` sets it.")
+    replica_cpu_mib: int = setting(
+        "KOKORO_REPLICA_CPU_MIB", 0,
+        "Memory one replica may reach on CPU (model, compiled kernels, a 510-phoneme chunk's activations, "
+        "freed memory malloc keeps); `serve` starts no more default workers than the available memory "
+        "holds (cgroup limits included) and refuses a --workers beyond it (0: the measured figure, 2560 "
+        "for full-size weights (measured peak 2.0-2.45 GB), 1280 for `tiny` (1.2 GB)).", minimum=0)
     replica_gpu_mib: int = setting(
         "KOKORO_REPLICA_GPU_MIB", 3072,
         "GPU memory one replica needs (weights, CUDA graphs, activations); `serve` refuses to start more "
