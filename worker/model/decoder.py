@@ -199,9 +199,10 @@ class Generator(nn.Module):
             if self.channels_last:
                 x = time_major(x)
             x = x + x_source
+            del x_source  # one [B, G / 4, 120F] float32 activation less held through the resblocks
             xs = self.resblocks[i * self.num_kernels](x, style, up_spans[i])
             for j in range(1, self.num_kernels):
-                xs = xs + self.resblocks[i * self.num_kernels + j](x, style, up_spans[i])
+                xs += self.resblocks[i * self.num_kernels + j](x, style, up_spans[i])  # in place: xs is ours
             x = xs / self.num_kernels
             in_span = up_spans[i]
         # conv_post stays float32: exp() of its output turns any rounding into spectral error

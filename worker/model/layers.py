@@ -573,6 +573,7 @@ class AdaINResBlock1(nn.Module):
         else:
             inv1, inv2 = self._inverse_alpha
         moments = None  # x's mean and variance over time, when the int8 path computed them with x
+        owned = False  # whether x is this block's own (after the first residual add), not the caller's
         for c1, c2, n1, n2, a1, a2, i1, i2 in zip(self.convs1, self.convs2, self.adain1, self.adain2,
                                                   self.alpha1, self.alpha2, inv1, inv2):
             if c1._int8 is not None:  # int8 mode (CPU): each conv reads its input quantized per window
@@ -583,5 +584,7 @@ class AdaINResBlock1(nn.Module):
             h = c1(zero_padding(h, span))
             h = styled_snake(h, *n2.scale_shift(h, style, span), a2, i2, dtype)
             h = c2(zero_padding(h, span))
-            x = h + x
+            # in place once x is ours: the long [B, C, 120F] float32 stream is not held twice
+            x = x.add_(h) if owned else h + x
+            owned = True
         return x
