@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -96,12 +97,12 @@ def docker_image(request, tmp_path_factory) -> str:
 class Container:
     """A `docker run -d --network host` of the image, serving on a free port of this host."""
 
-    def __init__(self, image: str, **env: str):
+    def __init__(self, image: str, docker_args: tuple[str, ...] = (), **env: str):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.name = f"kokoro-fleet-test-{secrets.token_hex(4)}"
         env = {"KOKORO_HOST": "127.0.0.1", "KOKORO_PORT": str(self.port), "KOKORO_WORKERS": "1", **env}
-        args = ["run", "-d", "--name", self.name, "--network", "host"]
+        args = ["run", "-d", "--name", self.name, "--network", "host", *docker_args]
         for key, value in env.items():
             args += ["-e", f"{key}={value}"]
         self.started = time.monotonic()
@@ -220,6 +221,29 @@ def test_a_container_without_weights_fails_fast_and_says_how_to_provide_them(doc
     assert "WEIGHTS=official|offline" in result.stderr and "kokoro-fleet weights --prepare" in result.stderr
     assert "starting: kokoro-fleet serve" not in result.stderr
     assert time.monotonic() - started < 60
+
+
+def test_the_fleet_sizes_itself_to_the_containers_cpu_quota_and_memory_limit(docker_image):
+    """`--cpus` and `--memory` are cgroup limits the container's /proc does not show: the host's
+    cores and memory are what os.cpu_count() and MemAvailable say inside."""
+    # a worker count the memory limit cannot hold: refused before any replica loads, saying what fits
+    refused = docker("run", "--rm", "--network", "none", "--memory", "3g", "-e", "KOKORO_WORKERS=2", docker_image,
+                     check=False, timeout=120)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert "Start at most 1 (--workers 1)" in refused.stderr, refused.stderr
+    # the default count: one worker per core of the quota (not one per host core), in the memory limit
+    served = Container(docker_image, docker_args=("--cpus", "1", "--memory", "4g"), KOKORO_WORKERS="0")
+    try:
+        served.wait_ready()
+        logs = served.logs()
+        assert "one worker, no queue" in logs, logs
+        assert "1 inference thread(s) (KOKORO_THREADS=0, 1 worker(s) on 1 usable core(s))" in logs, logs
+        available = re.search(r"fit in (\d+) MiB available", logs)
+        assert available and int(available[1]) <= 4096, logs
+        assert httpx.post(f"{served.base}/v1/audio/speech", json={"model": "kokoro", "voice": "af_heart",
+                          "input": "Sized to its container.", "response_format": "pcm"}, timeout=120).status_code == 200
+    finally:
+        served.remove()
 
 
 def test_docker_stop_drains_an_in_flight_stream_and_exits_0(container):
