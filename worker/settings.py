@@ -173,7 +173,8 @@ class Settings:
         "Memory one replica may reach on CPU (model, compiled kernels, a 510-phoneme chunk's activations, "
         "freed memory malloc keeps); `serve` starts no more default workers than the available memory "
         "holds (cgroup limits included) and refuses a --workers beyond it (0: the measured figure, 2560 "
-        "for full-size weights (measured peak 2.0-2.45 GB), 1280 for `tiny` (1.2 GB)).", minimum=0)
+        "for full-size weights (a bf16 replica serving 3000-character texts peaked at 2.0-2.13 GB, int8 and fp32 "
+        "ones about as high), 1280 for `tiny` (1.2 GB)).", minimum=0)
     replica_gpu_mib: int = setting(
         "KOKORO_REPLICA_GPU_MIB", 3072,
         "GPU memory one replica needs (weights, CUDA graphs, activations); `serve` refuses to start more "
