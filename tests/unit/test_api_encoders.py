@@ -138,7 +138,7 @@ def test_content_types_and_unknown_format():
 def test_the_encode_pool_gives_each_worker_its_share_of_the_cores(monkeypatch):
     import api.state
 
-    monkeypatch.setattr(api.state.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(api.state, "usable_cores", lambda: 8)
     assert [api.state.encode_pool(w)._max_workers for w in (0, 1, 2, 3, 8, 16)] == [8, 8, 4, 3, 1, 1]
 
 
