@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="out.wav", help="WAV file to write (24 kHz mono 16-bit)")
     parser.add_argument("--voice", default="af_heart", help="voice name, OpenAI alias or mix such as 'af_bella(2)+af_sky(1)'")
     parser.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25 to 4.0")
-    parser.add_argument("--lang", default=None, help="language code (a, b, e, f, h, i, p); default: the voice's")
+    parser.add_argument("--lang", default=None, help="language code (a, b, e, f, h, i, j, p, z); default: the voice's")
     parser.add_argument("--weights", default=None, help="weight source (offline, official, tiny or a directory); default: KOKORO_WEIGHTS")
     parser.add_argument("--phonemes", action="store_true",
                         help="TEXT is phonemes in Kokoro's alphabet (as `kokoro-fleet phonemize` prints), spoken as given")

@@ -156,7 +156,6 @@ BAD_INPUTS = [
     ({"input": "Hello\u0000 there."}, 400, "input"),
     ({"input": "Hello.", "temperature": 0.7}, 400, "temperature"),
     ({"input": "Hello.", "lang_code": "xx"}, 400, "lang_code"),
-    ({"input": "Hello.", "voice": "jf_alpha"}, 400, "voice"),  # Japanese G2P is not there yet
 ]
 
 
@@ -237,6 +236,25 @@ def test_captioned_speech(tiny_server):
     assert [w["word"].strip(".").lower() for w in words] == ["captions", "come", "with", "times"]
     assert all(0 <= w["start_time"] <= w["end_time"] <= seconds + 1e-3 for w in words)
     assert [w["start_time"] for w in words] == sorted(w["start_time"] for w in words)
+
+
+@pytest.mark.parametrize("voice, text, words, phonemes", [
+    ("zf_xiaobei", "你好，世界。我们用Kokoro说话。", ["你好", "世界", "我们", "用", "Kokoro", "说话"], "ni↓xau↓, ʂɨ↘ʨje↘."),
+    ("jf_alpha", "こんにちは、世界。", ["こんにちは", "世界"], "koɲɲiʨiβa, sekai."),
+])
+def test_mandarin_and_japanese_voices_speak_their_language_with_word_captions(tiny_server, voice, text, words,
+                                                                              phonemes):
+    """The voice's first letter picks the language (z, j), as for every other voice."""
+    resp = httpx.post(tiny_server.url + "/v1/audio/speech/captioned", timeout=60, json={
+        "input": text, "voice": voice, "response_format": "wav", "stream": False})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    seconds = decode(base64.b64decode(body["audio"]), "wav")[0]
+    assert seconds > 0.3 * len(words)
+    assert [w["word"] for w in body["timestamps"]] == words
+    assert all(0 <= w["start_time"] < w["end_time"] <= seconds + 1e-3 for w in body["timestamps"])
+    phonemized = httpx.post(tiny_server.url + "/dev/phonemize", json={"text": text, "language": voice[0]}, timeout=60)
+    assert phonemized.status_code == 200 and phonemized.json()["phonemes"].startswith(phonemes), phonemized.text
 
 
 # --- real weights: audio, timing, capacity, disconnects ------------------------------------------

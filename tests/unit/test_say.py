@@ -46,6 +46,25 @@ def test_say_hello_writes_plausible_speech(real_weights, tmp_path):
     assert 0.2 < voiced.mean() < 0.95, voiced.mean()
 
 
+@pytest.mark.parametrize("voice, text", [
+    ("zf_xiaobei", "春天来了，公园里的花都开了。孩子们在草地上跑来跑去。"),
+    ("jm_kumo", "春になると、公園の桜が一斉に咲きます。子供たちは芝生の上を走り回ります。"),
+])
+def test_mandarin_and_japanese_voices_speak_at_a_speaking_rate(real_weights, tmp_path, voice, text):
+    """A Mandarin or Japanese voice on its own language: speech, at a pace a person speaks (Mandarin
+    about 4 syllables a second, one per character; Japanese about 7 morae a second, roughly one per
+    kana and two per kanji), not silence or a phoneme-dropped mumble."""
+    audio, rate, _ = say(tmp_path, text, "--voice", voice)
+    seconds = len(audio) / rate
+    characters = sum(1 for c in text if c.isalpha())
+    assert 0.12 * characters <= seconds <= 0.5 * characters, (seconds, characters)
+    frame = audio[: len(audio) // 480 * 480].reshape(-1, 480)
+    rms = np.sqrt((frame ** 2).mean(axis=1))
+    assert rms.max() > 0.02
+    voiced = rms > 0.1 * rms.max()
+    assert 0.3 < voiced.mean() < 0.95, voiced.mean()
+
+
 def test_long_text_in_one_wav_at_a_speaking_rate_without_clicks(real_weights, tmp_path, monkeypatch):
     from api.cli import main
     from worker.speech import SpeechService

@@ -136,6 +136,11 @@ def test_language_errors_name_the_field_that_chose_the_language(voices):
     with pytest.raises(TextError) as by_request:
         svc.plan(SpeechRequest("Hello.", voice="af_heart", lang_code="xx"))
     assert by_request.value.param == "lang_code"
+    assert svc.plan(SpeechRequest("你好。", voice="zf_xiaobei")).lang_code == "z"
+    # A voice directory may hold voices of languages we cannot read (Korean, say): the voice chose it.
+    gen = torch.Generator().manual_seed(1)
+    korean = service(VoiceBank({"kf_test": torch.randn(510, 256, generator=gen)}), RecordingReplica())
     with pytest.raises(TextError) as by_voice:
-        svc.plan(SpeechRequest("Hello.", voice="jf_alpha"))
-    assert by_voice.value.param == "voice" and "jf_alpha" in str(by_voice.value)
+        korean.plan(SpeechRequest("Hello.", voice="kf_test"))
+    assert by_voice.value.param == "voice" and "kf_test" in str(by_voice.value)
+    assert korean.plan(SpeechRequest("Hello.", voice="kf_test", lang_code="a")).lang_code == "a"

@@ -161,13 +161,13 @@ def test_word_spans_point_at_the_words_phonemes():
     assert spans == {"Hello": "həlˈO", "big": "bˈɪɡ", "world": "wˈɜɹld"}
 
 
-def test_unsupported_language_is_a_text_error():
+def test_unknown_language_is_a_text_error_naming_the_supported_ones():
     from worker.text import TextError
 
-    with pytest.raises(TextError, match="not supported yet"):
-        text_to_chunks("こんにちは", "j")
-    with pytest.raises(TextError, match="unknown lang_code"):
+    with pytest.raises(TextError, match="unknown lang_code") as raised:
         text_to_chunks("hi", "q")
+    assert raised.value.param == "lang_code"
+    assert "j (ja)" in str(raised.value) and "z (zh)" in str(raised.value)
 
 
 def test_clean_text_removes_controls_keeps_words():

@@ -59,9 +59,17 @@ def test_phonemize_other_language(capsys):
     assert "espeak-ng" in capsys.readouterr().out
 
 
-def test_unsupported_language_exits_2_with_the_reason(capsys):
-    assert main(["phonemize", "--lang", "z", "ni hao"]) == 2
-    assert "not supported yet" in capsys.readouterr().err
+def test_phonemize_mandarin_and_japanese_names_the_reader(capsys):
+    assert main(["phonemize", "--lang", "z", "你好，世界。"]) == 0
+    out = capsys.readouterr().out
+    assert "ni↓xau↓" in out and "pypinyin" in out
+    assert main(["phonemize", "--lang", "j", "こんにちは。"]) == 0
+    assert "MeCab" in capsys.readouterr().out
+
+
+def test_unknown_language_exits_2_with_the_reason(capsys):
+    assert main(["phonemize", "--lang", "q", "hello"]) == 2
+    assert "unknown lang_code" in capsys.readouterr().err
 
 
 def test_frontend_timing_figure(capsys):

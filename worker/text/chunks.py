@@ -106,8 +106,8 @@ def _strengths(tokens: list[Token]) -> list[int]:
     out = []
     for i, tok in enumerate(tokens):
         nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-        if nxt is not None and not tok.space_after and not tok.newline_after and nxt.kind != "pause" \
-                and tok.kind != "pause":
+        if nxt is not None and not (tok.space_after or tok.break_after or tok.newline_after) \
+                and nxt.kind != "pause" and tok.kind != "pause":
             out.append(-1)  # inside a whitespace-delimited word: cut here only when forced
             continue
         marks = tok.phonemes if tok.kind == "punct" else ""
@@ -145,7 +145,8 @@ def _split_long_tokens(tokens: list[Token], limit: int) -> list[Token]:
         for j, piece in enumerate(pieces):
             last = j == len(pieces) - 1
             out.append(Token(tok.text if j == 0 else "", piece, space_after=tok.space_after if last else True,
-                             kind=tok.kind, source=tok.source, newline_after=tok.newline_after if last else False))
+                             kind=tok.kind, source=tok.source, newline_after=tok.newline_after if last else False,
+                             break_after=tok.break_after if last else False))
     return out
 
 
@@ -250,7 +251,7 @@ def _build_chunk(tokens: list[Token]) -> Chunk:
             if is_word:
                 words.append(WordSpan(tok.text, start, len(ids)))
             pending_space = False
-        if tok.space_after and (tok_ids or ids):
+        if (tok.space_after or tok.break_after) and (tok_ids or ids):
             pending_space = True
     while ids and ids[-1] == space:
         ids.pop()

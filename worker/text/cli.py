@@ -34,7 +34,8 @@ def _options(args: argparse.Namespace):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", nargs="*", help="the text (or - / nothing to read standard input)")
-    parser.add_argument("--lang", default="a", help="language code: a (en-us), b (en-gb), e, f, h, i, p")
+    parser.add_argument("--lang", default="a", help="language code: a (en-us), b (en-gb), e (es), f (fr-fr), "
+                                                    "h (hi), i (it), j (ja), p (pt-br), z (zh)")
     parser.add_argument("--no-normalize", action="store_true", help="skip normalization (numbers stay digits)")
     parser.add_argument("--units", action="store_true", help="also expand units (10KB -> ten kilobytes)")
 
@@ -110,5 +111,7 @@ def _describe(source: str) -> str:
         "espeak": "espeak-ng (not in the lexicon)",
         "number": "number",
         "custom": "custom pronunciation",
+        "pinyin": "jieba word, pypinyin reading (misaki's Mandarin)",
+        "mecab": "MeCab word and reading, unidic-lite (misaki's Japanese)",
         "silent": "silent (nothing to pronounce)",
     }.get(source, source)

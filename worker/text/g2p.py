@@ -7,12 +7,15 @@ and timestamps can name the words.
 English (`a`, `b`) goes word by word through `english.py` (misaki lexicon, espeak-ng fallback),
 right to left, because `the`, `to`, `a` sound different before a vowel. The espeak-ng languages go a
 clause at a time (so cross-word rules such as French liaison apply) and are matched back to words
-when espeak-ng returns one phoneme word per input word, else word by word.
+when espeak-ng returns one phoneme word per input word, else word by word. Mandarin (`z`) and
+Japanese (`j`) write no spaces: each run of their text is cut into words by the language's own
+segmenter (`mandarin.py`, `japanese.py`), and Latin words inside go through the English G2P.
 """
 
 from __future__ import annotations
 
 import logging
+import unicodedata
 from dataclasses import dataclass
 
 import regex
@@ -20,16 +23,21 @@ import regex
 from worker.text import espeak
 from worker.text.english import CLAUSE_PUNCTUATION, CONSONANTS, VOWELS, Context, english_g2p
 from worker.text.errors import TextError
+from worker.text.japanese import japanese_words
+from worker.text.mandarin import mandarin_words
 
 log = logging.getLogger(__name__)
 
 # lang_code -> espeak-ng language, for the languages Kokoro v1.0 has voices in.
 ESPEAK_LANGUAGES = {"e": "es", "f": "fr-fr", "h": "hi", "i": "it", "p": "pt-br"}
 ENGLISH = {"a": False, "b": True}  # lang_code -> british
-UNSUPPORTED = {"j": "Japanese", "z": "Mandarin Chinese"}
+# The languages written without spaces: lang_code -> (reader, the words' `source` as `kokoro-fleet
+# phonemize` shows it). A reader takes a text's tokens in order and which of them to read (runs of
+# the language's script) and gives each its [(word, phonemes)].
+UNSPACED_LANGUAGES = {"j": (japanese_words, "mecab"), "z": (mandarin_words, "pinyin")}
 LANGUAGE_ALIASES = {"en-us": "a", "en": "a", "en-gb": "b", "es": "e", "fr-fr": "f", "fr": "f", "hi": "h",
-                    "it": "i", "pt-br": "p", "pt": "p", "ja": "j", "zh": "z"}
-SUPPORTED_CODES = ("a", "b", "e", "f", "h", "i", "p")
+                    "it": "i", "pt-br": "p", "pt": "p", "ja": "j", "zh": "z", "zh-cn": "z", "cmn": "z"}
+SUPPORTED_CODES = ("a", "b", "e", "f", "h", "i", "j", "p", "z")
 
 # Punctuation -> the symbol the model's vocabulary has for it ("" = silent).
 _PUNCT = {
@@ -37,8 +45,11 @@ _PUNCT = {
     "—": "—", "–": "—", "―": "—", "-": "—", "(": "(", "[": "(", "{": "(", ")": ")", "]": ")", "}": ")",
     "“": "“", "”": "”", "«": "“", "»": "”", "„": "“", "‟": "“",
     "'": "", "‘": "", "’": "", "¡": "", "¿": "", "‚": "", "‹": "", "›": "", "、": ",", "。": ".",
-    "，": ",", "！": "!", "？": "?", "：": ":", "；": ";",
+    "，": ",", "！": "!", "？": "?", "：": ":", "；": ";", "．": ".", "（": "(", "）": ")",
+    "「": "“", "」": "”", "『": "“", "』": "”", "《": "“", "》": "”", "【": "“", "】": "”", "〜": "—", "～": "—",
 }
+_OPENING = frozenset("“(")  # punctuation the next word follows without a space
+_CLOSING = frozenset("”)")  # punctuation that follows the word before it without a space
 SENTENCE_END = frozenset(".!?…")
 CLAUSE_END = frozenset(";:—")
 WORD_LIMIT_CHARS = 40  # longer "words" (hashes, keyboard mashing) are read in slices
@@ -63,23 +74,21 @@ class Token:
     phonemes: str = ""         # what it contributes to the phoneme string ("" = silent)
     space_after: bool = False  # whitespace followed it in the text
     kind: str = "word"         # "word" | "punct" | "pause"
-    source: str = ""           # word: lexicon | espeak | number | custom | silent; punct: punct
+    source: str = ""           # word: lexicon | espeak | number | custom | pinyin | mecab | silent; punct: punct
     pause: float = 0.0         # seconds of silence (pause tokens)
     newline_after: bool = False
+    break_after: bool = False  # a word ends here though no space follows in the text (Chinese,
+                               # Japanese): the model hears a space, the chunk's text keeps none
 
 
 def resolve_language(lang_code: str) -> str:
     """A request's lang_code (`a`, `en-us`, ...) -> our one-letter code; TextError if unsupported."""
     code = (lang_code or "a").strip().lower()
     code = LANGUAGE_ALIASES.get(code, code)
-    if code in UNSUPPORTED:
-        raise TextError(
-            f"language {lang_code!r} ({UNSUPPORTED[code]}) is not supported yet; supported lang_code values: "
-            + ", ".join(SUPPORTED_CODES), param="lang_code")
     if code not in SUPPORTED_CODES:
         raise TextError(
             f"unknown lang_code {lang_code!r}; supported: a (en-us), b (en-gb), e (es), f (fr-fr), h (hi), "
-            "i (it), p (pt-br)", param="lang_code")
+            "i (it), j (ja), p (pt-br), z (zh)", param="lang_code")
     return code
 
 
@@ -125,6 +134,8 @@ def phonemize_tokens(tokens: list[Token], lang_code: str) -> list[Token]:
     """Fill in the phonemes of every word token for `lang_code` (already resolved)."""
     if lang_code in ENGLISH:
         _english(tokens, ENGLISH[lang_code])
+    elif lang_code in UNSPACED_LANGUAGES:
+        tokens = _unspaced_language(tokens, *UNSPACED_LANGUAGES[lang_code])
     else:
         _espeak_language(tokens, ESPEAK_LANGUAGES[lang_code])
     return tokens
@@ -198,6 +209,58 @@ def _espeak_language(tokens: list[Token], voice: str) -> None:
                 tok.phonemes = " ".join(espeak.other_language(p, voice) for p in pieces).strip()
                 tok.source = "espeak" if tok.phonemes else "silent"
     flush()
+
+
+_LATIN_OR_NOT = regex.compile(r"(\p{Latin}[\p{Latin}\p{M}'’.\-]*)|(\P{Latin}+)")
+
+
+def _unspaced_language(tokens: list[Token], words_of, source: str) -> list[Token]:
+    """Cut each word token (to the tokenizer, a whole run of Chinese or Japanese between spaces
+    and punctuation) into the language's words; Latin words inside ("用Kokoro说") are English."""
+    split: list[Token] = []
+    for tok in tokens:
+        if tok.kind == "punct":  # "你好，世界" is read "ni↓xau↓, ʂɨ↘ʨje↘", as misaki writes it
+            if tok.phonemes in _OPENING and split:
+                split[-1].break_after = True  # "小说（清代）" -> "ɕjau↓ʂwo→ (ʨʰi→ŋtai↘)"
+            elif tok.phonemes in _CLOSING and split:
+                split[-1].break_after = False  # "吗？”她" -> "ma?” tʰa→"
+            if tok.phonemes not in _OPENING:
+                tok.break_after = True
+        if tok.kind != "word" or tok.source == "custom":
+            split.append(tok)
+            continue
+        if not regex.search(r"[\p{L}\p{N}]", tok.text):
+            tok.source = "silent"  # a symbol or emoji between words
+            split.append(tok)
+            continue
+        pieces = []
+        for m in _LATIN_OR_NOT.finditer(tok.text):
+            piece = Token(m.group(0))  # source "" until the language's reader has read it
+            if m.group(1):
+                result = english_g2p(False).word(unicodedata.normalize("NFKC", m.group(1)))
+                piece.phonemes, piece.source = result.phonemes, result.source
+            pieces.append(piece)
+        for piece in pieces[:-1]:
+            piece.break_after = True
+        pieces[-1].space_after, pieces[-1].newline_after = tok.space_after, tok.newline_after
+        split += pieces
+
+    to_read = [t.kind == "word" and not t.source for t in split]
+    texts = [t.text if read or t.kind == "punct" else " " for t, read in zip(split, to_read)]
+    readings = words_of(texts, to_read)
+    out: list[Token] = []
+    for tok, read, words in zip(split, to_read, readings):
+        if not read:
+            out.append(tok)
+        elif not words:
+            tok.source = "silent"
+            out.append(tok)
+        else:
+            spoken = [Token(text, ps, source=source if ps else "silent", break_after=True) for text, ps in words]
+            last = spoken[-1]
+            last.space_after, last.newline_after, last.break_after = tok.space_after, tok.newline_after, tok.break_after
+            out += spoken
+    return out
 
 
 def text_to_tokens(text: str, lang_code: str) -> list[Token]:

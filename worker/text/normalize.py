@@ -66,19 +66,28 @@ def clean_text(text: str) -> str:
 
 
 def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a") -> str:
-    """Normalize `text` for `lang_code` (English rules for `a` and `b`; other languages get only
-    `clean_text`, since espeak-ng reads their numbers itself). Markup passes through untouched."""
+    """Normalize `text` for `lang_code` (English rules for `a` and `b`; Mandarin's numbers read out
+    by cn2an, as misaki does, so "10%" becomes 百分之十; other languages get only `clean_text`, since
+    espeak-ng and misaki's Japanese reader read their numbers themselves). Markup passes through
+    untouched."""
     options = options or NormalizationOptions()
     text = clean_text(text)
-    if not options.normalize or lang_code not in ("a", "b"):
+    if not options.normalize or lang_code not in ("a", "b", "z"):
         return text
-    british = lang_code == "b"
+    if lang_code == "z":
+        from worker.text.mandarin import spoken_numbers
+
+        def rules(piece: str) -> str:
+            return spoken_numbers(piece)
+    else:
+        def rules(piece: str) -> str:
+            return _normalize_english(piece, options, lang_code == "b")
     pieces, last = [], 0
     for m in MARKUP.finditer(text):
-        pieces.append(_normalize_english(text[last:m.start()], options, british))
+        pieces.append(rules(text[last:m.start()]))
         pieces.append(m.group(0))
         last = m.end()
-    pieces.append(_normalize_english(text[last:], options, british))
+    pieces.append(rules(text[last:]))
     joined = "".join(pieces)
     return re.sub(r"[^\S\n]+", " ", joined).strip()
 

@@ -1,0 +1,86 @@
+"""Japanese (`j`): a run of Japanese text -> its words, each with Kokoro's phonemes.
+
+Kokoro v1.0's Japanese voices were trained on misaki's cutlet G2P (`misaki.ja.JAG2P()`): MeCab
+(fugashi) cuts the text into words and reads each in kana, misaki's table maps the kana to IPA
+(with `ん` and `っ` assimilated to their neighbours), numbers are read in kana. We run the same
+code but keep the written surface of every word it makes, so chunks can end between words and
+timestamps can name them; the phonemes of a sentence are misaki's.
+
+The dictionary is unidic-lite (a PyPI package; the full `unidic` needs a download at install
+time, which machines without a model hub cannot make). MeCab memory-maps it, so the replicas of a
+machine share its pages.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from functools import lru_cache
+
+_lock = threading.Lock()
+_JOINS_FORWARD = "ʔ"  # misaki writes a geminate stop against the next mora, with no space
+
+
+@lru_cache(maxsize=1)
+def _reader():
+    """misaki's Cutlet, recording the surface of each word it romanizes (in the order its tokens
+    come out, one per word), which misaki itself drops."""
+    import jaconv
+    from misaki.cutlet import Cutlet, Word
+
+    class SurfaceKeepingCutlet(Cutlet):
+        def __init__(self) -> None:
+            super().__init__()
+            self.surfaces: list[str] = []
+
+        def _romaji_word(self, word):
+            self.surfaces.append(word.surface)
+            return super()._romaji_word(word)
+
+        def words(self, text: str) -> list[tuple[str, str, bool]]:
+            """[(surface, phonemes, space after)] of already `_normalize_text`ed text, as misaki's
+            `__call__` builds its string from them."""
+            nodes = [Word(w.surface, jaconv.kata2hira(w.feature.pron or w.feature.kana or w.surface),
+                          6 if w.char_type == 7 or not w.is_unk else w.char_type)
+                     for w in self.tagger(text)]
+            self.surfaces = []
+            tokens = self._romaji_tokens(nodes)
+            assert len(tokens) == len(self.surfaces), (text, len(tokens), len(self.surfaces))
+            return [(surface, tok.surface.strip(), tok.space) for surface, tok in zip(self.surfaces, tokens)]
+
+    return SurfaceKeepingCutlet()
+
+
+def japanese_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str]]]:
+    """The words, with phonemes, of each part to `read`: `parts` are a text's tokens in order (runs
+    of Japanese, punctuation, a space for anything else), read as one text, because MeCab's reading
+    of a word depends on what follows it (`一人3000円で、` reads 一人 and 円 differently from `一人3000円で`
+    alone). Words that misaki joins without a space (a geminate `ʔ` and the mora after it) come back
+    as one word."""
+    with _lock:  # one MeCab tagger per process, and it is not thread-safe
+        reader = _reader()
+        # misaki's normalization (NFKC, width, numbers read in kana) token by token, so each token's
+        # stretch of the text is known; it is the same as normalizing the text whole.
+        normalized = [reader._normalize_text(p) if r else p for p, r in zip(parts, read)]
+        starts = list(itertools.accumulate((len(p) for p in normalized), initial=0))
+        text = "".join(normalized)
+        pieces = reader.words(text)
+    out: list[list[tuple[str, str]]] = [[] for _ in parts]
+    glued = [False] * len(parts)  # the part's last word joins the next piece without a space
+    cursor = 0
+    for surface, phonemes, space in pieces:
+        at = text.find(surface, cursor) if surface else -1
+        if at < 0:
+            continue
+        cursor = at + len(surface)
+        part = bisect.bisect_right(starts, at) - 1
+        if not read[part] or not (surface.strip() or phonemes):
+            continue
+        words = out[part]
+        if words and (glued[part] or phonemes.startswith(_JOINS_FORWARD)):
+            words[-1] = (words[-1][0] + surface, words[-1][1] + phonemes)
+        else:
+            words.append((surface, phonemes))
+        glued[part] = not space or phonemes.endswith(_JOINS_FORWARD)
+    return out

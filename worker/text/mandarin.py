@@ -1,0 +1,79 @@
+"""Mandarin Chinese (`z`): a run of Chinese text -> its words, each with Kokoro's phonemes.
+
+Kokoro v1.0 was trained on misaki's "legacy" Mandarin G2P (`misaki.zh.ZHG2P()` without a version):
+numbers read out by cn2an, words cut by jieba, each word's pinyin (pypinyin) mapped to IPA with the
+tone as an arrow. We keep exactly that per-word mapping, so a sentence comes out as misaki gives it,
+but return the words one by one, so chunks can end between them and timestamps can name them.
+
+Loaded on the first Mandarin request (jieba's dictionary and pypinyin's tables: 0.6 s and 116 MB
+of a replica's memory; replicas that never see Chinese never pay it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from functools import lru_cache
+
+import regex
+
+log = logging.getLogger(__name__)
+
+_HAN_OR_NOT = regex.compile(r"(\p{Han}+)|(\P{Han}+)")
+_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _segmenter():
+    """jieba's default tokenizer, its dictionary loaded (about 0.5 s; jieba caches the parsed
+    dictionary in a file, which we keep in KOKORO_CACHE_DIR rather than /tmp)."""
+    import jieba
+
+    from worker.settings import Settings
+
+    jieba.setLogLevel(logging.WARNING)  # it prints its loading progress at INFO otherwise
+    cache_dir = Settings.from_env(only=("cache_dir",)).cache_dir
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        jieba.dt.tmp_dir = str(cache_dir)
+    except OSError:  # a read-only home: jieba falls back to the system's temporary directory
+        pass
+    jieba.dt.initialize()
+    return jieba.dt
+
+
+def spoken_numbers(text: str) -> str:
+    """Arabic numerals -> Chinese numerals as read ("2024年" -> "二零二四年", "50%" -> "百分之五十")."""
+    import cn2an
+
+    try:
+        return cn2an.transform(text, "an2cn")
+    except (ValueError, KeyError, IndexError) as exc:  # cn2an raises on shapes it cannot read
+        log.debug("cn2an could not read numbers in %r: %s", text, exc)
+        return text
+
+
+def _word_phonemes(word: str) -> str:
+    from misaki.zh import ZHG2P
+
+    # U+032F (combining inverted breve) marks non-syllabic vowels in misaki's IPA; Kokoro's
+    # vocabulary has no such symbol, and misaki's legacy path drops it too.
+    return ZHG2P.word2ipa(word).replace("\u032f", "")
+
+
+def mandarin_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str]]]:
+    """The words, with phonemes, of each part to `read` (a run of Chinese text without spaces or
+    punctuation). Characters that are neither Han nor read by cn2an (a stray symbol, kana) come back
+    as words with no phonemes."""
+    out: list[list[tuple[str, str]]] = []
+    with _lock:  # jieba's tokenizer is shared; the text frontend runs in several threads
+        for part, to_read in zip(parts, read):
+            words: list[tuple[str, str]] = []
+            for m in _HAN_OR_NOT.finditer(spoken_numbers(part) if to_read else ""):
+                if m.group(1):
+                    words += [(w, _word_phonemes(w)) for w in _segmenter().lcut(m.group(1), HMM=True)]
+                else:
+                    words.append((m.group(2), ""))
+            out.append(words)
+    return out
