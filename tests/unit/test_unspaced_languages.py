@@ -112,6 +112,12 @@ def test_japanese_reading_depends_on_what_follows():
     assert "saɴʣeɴ eɴ de" in chunk.phonemes
 
 
+def test_japanese_wave_dash_before_a_number_reads_kara():
+    text = "参加者は10〜20人です。"
+    assert ours(text, "j") == misaki_phonemes(text, "j")
+    assert "kaɾa" in ours(text, "j")
+
+
 def test_geminate_stops_stay_inside_one_word():
     chunk = text_to_chunks("ちょっと待って。", "j")[0]
     assert chunk.phonemes == "ʨoʔto maʔte."

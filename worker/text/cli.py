@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 
 from worker.settings import get_settings
 
@@ -99,10 +100,15 @@ def run_phonemize(args: argparse.Namespace) -> int:
         if args.ids:
             print(f"  ids:      {chunk.ids}")
     print("words:")
-    width = max((len(w) for w, _, _ in word_sources), default=0)
+    width = max((_columns(w) for w, _, _ in word_sources), default=0)
     for word, phonemes, source in word_sources:
-        print(f"  {word:<{width}}  {phonemes or '-':<20}  {_describe(source)}")
+        print(f"  {word}{' ' * (width - _columns(word))}  {phonemes or '-':<20}  {_describe(source)}")
     return 0
+
+
+def _columns(text: str) -> int:
+    """Terminal columns `text` takes: Chinese and Japanese characters are two wide."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _describe(source: str) -> str:

@@ -65,20 +65,26 @@ def clean_text(text: str) -> str:
     return cleaned.strip()
 
 
+_JAPANESE_RANGE = re.compile(r"[〜～](?=\d)")
+
+
 def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a") -> str:
     """Normalize `text` for `lang_code` (English rules for `a` and `b`; Mandarin's numbers read out
-    by cn2an, as misaki does, so "10%" becomes 百分之十; other languages get only `clean_text`, since
-    espeak-ng and misaki's Japanese reader read their numbers themselves). Markup passes through
-    untouched."""
+    by cn2an, as misaki does, so "10%" becomes 百分之十; Japanese's wave dash before a number read
+    "kara"; other languages get only `clean_text`, since espeak-ng and misaki's Japanese reader read
+    their numbers themselves). Markup passes through untouched."""
     options = options or NormalizationOptions()
     text = clean_text(text)
-    if not options.normalize or lang_code not in ("a", "b", "z"):
+    if not options.normalize or lang_code not in ("a", "b", "j", "z"):
         return text
     if lang_code == "z":
         from worker.text.mandarin import spoken_numbers
 
         def rules(piece: str) -> str:
             return spoken_numbers(piece)
+    elif lang_code == "j":
+        def rules(piece: str) -> str:
+            return _JAPANESE_RANGE.sub("から", piece)  # "10〜20人": from ten to twenty, as misaki reads it
     else:
         def rules(piece: str) -> str:
             return _normalize_english(piece, options, lang_code == "b")
