@@ -1,4 +1,4 @@
-"""Japanese (`j`): a run of Japanese text -> its words, each with Kokoro's phonemes.
+"""Japanese (`j`): the runs of Japanese in a text -> their words, each with Kokoro's phonemes.
 
 Kokoro v1.0's Japanese voices were trained on misaki's cutlet G2P (`misaki.ja.JAG2P()`): MeCab
 (fugashi) cuts the text into words and reads each in kana, misaki's table maps the kana to IPA

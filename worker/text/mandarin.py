@@ -1,4 +1,4 @@
-"""Mandarin Chinese (`z`): a run of Chinese text -> its words, each with Kokoro's phonemes.
+"""Mandarin Chinese (`z`): the runs of Chinese in a text -> their words, each with Kokoro's phonemes.
 
 Kokoro v1.0 was trained on misaki's "legacy" Mandarin G2P (`misaki.zh.ZHG2P()` without a version):
 numbers read out by cn2an, words cut by jieba, each word's pinyin (pypinyin) mapped to IPA with the
