@@ -70,6 +70,8 @@ def mandarin_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, s
     with _lock:  # jieba's tokenizer is shared; the text frontend runs in several threads
         for part, to_read in zip(parts, read):
             words: list[tuple[str, str]] = []
+            # The normalizer has read the numbers already unless the request turned it off; misaki
+            # reads them either way, and on text without digits this is a no-op.
             for m in _HAN_OR_NOT.finditer(spoken_numbers(part) if to_read else ""):
                 if m.group(1):
                     words += [(w, _word_phonemes(w)) for w in _segmenter().lcut(m.group(1), HMM=True)]
