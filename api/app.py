@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
 from api.admission import ProcessAdmission
+from api.downloads import DownloadStore, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
 from api.playground import FLEET_PATH, playground_router
@@ -54,6 +55,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         encoders=encode_pool(settings.workers),  # the launcher sets KOKORO_WORKERS for every worker
         api_keys=tuple(k.strip() for k in settings.api_keys.split(",") if k.strip()),
         ready=service is not None,  # a service handed in is built and warmed by its owner
+        downloads=DownloadStore(settings.download_dir or default_directory(), settings.download_max_age_seconds,
+                                settings.download_max_mib << 20),
     )
 
     @contextlib.asynccontextmanager
@@ -82,7 +85,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     if origins:  # outermost: preflights are answered before the API key check, which they cannot pass
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
-                           expose_headers=["Retry-After", "X-Request-Id", "X-Kokoro-Engine"], max_age=600)
+                           expose_headers=["Retry-After", "X-Request-Id", "X-Kokoro-Engine", "X-Download-Path"], max_age=600)
 
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
     # time, the pool's start) for every request, 503s included
@@ -124,6 +127,16 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     async def generate_from_phonemes(request: Request) -> Response:
         """Speak `phonemes` as given; streamed WAV by default (any speech format may be asked)."""
         return await speech_response(state, request, phonemes=True)
+
+    async def download(filename: str) -> FileResponse:
+        """A file saved for a `return_download_link` request (the path its X-Download-Path header named)."""
+        path = state.downloads.find(filename)
+        return FileResponse(path, media_type=CONTENT_TYPES[path.suffix[1:]], filename=f"speech{path.suffix}")
+
+    # Kokoro-FastAPI names the link `/download/NAME`, relative to its `/v1` prefix; both paths serve it.
+    for path in ("/v1/download/{filename}", "/download/{filename}"):
+        app.add_api_route(path, download, methods=["GET"], dependencies=authed, response_class=FileResponse,
+                          include_in_schema=path.startswith("/v1"))
 
     @app.get("/v1/audio/voices", dependencies=authed, response_model=VoiceList)
     async def voices() -> VoiceList:

@@ -2,7 +2,8 @@
 
 The speech request mirrors OpenAI's `POST /v1/audio/speech` (same fields, same bounds, unknown
 fields rejected like the spec's `additionalProperties: false`) plus the Kokoro-FastAPI extensions
-that existing clients send (`stream`, `lang_code`, `normalization_options`, `volume_multiplier`).
+that existing clients send (`stream`, `lang_code`, `normalization_options`, `volume_multiplier`,
+`return_download_link`, `download_format`; `return_timestamps` on the captioned endpoint).
 Serving code (api/app.py) translates these into worker calls; nothing here knows about HTTP.
 """
 
@@ -120,6 +121,12 @@ class SpeechRequest(BaseModel):
     normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
         None, description="How numbers, units, URLs and the like are spelled out before phonemization.")
     volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="Gain applied to the audio (clipped at full scale).")
+    return_download_link: bool = Field(
+        False, description="Kokoro-FastAPI's download link: also save the audio on the server and name it in the "
+                           "`X-Download-Path` header (`/download/NAME`); `GET /v1/download/NAME` serves it, once "
+                           "the response has ended, for KOKORO_DOWNLOAD_MAX_AGE_SECONDS.")
+    download_format: ResponseFormat | None = Field(
+        None, description="Format of the saved download file, when it should differ from `response_format`.")
 
     @field_validator("model")
     @classmethod
@@ -140,6 +147,13 @@ class SpeechRequest(BaseModel):
     def normalization(self):
         """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
         return _frontend_options(self.normalization_options)
+
+
+class CaptionedSpeechRequest(SpeechRequest):
+    """Body of `POST /v1/audio/speech/captioned`: a speech request that may turn the words off."""
+
+    return_timestamps: bool = Field(True, description="Kokoro-FastAPI's switch: false sends the audio with an "
+                                                      "empty `timestamps` list.")
 
 
 # --- phonemes (Kokoro-FastAPI's /dev endpoints) ----------------------------------------------
@@ -192,7 +206,8 @@ class PhonemeSpeechRequest(BaseModel):
         return SpeechRequest.model_construct(
             input=self.phonemes, voice=self.voice, response_format=self.response_format, speed=self.speed,
             stream=self.stream, volume_multiplier=self.volume_multiplier, model=MODEL_ID, stream_format="audio",
-            instructions=None, lang_code=None, normalization_options=None)
+            instructions=None, lang_code=None, normalization_options=None, return_download_link=False,
+            download_format=None)
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ A request is read and validated (api.protocol, api.errors), given a slot in this
 voice checks and the audio-length limit, still able to answer 400), then streamed: each audio
 piece the service yields goes through the response's one encoder (api.encoders; PyAV's codecs in
 the process's encode thread pool, so the event loop keeps serving other streams meanwhile), and
-leaves at once as raw audio, SSE events or NDJSON captions. However the response ends (done,
-failed, client gone) the slot is released and the synthesis stops after the chunk in flight.
+leaves at once as raw audio, SSE events or NDJSON captions. A request with
+`return_download_link` also fills a download file (api.downloads) through a second encoder,
+saved before the response's last bytes leave. However the response ends (done, failed, client
+gone) the slot is released and the synthesis stops after the chunk in flight.
 
     await speech_response(state, request)      # POST /v1/audio/speech
     await captioned_response(state, request)   # POST /v1/audio/speech/captioned
@@ -23,6 +25,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import numpy as np
 from fastapi import Request
@@ -30,9 +33,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from api.admission import ProcessSlot
+from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
 from api.errors import bad_request, internal_error, read_json_object, validation_error
-from api.protocol import (CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
+from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
                           SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, StreamError,
                           WordTimestampModel)
 from api.service import SpeechBackend
@@ -55,42 +59,42 @@ CLIENT_CLOSED_REQUEST = 499
 async def speech_response(state: AppState, request: Request, phonemes: bool = False) -> Response:
     """Chunked audio, SSE events, or (`stream: false`) one body. phonemes: the body is a
     `PhonemeSpeechRequest` (POST /dev/generate_from_phonemes), spoken as given."""
-    req, plan, slot = await _prepare(request, state, phonemes)
-    info: RequestInfo = request.state.info
+    job = await _prepare(request, state, phonemes)
+    req, info = job.req, job.info
     if req.stream_format == "sse":
         return DisconnectAwareStreamingResponse(
-            _sse_events(state, req, plan, slot, info), media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            _sse_events(state, job), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **job.headers()})
     if req.stream:
         return DisconnectAwareStreamingResponse(
-            _audio_bytes(state, req, plan, slot, info, request), media_type=CONTENT_TYPES[req.response_format],
-            headers={"X-Accel-Buffering": "no"})
+            _audio_bytes(state, job, request), media_type=CONTENT_TYPES[req.response_format],
+            headers={"X-Accel-Buffering": "no", **job.headers()})
     try:
-        body = b"".join([b async for b in _audio_bytes(state, req, plan, slot, info, request, streamed=False)])
+        body = b"".join([b async for b in _audio_bytes(state, job, request, streamed=False)])
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return Response(body, media_type=CONTENT_TYPES[req.response_format])
+    return Response(body, media_type=CONTENT_TYPES[req.response_format], headers=job.headers())
 
 
 async def captioned_response(state: AppState, request: Request) -> Response:
     """Audio and per-word timestamps: one JSON body, or NDJSON lines when streamed."""
-    req, plan, slot = await _prepare(request, state)
-    info: RequestInfo = request.state.info
+    job = await _prepare(request, state, captioned=True)
+    req = job.req
     if req.stream:
-        return DisconnectAwareStreamingResponse(_caption_lines(state, req, plan, slot, info),
-                                                media_type="application/x-ndjson")
+        return DisconnectAwareStreamingResponse(_caption_lines(state, job), media_type="application/x-ndjson",
+                                                headers=job.headers())
     audio = bytearray()
     words: list[WordTimestampModel] = []
     try:
-        async for data, piece in _encoded(state, req, plan, slot, info, request, streamed=False):
+        async for data, piece in _encoded(state, job, request, streamed=False):
             audio += data
             if piece is not None:
-                words += _word_models(piece)
+                words += _word_models(job, piece)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(CaptionedSpeechResponse(
         audio=base64.b64encode(bytes(audio)).decode(), audio_format=req.response_format, timestamps=words,
-    ).model_dump())
+    ).model_dump(), headers=job.headers())
 
 
 async def phonemize_response(state: AppState, request: Request) -> PhonemizeResponse:
@@ -114,8 +118,23 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
 
 # --- admission and planning ---------------------------------------------------------------------
 
-async def _prepare(request: Request, state: AppState,
-                   phonemes: bool = False) -> tuple[SpeechRequest, SpeechPlan, ProcessSlot]:
+@dataclass
+class AdmittedRequest:
+    """A validated speech request and what admission gave it: the plan to stream, this process's
+    slot, the request's log record, and the download file it fills (`return_download_link`)."""
+
+    req: SpeechRequest
+    plan: SpeechPlan
+    slot: ProcessSlot
+    info: RequestInfo
+    download: DownloadFile | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"X-Download-Path": self.download.link} if self.download is not None else {}
+
+
+async def _prepare(request: Request, state: AppState, phonemes: bool = False,
+                   captioned: bool = False) -> AdmittedRequest:
     """Read, validate, admit and plan; every refusal here is a clean 4xx/5xx before any audio."""
     info: RequestInfo = request.state.info
     data = await read_json_object(request, state.settings.max_body_bytes)
@@ -130,18 +149,23 @@ async def _prepare(request: Request, state: AppState,
         if phonemes:
             req = PhonemeSpeechRequest.model_validate(data, context=context).as_speech_request()
         else:
-            req = SpeechRequest.model_validate(data, context=context)
+            req = (CaptionedSpeechRequest if captioned else SpeechRequest).model_validate(data, context=context)
     except ValidationError as e:
         raise validation_error(e) from None
     info.voice, info.chars, info.format, info.stream = req.voice_spec, len(req.input), req.response_format, req.stream
     service = state.require_service()
     slot = state.admission.admit(info.id)
+    download = None
     try:
+        if req.return_download_link:
+            download = state.downloads.create(req.download_format or req.response_format)
         plan = await _admit(service, req, phonemes)  # the fleet: a place in the shared queue, or 503
     except BaseException:
         slot.release()
+        if download is not None:
+            download.discard()
         raise
-    return req, plan, slot
+    return AdmittedRequest(req, plan, slot, info, download)
 
 
 async def _admit(service: SpeechBackend, req: SpeechRequest, phonemes: bool = False) -> SpeechPlan:
@@ -208,21 +232,29 @@ class PooledEncoder:
             self.encoder.close()
 
 
-async def _encoded(state: AppState, req: SpeechRequest, plan: SpeechPlan, slot: ProcessSlot, info: RequestInfo,
-                   request: Request | None, streamed: bool = True) -> AsyncIterator[tuple[bytes, AudioPiece | None]]:
+async def _encoded(state: AppState, job: AdmittedRequest, request: Request | None,
+                   streamed: bool = True) -> AsyncIterator[tuple[bytes, AudioPiece | None]]:
     """The response's bytes, with the piece they came from: (bytes, piece) per synthesized piece,
     then (tail, None) once the encoder is flushed. Owns the request's life: releases its slot,
-    counts its audio and notes how it ended, whether it finishes, fails or is cancelled."""
+    counts its audio, saves its download file, and notes how it ended, whether it finishes, fails
+    or is cancelled."""
     service = state.require_service()
-    encoder = PooledEncoder(make_encoder(req.response_format, streamed=streamed, volume=req.volume_multiplier),
-                            None if req.response_format in INLINE_FORMATS else state.encoders)
+    req, info = job.req, job.info
+    encoder = _pooled_encoder(state, req.response_format, streamed, req.volume_multiplier)
+    # The download file has its own encoder, not streamed: its headers then hold the real length
+    # (a streamed WAV's cannot), and its format may differ from the response's.
+    copy = (_pooled_encoder(state, req.download_format or req.response_format, False, req.volume_multiplier)
+            if job.download is not None else None)
+    saved = bytearray()  # the download file's bytes
     samples = 0
     finished = False
     try:
-        async with contextlib.aclosing(service.stream(plan)) as pieces:
+        async with contextlib.aclosing(service.stream(job.plan)) as pieces:
             async for piece in pieces:
                 samples += len(piece.pcm)
                 data = await (encoder.encode_last(piece.pcm) if piece.is_last else encoder.encode(piece.pcm))
+                if copy is not None:
+                    saved += await copy.encode(piece.pcm)
                 if data:
                     info.first_audio()
                 yield data, piece
@@ -233,6 +265,9 @@ async def _encoded(state: AppState, req: SpeechRequest, plan: SpeechPlan, slot: 
         tail = await encoder.finish()
         if tail:
             info.first_audio()
+        if copy is not None:  # saved before the response's last bytes leave: once a client has
+            saved += await copy.finish()  # the whole body, its link works
+            await asyncio.to_thread(job.download.save, bytes(saved))
         finished = True
         yield tail, None
     except (asyncio.CancelledError, ClientGone, GeneratorExit):
@@ -243,35 +278,45 @@ async def _encoded(state: AppState, req: SpeechRequest, plan: SpeechPlan, slot: 
         raise
     finally:
         encoder.close()
+        if copy is not None:
+            copy.close()
+            if not finished:
+                job.download.discard()
         info.audio_s = samples / SAMPLE_RATE
         if not finished and info.outcome == "ok":
             info.outcome = "disconnected"
         state.metrics.audio_seconds += info.audio_s
         cost = service.stats().seconds_per_audio_second
-        slot.release(service_seconds=info.audio_s * cost if cost and info.audio_s > 0 else None)
+        job.slot.release(service_seconds=info.audio_s * cost if cost and info.audio_s > 0 else None)
 
 
-async def _audio_bytes(state, req, plan, slot, info, request, streamed: bool = True) -> AsyncIterator[bytes]:
-    async for data, _ in _encoded(state, req, plan, slot, info, request, streamed):
+def _pooled_encoder(state: AppState, fmt: str, streamed: bool, volume: float) -> PooledEncoder:
+    return PooledEncoder(make_encoder(fmt, streamed=streamed, volume=volume),
+                         None if fmt in INLINE_FORMATS else state.encoders)
+
+
+async def _audio_bytes(state: AppState, job: AdmittedRequest, request: Request,
+                       streamed: bool = True) -> AsyncIterator[bytes]:
+    async for data, _ in _encoded(state, job, request, streamed):
         if data:
             yield data
 
 
-async def _sse_events(state, req, plan, slot, info) -> AsyncIterator[bytes]:
+async def _sse_events(state: AppState, job: AdmittedRequest) -> AsyncIterator[bytes]:
     """OpenAI's speech SSE stream: audio deltas (base64 of the encoded file's next bytes), then
     `speech.audio.done` with usage; an `error` event instead if synthesis fails midway."""
     samples = 0
     try:
-        async for data, piece in _encoded(state, req, plan, slot, info, None):
+        async for data, piece in _encoded(state, job, None):
             if piece is not None:
                 samples += len(piece.pcm)
             if data:
                 yield _sse(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
     except Exception:
-        log.exception("synthesis failed midway through request %s", info.id)
+        log.exception("synthesis failed midway through request %s", job.info.id)
         yield _sse(StreamError(error=internal_error().detail()))
         return
-    phonemes = plan.phoneme_count
+    phonemes = job.plan.phoneme_count
     frames = round(samples / SAMPLES_PER_FRAME)  # one duration frame is the unit of "output tokens"
     yield _sse(SpeechAudioDone(usage=SpeechUsage(input_tokens=phonemes, output_tokens=frames, total_tokens=phonemes + frames)))
 
@@ -280,22 +325,24 @@ def _sse(event) -> bytes:
     return b"data: " + event.model_dump_json().encode() + b"\n\n"
 
 
-async def _caption_lines(state, req, plan, slot, info) -> AsyncIterator[bytes]:
+async def _caption_lines(state: AppState, job: AdmittedRequest) -> AsyncIterator[bytes]:
     """NDJSON: one CaptionedSpeechResponse per piece (its bytes of the one encoded file and its
     words, in absolute seconds); the last line carries the encoder's tail."""
     try:
-        async for data, piece in _encoded(state, req, plan, slot, info, None):
+        async for data, piece in _encoded(state, job, None):
             if not data and piece is None:
                 continue
-            words = _word_models(piece) if piece is not None else []
-            line = CaptionedSpeechResponse(audio=base64.b64encode(data).decode(), audio_format=req.response_format,
+            words = _word_models(job, piece) if piece is not None else []
+            line = CaptionedSpeechResponse(audio=base64.b64encode(data).decode(), audio_format=job.req.response_format,
                                            timestamps=words)
             yield line.model_dump_json().encode() + b"\n"
     except Exception:
-        log.exception("synthesis failed midway through request %s", info.id)
+        log.exception("synthesis failed midway through request %s", job.info.id)
         yield json.dumps(StreamError(error=internal_error().detail()).model_dump()).encode() + b"\n"
 
 
-def _word_models(piece: AudioPiece) -> list[WordTimestampModel]:
+def _word_models(job: AdmittedRequest, piece: AudioPiece) -> list[WordTimestampModel]:
+    if not getattr(job.req, "return_timestamps", True):
+        return []
     return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3))
             for w in piece.words]

@@ -1,5 +1,5 @@
 """What one server process serves with: its settings, speech service, per-process admission,
-metrics, and the thread pool its PyAV encoders run in."""
+metrics, the thread pool its PyAV encoders run in, and the directory of download files."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from api.admission import ProcessAdmission
+from api.downloads import DownloadStore
 from api.errors import ApiError, CapacityError
 from api.metrics import Metrics
 from api.service import SpeechBackend
@@ -31,6 +32,7 @@ class AppState:
     settings: Settings
     service: SpeechBackend | None
     admission: ProcessAdmission
+    downloads: DownloadStore  # return_download_link's files (api.downloads)
     metrics: Metrics = field(default_factory=Metrics)
     encoders: ThreadPoolExecutor = field(default_factory=encode_pool)
     ready: bool = False

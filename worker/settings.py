@@ -119,6 +119,17 @@ class Settings:
     drain_seconds: float = setting(
         "KOKORO_DRAIN_SECONDS", 30.0,
         "Grace period after SIGTERM: in-flight requests finish, new ones get 503; then the server exits.")
+    download_dir: str = setting(
+        "KOKORO_DOWNLOAD_DIR", "",
+        "Where audio saved for `return_download_link` requests waits for `GET /v1/download/NAME` (Kokoro-FastAPI's "
+        "download links); every worker of the machine must see the same directory (empty: `kokoro-fleet-downloads` "
+        "in the system's temporary directory).")
+    download_max_age_seconds: float = setting(
+        "KOKORO_DOWNLOAD_MAX_AGE_SECONDS", 3600.0, "How long a download file is kept.", minimum=1)
+    download_max_mib: int = setting(
+        "KOKORO_DOWNLOAD_MAX_MIB", 1024,
+        "Size bound of the download directory: when a new download starts, the oldest files go until the rest fit.",
+        minimum=1)
 
     # --- text ---
     first_chunk_phonemes: int = setting(

@@ -175,8 +175,13 @@ def service():
 
 
 @pytest.fixture(scope="module")
-def server(service):
-    settings = Settings().replace(max_requests=2, max_input_chars=500)
+def downloads(tmp_path_factory):
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def server(service, downloads):
+    settings = Settings().replace(max_requests=2, max_input_chars=500, download_dir=str(downloads))
     with ThreadServer(create_app(settings, service=service)) as srv:
         yield srv
 
@@ -349,6 +354,115 @@ def test_bad_raw_bodies(http):
     assert http.get("/health").json()["status"] == "ok"
     # and it still speaks
     assert http.post("/v1/audio/speech", json={"input": "fine", "response_format": "pcm"}).status_code == 200
+
+
+def test_kokoro_fastapi_request_fields(http):
+    """What Kokoro-FastAPI clients send, its defaults spelled out, is accepted as they send it."""
+    resp = http.post("/v1/audio/speech", json={
+        "model": "kokoro", "input": "Hello.", "voice": "af_heart", "response_format": "pcm", "download_format": None,
+        "speed": 1.0, "stream": True, "return_download_link": False, "lang_code": None, "volume_multiplier": 1.0,
+        "normalization_options": {"normalize": True, "unit_normalization": False, "url_normalization": True,
+                                  "email_normalization": True, "optional_pluralization_normalization": True,
+                                  "phone_normalization": True, "replace_remaining_symbols": True}})
+    assert resp.status_code == 200 and len(resp.content) == round(PIECE_AUDIO_S * SR) * 2
+    assert "x-download-path" not in resp.headers
+    for flag, words in ((True, ["One", "two", "three", "Four", "five", "Six"]), (False, [])):
+        body = http.post("/dev/captioned_speech", json={"input": TEXT, "response_format": "pcm", "stream": False,
+                                                        "return_timestamps": flag}).json()
+        assert [w["word"] for w in body["timestamps"]] == words and len(base64.b64decode(body["audio"])) == 57600
+    lines = http.post("/dev/captioned_speech", json={"input": TEXT, "return_timestamps": False}).text.splitlines()
+    assert len(lines) >= 3 and all(json.loads(line)["timestamps"] == [] for line in lines)
+    # return_timestamps belongs to the captioned endpoint only
+    assert_openai_error(http.post("/v1/audio/speech", json={"input": "hi", "return_timestamps": True}), 400,
+                        "return_timestamps")
+
+
+def download_name(resp: httpx.Response, fmt: str) -> str:
+    link = resp.headers["x-download-path"]
+    assert link.startswith("/download/") and link.endswith("." + fmt), link
+    return link[len("/download/"):]
+
+
+def test_download_link_serves_the_same_audio_after_the_response(http, downloads):
+    # streamed mp3, saved as wav: a real WAV header (the length known), the same 1.2 s
+    with http.stream("POST", "/v1/audio/speech", json={"input": TEXT, "return_download_link": True,
+                                                        "download_format": "wav"}) as resp:
+        name = download_name(resp, "wav")
+        streamed = b"".join(resp.iter_bytes())
+    assert decode(streamed, "mp3")[0] == pytest.approx(1.2, abs=0.12)
+    for path in (f"/v1/download/{name}", f"/download/{name}"):
+        got = http.get(path)
+        assert got.status_code == 200 and got.headers["content-type"] == "audio/wav"
+        assert "attachment" in got.headers["content-disposition"]
+        assert decode(got.content, "wav")[0] == pytest.approx(1.2, abs=0.002)
+        assert int.from_bytes(got.content[40:44], "little") == round(1.2 * SR) * 2  # data size, not 0xFFFFFFFF
+    # the response's own format, not streamed: the file is the body
+    whole = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "stream": False,
+                                                "return_download_link": True})
+    assert http.get(f"/v1/download/{download_name(whole, 'pcm')}").content == whole.content
+    # captioned, as Kokoro-FastAPI's captioned endpoint offers it
+    caption = http.post("/dev/captioned_speech", json={"input": TEXT, "response_format": "flac", "stream": False,
+                                                       "return_download_link": True})
+    saved = http.get(f"/v1/download/{download_name(caption, 'flac')}").content
+    assert decode(saved, "flac")[0] == pytest.approx(1.2, abs=0.002)
+    assert not list(downloads.glob("*.part"))
+
+
+def test_download_link_while_streaming_then_after_a_failure_or_a_disconnect(server, http, service, downloads):
+    text = ". ".join(["slow"] * 8)
+    with http.stream("POST", "/v1/audio/speech", json={"input": text, "response_format": "pcm",
+                                                        "return_download_link": True}) as resp:
+        name = download_name(resp, "pcm")
+        chunks = resp.iter_raw()
+        next(chunks)
+        pending = http.get(f"/v1/download/{name}")
+        b"".join(chunks)
+    assert assert_openai_error(pending, 409, "filename")["code"] == "download_not_ready"
+    assert http.get(f"/v1/download/{name}").status_code == 200
+
+    service.fail_after = 1  # synthesis fails midway: no file, no leftover
+    try:
+        with pytest.raises(httpx.RemoteProtocolError):
+            with http.stream("POST", "/v1/audio/speech", json={"input": TEXT, "response_format": "pcm",
+                                                                "return_download_link": True}) as resp:
+                failed = download_name(resp, "pcm")
+                b"".join(resp.iter_bytes())
+    finally:
+        service.fail_after = None
+    assert assert_openai_error(http.get(f"/v1/download/{failed}"), 404)["code"] == "download_not_found"
+
+    c = httpx.Client(base_url=server.url, timeout=30)  # the client leaves after the first chunk
+    with c.stream("POST", "/v1/audio/speech", json={"input": text, "response_format": "pcm",
+                                                     "return_download_link": True}) as resp:
+        left = download_name(resp, "pcm")
+        next(resp.iter_raw())
+    c.close()
+    deadline = time.time() + 5  # the piece in flight runs to its end (as on a real replica) before the cleanup
+    while ((downloads / (left + ".part")).exists() or metric(http, "kokoro_replica_busy")) and time.time() < deadline:
+        time.sleep(0.02)
+    assert assert_openai_error(http.get(f"/v1/download/{left}"), 404)["code"] == "download_not_found"
+    assert metric(http, "kokoro_admitted_requests") == 0 and metric(http, "kokoro_replica_busy") == 0
+
+
+def test_download_names_never_reach_the_filesystem(http):
+    for name in ("nothing.mp3", "...", "0" * 32 + ".exe", "0" * 32 + ".mp3"):
+        assert_openai_error(http.get(f"/v1/download/{name}"), 404, "filename")
+    assert_openai_error(http.get("/v1/download/..%2F..%2Fetc%2Fpasswd"), 404)  # no route takes a slash
+
+
+def test_download_directory_unwritable_is_a_clean_500_before_any_audio(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    service = ScriptedService()
+    app = create_app(Settings().replace(download_dir=str(blocker / "downloads")), service=service)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.post("/v1/audio/speech", json={"input": TEXT, "return_download_link": True})
+
+    error = assert_openai_error(asyncio.run(go()), 500, "return_download_link")
+    assert error["code"] == "downloads_unavailable" and "without return_download_link" in error["message"]
+    assert service.pieces_started == 0 and app.state.kokoro.admission.admitted == 0
 
 
 def test_accepted_extras(http):
