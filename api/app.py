@@ -27,10 +27,10 @@ from api.downloads import DownloadStore, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
 from api.playground import FLEET_PATH, playground_router
-from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, ModelCard, ModelList, PhonemizeResponse,
-                          VoiceEntry, VoiceList, model_cards)
+from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, LegacyVoiceList, ModelCard, ModelList,
+                          PhonemizeResponse, VoiceEntry, VoiceList, model_cards)
 from api.service import SpeechBackend
-from api.serving import captioned_response, phonemize_response, speech_response
+from api.serving import captioned_response, combined_voice_response, phonemize_response, speech_response
 from api.state import AppState, encode_pool
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
@@ -138,11 +138,21 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         app.add_api_route(path, download, methods=["GET"], dependencies=authed, response_class=FileResponse,
                           include_in_schema=path.startswith("/v1"))
 
-    @app.get("/v1/audio/voices", dependencies=authed, response_model=VoiceList)
-    async def voices() -> VoiceList:
+    @app.get("/v1/audio/voices", dependencies=authed, response_model=VoiceList | LegacyVoiceList)
+    async def voices(legacy: bool = False) -> VoiceList | LegacyVoiceList:
+        """The voices, with language and gender; `?legacy=true`: the bare names, as Kokoro-FastAPI
+        listed them before 0.3."""
+        listed = state.require_service().voices.list()
+        if legacy:
+            return LegacyVoiceList(voices=[v.name for v in listed])
         return VoiceList(voices=[VoiceEntry(id=v.name, name=v.name, language=str(v.language), gender=str(v.gender),
-                                            lang_code=v.lang_code)
-                                 for v in state.require_service().voices.list()])
+                                            lang_code=v.lang_code) for v in listed])
+
+    @app.post("/v1/audio/voices/combine", dependencies=authed, response_class=Response,
+              responses={200: {"content": {"application/octet-stream": {}}}})
+    async def combine_voices(request: Request) -> Response:
+        """A mix of voices as a .pt voice file (Kokoro-FastAPI's endpoint), for a voices directory."""
+        return await combined_voice_response(state, request)
 
     @app.get("/v1/models", dependencies=authed, response_model=ModelList)
     async def models() -> ModelList:

@@ -80,6 +80,14 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object, checked in the order a client can fix things:
     content type (415), size (413, counted while reading, before any parsing), JSON syntax and
     top-level type (400)."""
+    data = await read_json(request, max_bytes)
+    if not isinstance(data, dict):
+        raise bad_request(f"The request body must be a JSON object, not a JSON {json_kind(data)}.")
+    return data
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The request body as any JSON value, checked as `read_json_object` checks it, but for its type."""
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     if media_type and media_type not in JSON_TYPES and not media_type.endswith("+json"):
@@ -107,8 +115,6 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         raise bad_request(f"The request body is not valid UTF-8 (byte {e.start}).") from None
     except json.JSONDecodeError as e:
         raise bad_request(f"The request body is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
-    if not isinstance(data, dict):
-        raise bad_request(f"The request body must be a JSON object, not a JSON {_json_kind(data)}.")
     return data
 
 
@@ -127,7 +133,7 @@ async def _drain(request: Request, already: int = 0) -> None:
         pass
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 

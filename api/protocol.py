@@ -104,7 +104,8 @@ class SpeechRequest(BaseModel):
     voice: VoiceSpec = Field(
         "af_heart",
         description="A voice name (`af_heart`), an OpenAI voice alias (`alloy`), or a mix: `af_bella+af_sky` "
-                    "(equal weights) or `af_bella(2)+af_sky(1)` (weighted).")
+                    "(equal weights), `af_bella(2)+af_sky(1)` (weighted) or `af_bella(2)-af_sky(1)` (subtracted; "
+                    "weights are divided by the sum of them all).")
     response_format: ResponseFormat = Field("mp3", description="Audio container and codec.")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
     stream_format: StreamFormat = Field(
@@ -282,6 +283,12 @@ class VoiceEntry(BaseModel):
 
 class VoiceList(BaseModel):
     voices: list[VoiceEntry]
+
+
+class LegacyVoiceList(BaseModel):
+    """`GET /v1/audio/voices?legacy=true`: the names alone, as Kokoro-FastAPI listed them before 0.3."""
+
+    voices: list[str]
 
 
 class ModelCard(BaseModel):

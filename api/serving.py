@@ -14,6 +14,7 @@ gone) the slot is released and the synthesis stops after the chunk in flight.
     await captioned_response(state, request)   # POST /v1/audio/speech/captioned
     await speech_response(state, request, phonemes=True)   # POST /dev/generate_from_phonemes
     await phonemize_response(state, request)   # POST /dev/phonemize (no synthesis)
+    await combined_voice_response(state, request)   # POST /v1/audio/voices/combine (a .pt file)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import base64
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from pydantic import ValidationError
 from api.admission import ProcessSlot
 from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
-from api.errors import bad_request, internal_error, read_json_object, validation_error
+from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
 from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
                           SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, StreamError,
                           WordTimestampModel)
@@ -114,6 +116,31 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
         raise bad_request(str(e), param=param, code=f"invalid_{param}") from None
     return PhonemizeResponse(phonemes=" ".join(c.phonemes for c in chunks if c.phonemes),
                              tokens=[i for c in chunks for i in c.ids])
+
+
+async def combined_voice_response(state: AppState, request: Request) -> Response:
+    """Kokoro-FastAPI's voice combination: a mix (a JSON string such as "af_bella(2)+af_sky(1)",
+    a list of names, or either under "voices") as a .pt file in the official voice layout
+    [510, 1, 256] float32, which a voices directory (KOKORO_WEIGHTS=DIR) then serves by its name."""
+    data = await read_json(request, state.settings.max_body_bytes)
+    if isinstance(data, dict) and set(data) == {"voices"}:
+        data = data["voices"]
+    if isinstance(data, list) and data and all(isinstance(v, str) for v in data):
+        spec = "+".join(v.strip() for v in data)
+    elif isinstance(data, str):
+        spec = data
+    else:
+        raise bad_request('Send the voices to combine as a JSON string such as "af_bella(2)+af_sky(1)", or a '
+                          'list of names such as ["af_bella", "af_sky"].', param="voices", code="invalid_voice")
+    from worker.voices import VoiceError, voice_file
+
+    try:
+        voice = state.require_service().voices.resolve(spec)
+    except VoiceError as e:
+        raise bad_request(str(e), param="voices", code="invalid_voice") from None
+    filename = re.sub(r"[^A-Za-z0-9_.()+-]", "", voice.name) + ".pt"
+    return Response(voice_file(voice), media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
 # --- admission and planning ---------------------------------------------------------------------

@@ -7,7 +7,9 @@ as one of:
 - a Kokoro voice name from the loaded set (`af_heart`); the first letter is its language, the
   second its gender (`f` / `m`);
 - an OpenAI voice name (`alloy`, `nova`, ...), mapped by `OPENAI_VOICES` below;
-- a mix, `af_bella+af_sky` (equal parts) or `af_bella(2)+af_sky(1)` (weights, normalized to sum 1).
+- a mix, `af_bella+af_sky` (equal parts) or `af_bella(2)+af_sky(1)` (weights, normalized to sum 1);
+  `-` subtracts a voice, as in Kokoro-FastAPI: `af_bella(2)-af_sky(1)` is 2/3 of af_bella minus
+  1/3 of af_sky (every weight divided by the sum of them all).
 
 Names are checked against the loaded voices only; a request string never becomes a path. A mix is
 computed once and kept in a bounded in-memory LRU.
@@ -15,6 +17,7 @@ computed once and kept in a bounded in-memory LRU.
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 from collections import OrderedDict
@@ -49,6 +52,22 @@ MIX_CACHE_SIZE = 64
 _PART = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]*)\s*(?:\(\s*(?P<weight>[^()]*?)\s*\))?$")
 
 
+def _split_signed(spec: str) -> list[tuple[str, str]]:
+    """`a(2)-b+c` -> [('+', 'a(2)'), ('-', 'b'), ('+', 'c')]: split at '+' and '-' outside
+    parentheses, so a weight such as `(-1)` stays whole and is refused as a weight."""
+    parts: list[tuple[str, str]] = []
+    sign, start, depth = "+", 0, 0
+    for i, ch in enumerate(spec):
+        depth += (ch == "(") - (ch == ")")
+        if ch in "+-" and depth == 0:
+            parts.append((sign, spec[start:i]))
+            sign, start = ch, i + 1
+    parts.append((sign, spec[start:]))
+    if len(parts) > 1 and not parts[0][1].strip() and parts[1][0] == "-":
+        return [("-", parts[1][1]), *parts[2:]]  # a leading '-': the first voice is subtracted
+    return parts
+
+
 class VoiceError(ValueError):
     """The request's voice cannot be used; the message says what is wrong and how to find valid names."""
 
@@ -75,6 +94,15 @@ def openai_voice_table() -> str:
     rows = ["| OpenAI voice | Kokoro voice | Character |", "|---|---|---|"]
     rows += [f"| `{openai}` | `{kokoro}` | {why} |" for openai, (kokoro, why) in OPENAI_VOICES.items()]
     return "\n".join(rows)
+
+
+def voice_file(voice: Voice) -> bytes:
+    """The voice as a `.pt` file in the official layout, [510, 1, 256] float32: what a weights
+    directory's `voices/NAME.pt` holds, so a mix saved there is served by that name."""
+    buffer = io.BytesIO()
+    # clone: the pack may be a view into the memory-mapped weights, and torch.save writes a view's whole storage
+    torch.save(voice.pack.reshape(voice.pack.shape[0], 1, -1).clone(), buffer)
+    return buffer.getvalue()
 
 
 def voice_language(name: str) -> str:
@@ -109,19 +137,20 @@ class VoiceBank:
         if len(spec) > 512:
             raise VoiceError(f"voice spec is {len(spec)} characters long; {self._how_to_list()}")
         parts = self._parse(spec)
-        key = "+".join(f"{name}({weight:g})" for name, weight in parts) if len(parts) > 1 else parts[0][0]
+        key = "".join(f"{sign}{name}({weight:g})" for sign, name, weight in parts) if len(parts) > 1 else parts[0][1]
         with self._lock:
             cached = self._mixes.get(key)
             if cached is not None:
                 self._mixes.move_to_end(key)
                 return cached
         if len(parts) == 1:
-            name = parts[0][0]
+            name = parts[0][1]
             return Voice(name, voice_language(name), self._packs[name])
-        total = sum(w for _, w in parts)
-        pack = sum(self._packs[name] * (weight / total) for name, weight in parts)
-        normalized = "+".join(f"{name}({weight / total:.3g})" for name, weight in parts)
-        voice = Voice(normalized, voice_language(parts[0][0]), pack)
+        total = sum(w for _, _, w in parts)
+        pack = sum(self._packs[name] * (weight / total if sign == "+" else -weight / total)
+                   for sign, name, weight in parts)
+        normalized = "".join(f"{sign}{name}({weight / total:.3g})" for sign, name, weight in parts)[1:]
+        voice = Voice(normalized, voice_language(parts[0][1]), pack)
         with self._lock:
             self._mixes[key] = voice
             while len(self._mixes) > MIX_CACHE_SIZE:
@@ -135,15 +164,18 @@ class VoiceBank:
 
     # --- parsing ---------------------------------------------------------------------------------
 
-    def _parse(self, spec: str) -> list[tuple[str, float]]:
-        raw_parts = spec.split("+")
-        parts: list[tuple[str, float]] = []
-        for raw in raw_parts:
+    def _parse(self, spec: str) -> list[tuple[str, str, float]]:
+        """(sign, canonical name, weight) for each part of a spec; the first part's sign is '+'."""
+        parts: list[tuple[str, str, float]] = []
+        for sign, raw in _split_signed(spec):
             raw = raw.strip()
             if not raw:
                 raise VoiceError(
-                    f"voice {spec!r} has an empty part: join voices with single '+', e.g. af_bella+af_sky "
-                    f"or af_bella(2)+af_sky(1); {self._how_to_list()}")
+                    f"voice {spec!r} has an empty part: join voices with single '+' (or '-' to subtract one), "
+                    f"e.g. af_bella+af_sky or af_bella(2)+af_sky(1); {self._how_to_list()}")
+            if sign == "-" and not parts:
+                raise VoiceError(f"voice {spec!r} starts with '-': a mix subtracts voices from a first one, "
+                                 f"e.g. af_bella(2)-af_sky(1); {self._how_to_list()}")
             m = _PART.match(raw)
             if not m:
                 raise VoiceError(
@@ -160,7 +192,7 @@ class VoiceBank:
                 if not weight > 0 or weight != weight or weight == float("inf"):
                     raise VoiceError(f"voice {spec!r}: weight {weight_text!r} of {name} must be a positive "
                                      "number, e.g. af_bella(2)+af_sky(1)")
-            parts.append((self._canonical(name, spec), weight))
+            parts.append((sign, self._canonical(name, spec), weight))
         return parts
 
     def _canonical(self, name: str, spec: str) -> str:

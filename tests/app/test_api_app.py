@@ -23,12 +23,14 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import torch
 import uvicorn
 
 from api.app import create_app
 from worker.settings import Settings
 from worker.speech import ReplicaStats, SpeechPlan
 from worker.text import Chunk
+from worker.voices import VoiceBank
 
 SR = 24000
 PIECE_SECONDS = 0.15
@@ -52,14 +54,6 @@ class Word:
     word: str
     start: float
     end: float
-
-
-@dataclass
-class VoiceInfo:
-    name: str
-    lang_code: str
-    language: str
-    gender: str
 
 
 class ScriptedReplica:
@@ -88,9 +82,9 @@ class ScriptedReplica:
         return (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
 
 
-class ScriptedVoices:
-    def list(self):
-        return [VoiceInfo("af_heart", "a", "en-us", "female"), VoiceInfo("bm_george", "b", "en-gb", "male")]
+def scripted_voices() -> VoiceBank:
+    gen = torch.Generator().manual_seed(0)
+    return VoiceBank({name: torch.randn(510, 256, generator=gen) for name in ("af_heart", "bm_george")})
 
 
 class ScriptedService:
@@ -98,7 +92,7 @@ class ScriptedService:
 
     def __init__(self):
         self.replica = ScriptedReplica()
-        self.voices = ScriptedVoices()
+        self.voices = scripted_voices()
         self.semaphore: asyncio.Semaphore | None = None
         self.fail_after: int | None = None  # raise after this many pieces
         self.pieces_started = 0
@@ -298,6 +292,7 @@ def test_captioned_json_and_ndjson(http):
 def test_listings(http, client):
     voices = http.get("/v1/audio/voices").json()["voices"]
     assert voices[0] == {"id": "af_heart", "name": "af_heart", "language": "en-us", "lang_code": "a", "gender": "female"}
+    assert http.get("/v1/audio/voices", params={"legacy": "true"}).json() == {"voices": ["af_heart", "bm_george"]}
     ids = [m.id for m in client.models.list()]
     assert ids[0] == "kokoro" and {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(ids)
     assert client.models.retrieve("tts-1").id == "tts-1"
@@ -375,6 +370,24 @@ def test_kokoro_fastapi_request_fields(http):
     # return_timestamps belongs to the captioned endpoint only
     assert_openai_error(http.post("/v1/audio/speech", json={"input": "hi", "return_timestamps": True}), 400,
                         "return_timestamps")
+
+
+def test_combined_voice_file_as_kokoro_fastapi_gives_it(http, service):
+    heart, george = (service.voices.resolve(n).pack for n in ("af_heart", "bm_george"))
+    for body, name, expected in (
+            ("af_heart(3)+bm_george(1)", "af_heart(0.75)+bm_george(0.25)", heart * 0.75 + george * 0.25),
+            (["af_heart", "bm_george"], "af_heart(0.5)+bm_george(0.5)", (heart + george) / 2),
+            ({"voices": "af_heart-bm_george"}, "af_heart(0.5)-bm_george(0.5)", (heart - george) / 2),
+            ("coral", "af_heart", heart)):  # an OpenAI name: its Kokoro voice
+        resp = http.post("/v1/audio/voices/combine", json=body)
+        assert resp.status_code == 200 and resp.headers["content-type"] == "application/octet-stream"
+        assert resp.headers["content-disposition"] == f'attachment; filename="{name}.pt"'
+        pack = torch.load(io.BytesIO(resp.content), weights_only=True)
+        assert pack.shape == (510, 1, 256) and pack.dtype == torch.float32  # the official voice layout
+        assert torch.allclose(pack[:, 0], expected, atol=1e-6)
+        assert len(resp.content) < 510 * 256 * 4 + 4096  # the pack alone, not a storage it is a view of
+    for body in ("af_heart+nobody", [], ["af_heart", 3], {"voice": "af_heart"}, 42):
+        assert_openai_error(http.post("/v1/audio/voices/combine", json=body), 400, "voices")
 
 
 def download_name(resp: httpx.Response, fmt: str) -> str:

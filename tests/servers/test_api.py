@@ -89,8 +89,9 @@ class ServerProcess:
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("tiny"), "tiny", KOKORO_WEIGHTS="tiny",
-                           KOKORO_MAX_INPUT_CHARS="600").start(ready_timeout=180)
+    home = tmp_path_factory.mktemp("tiny")
+    server = ServerProcess(home, "tiny", KOKORO_WEIGHTS="tiny", KOKORO_MAX_INPUT_CHARS="600",
+                           KOKORO_DOWNLOAD_DIR=str(home / "downloads")).start(ready_timeout=180)
     yield server
     server.stop()
     assert "Traceback" not in server.log(), server.log()  # no request, however bad, reached a crash
@@ -142,6 +143,21 @@ def test_listings(tiny_server):
     assert len(voices) == 54 and {"af_heart", "bm_george", "jf_alpha"} <= names
     heart = next(v for v in voices if v["id"] == "af_heart")
     assert heart["gender"].lower().startswith("f") and heart["lang_code"] == "a"
+
+
+def test_what_kokoro_fastapi_clients_send(tiny_server):
+    """A subtracted voice, a download link in another format, and a combined voice file, through a
+    real server process."""
+    url = tiny_server.url
+    resp = httpx.post(url + "/v1/audio/speech", timeout=120, json={
+        "input": "Subtract one voice from another.", "voice": "af_bella(2)-af_sky(1)", "response_format": "mp3",
+        "return_download_link": True, "download_format": "wav"})
+    assert resp.status_code == 200, resp.text
+    saved = httpx.get(url + "/v1" + resp.headers["x-download-path"])
+    assert saved.status_code == 200 and saved.headers["content-type"] == "audio/wav"
+    assert decode(saved.content, "wav")[0] == pytest.approx(decode(resp.content, "mp3")[0], abs=0.1)
+    pack = httpx.post(url + "/v1/audio/voices/combine", json=["af_bella", "af_sky"])
+    assert pack.status_code == 200 and 'filename="af_bella(0.5)+af_sky(0.5).pt"' in pack.headers["content-disposition"]
 
 
 BAD_INPUTS = [

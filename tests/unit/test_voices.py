@@ -57,6 +57,17 @@ def test_weighted_mix_normalizes_weights(bank):
     assert mix.name == "af_bella(0.667)+af_sky(0.333)"
 
 
+def test_subtracting_a_voice_as_kokoro_fastapi_does(bank):
+    bella, sky, heart = (bank.resolve(n).pack for n in ("af_bella", "af_sky", "af_heart"))
+    mix = bank.resolve("af_bella(2)-af_sky(1)")
+    assert torch.allclose(mix.pack, bella * (2 / 3) - sky * (1 / 3), atol=1e-6)
+    assert mix.name == "af_bella(0.667)-af_sky(0.333)" and mix.lang_code == "a"
+    assert torch.allclose(bank.resolve(mix.name).pack, mix.pack, atol=1e-2)  # the name reads back (3 digits)
+    three = bank.resolve("af_bella - af_sky + af_heart")
+    assert torch.allclose(three.pack, (bella - sky + heart) / 3, atol=1e-6)
+    assert not torch.allclose(bank.resolve("af_bella+af_sky").pack, bank.resolve("af_bella-af_sky").pack)
+
+
 def test_mix_language_follows_the_first_voice(bank):
     assert bank.resolve("bf_emma+af_sky").lang_code == "b"
 
@@ -77,6 +88,9 @@ def test_mix_cache_is_bounded(bank):
 @pytest.mark.parametrize("spec, problem", [
     ("af_bella++af_sky", "empty part"),
     ("+af_bella", "empty part"),
+    ("af_bella-", "empty part"),
+    ("af_bella+-af_sky", "empty part"),
+    ("-af_bella+af_sky", "starts with '-'"),
     ("af_bella(x)", "not a number"),
     ("af_bella(0)", "positive"),
     ("af_bella(-1)", "positive"),

@@ -18,6 +18,7 @@ import torch
 
 from worker import weights as W
 from worker.settings import Settings
+from worker.voices import VoiceBank, voice_file
 
 # A short English sentence in Kokoro's phoneme alphabet (misaki style).
 PHONEMES = "hɛlˈoʊ fɹʌm kˈOkəɹO flˈit, ðɪs ɪz ɐ tˈɛst ʌv ðə kənvˈɜɹʒən."
@@ -259,6 +260,11 @@ def test_official_directory_round_trip(real_weights, tmp_path):
     # a directory path as KOKORO_WEIGHTS means the same thing
     again = W.load_weights(Settings(weights=str(directory), cache_dir=str(tmp_path)))
     assert again.source == "official" and len(again.voices) == 3
+    # a mix saved as POST /v1/audio/voices/combine gives it is served by the name it is saved under
+    mix = VoiceBank(loaded.voices).resolve("af_heart(2)-am_adam(1)")
+    (directory / "voices" / "af_mine.pt").write_bytes(voice_file(mix))
+    mine = VoiceBank(W.load_official(directory).voices).resolve("af_mine")  # as a server started afterwards reads it
+    assert torch.equal(mine.pack, mix.pack) and mine.lang_code == "a"
 
 
 def test_official_directory_missing_files_is_a_clear_error(tmp_path):
