@@ -19,7 +19,8 @@ import numpy as np
 
 from worker.audio import SAMPLE_RATE
 from worker.settings import Settings, get_settings
-from worker.text import Chunk, NormalizationOptions, TextError, phonemes_to_chunks, text_to_chunks
+from worker.text import (Chunk, NormalizationOptions, TextError, language_loaded, load_language, phonemes_to_chunks,
+                         text_to_chunks)
 from worker.timestamps import WordTimestamp, word_timestamps
 from worker.voices import Voice, VoiceBank
 
@@ -137,11 +138,13 @@ class SpeechService:
         return cls(Replica(engine, settings.inference_nice), VoiceBank(weights.voices), settings)
 
     async def warmup(self) -> None:
-        """Warm the replica, and load the English lexicons off the event loop: the first request
-        would otherwise load them (over half a second) on the loop, stalling every request in flight."""
+        """Warm the replica, and load the text readers of KOKORO_PRELOAD_LANGUAGES (English by
+        default) before serving: a language's first request would otherwise wait for its reader
+        (English lexicons over half a second, Mandarin's dictionary about as long), and loading holds
+        the GIL while every request in flight waits for it."""
         await self.replica.warmup()
-        for lang_code in ("a", "b"):
-            await asyncio.to_thread(text_to_chunks, "Warming up, 1 2 3.", lang_code)
+        for lang_code in self.settings.preload_language_codes():
+            await asyncio.to_thread(load_language, lang_code)
 
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""
@@ -153,6 +156,7 @@ class SpeechService:
             if request.phonemes:
                 chunks = phonemes_to_chunks(request.text, **sizes)
             else:
+                load_language(lang_code)  # once per process; plans_inline sends a first one here off the loop
                 chunks = text_to_chunks(request.text, lang_code, request.normalization, **sizes)
         except TextError as exc:
             if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
@@ -171,10 +175,18 @@ class SpeechService:
                 "this server allows in one request: split the text into several requests")
         return plan
 
-    @staticmethod
-    def plans_inline(request: SpeechRequest) -> bool:
-        """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread."""
-        return len(request.text) <= INLINE_PLAN_CHARS
+    def plans_inline(self, request: SpeechRequest) -> bool:
+        """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread,
+        once its language's reader is loaded: loading one (up to 0.7 s) would stall the event loop."""
+        if len(request.text) > INLINE_PLAN_CHARS:
+            return False
+        if request.phonemes:
+            return True
+        try:
+            lang_code = request.lang_code or self.voices.resolve(request.voice).lang_code
+        except ValueError:  # a bad voice: plan() refuses it at once
+            return True
+        return language_loaded(lang_code)
 
     async def plan_off_loop(self, request: SpeechRequest) -> SpeechPlan:
         """`plan` in the text-frontend thread, so the event loop keeps answering meanwhile (a short

@@ -70,3 +70,16 @@ def test_batch_max_is_a_whole_number_of_at_least_one():
         with pytest.raises(SettingsError) as error:
             Settings.from_env({"KOKORO_BATCH_MAX": bad})
         assert "KOKORO_BATCH_MAX" in str(error.value) and "an integer of at least 1" in str(error.value)
+
+
+def test_preload_languages_takes_codes_or_all_and_names_the_codes_on_a_typo():
+    from worker.text.g2p import SUPPORTED_CODES
+    from worker.settings import LANGUAGE_CODES
+
+    assert LANGUAGE_CODES == SUPPORTED_CODES
+    assert Settings.from_env({"KOKORO_PRELOAD_LANGUAGES": "z, j,z"}).preload_language_codes() == ("z", "j")
+    assert Settings.from_env({"KOKORO_PRELOAD_LANGUAGES": "all"}).preload_language_codes() == LANGUAGE_CODES
+    assert Settings().preload_language_codes() == ("a", "b")
+    with pytest.raises(SettingsError) as error:
+        Settings.from_env({"KOKORO_PRELOAD_LANGUAGES": "a,zh"})
+    assert "KOKORO_PRELOAD_LANGUAGES" in str(error.value) and "a, b, e, f, h, i, j, p, z" in str(error.value)

@@ -144,3 +144,37 @@ def test_language_errors_name_the_field_that_chose_the_language(voices):
         korean.plan(SpeechRequest("Hello.", voice="kf_test"))
     assert by_voice.value.param == "voice" and "kf_test" in str(by_voice.value)
     assert korean.plan(SpeechRequest("Hello.", voice="kf_test", lang_code="a")).lang_code == "a"
+
+
+def test_a_language_reader_loads_off_the_event_loop_then_short_texts_plan_inline(voices, monkeypatch):
+    """Planning a short text on the event loop is cheaper than a thread hop, but not the first
+    text of a language: loading its reader (Mandarin's dictionaries about 0.7 s) would stall
+    every stream of the worker. Until the reader is loaded such a text goes to the thread."""
+    from worker.text import chunks
+
+    monkeypatch.setattr(chunks, "_loaded_languages", set())  # as in a fresh process
+    svc = service(voices, RecordingReplica())
+    mandarin = SpeechRequest("你好，世界。", voice="zf_xiaobei")
+    assert not svc.plans_inline(mandarin) and not svc.plans_inline(SpeechRequest("Hi.", voice="af_heart"))
+    assert svc.plans_inline(SpeechRequest("hɛlˈO", phonemes=True))  # phonemes need no reader
+    assert svc.plans_inline(SpeechRequest("Hi.", voice="nobody"))  # refused at once anyway
+    assert svc.plans_inline(SpeechRequest("Hi.", voice="af_heart", lang_code="xx"))
+    plan = asyncio.run(svc.plan_off_loop(mandarin))  # in the text thread, which loads the reader
+    assert plan.lang_code == "z" and plan.chunks[0].ids
+    assert svc.plans_inline(mandarin) and svc.plans_inline(SpeechRequest("你好。", voice="af_heart", lang_code="zh"))
+    assert not svc.plans_inline(SpeechRequest("Hi.", voice="af_heart"))  # English: still to load
+    assert not svc.plans_inline(SpeechRequest("你好。" * 100, voice="zf_xiaobei"))  # long: always the thread
+
+
+def test_warmup_loads_the_preloaded_languages(voices, monkeypatch):
+    from worker.text import chunks, language_loaded
+
+    class Warm(RecordingReplica):
+        async def warmup(self):
+            pass
+
+    monkeypatch.setattr(chunks, "_loaded_languages", set())
+    asyncio.run(SpeechService(Warm(), voices, Settings(preload_languages="j,z")).warmup())
+    assert [c for c in "abefhijpz" if language_loaded(c)] == ["j", "z"]
+    asyncio.run(SpeechService(Warm(), voices, Settings()).warmup())  # the default: both Englishes
+    assert [c for c in "abefhijpz" if language_loaded(c)] == ["a", "b", "j", "z"]

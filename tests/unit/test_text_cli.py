@@ -79,3 +79,12 @@ def test_frontend_timing_figure(capsys):
     assert result["files"] == 3 and result["phonemes"] > 1000
     assert bench_main([]) == 0
     assert "normalize + G2P + split" in capsys.readouterr().out
+
+
+def test_first_request_figure_runs_both_ways_in_fresh_processes():
+    from worker.text.bench import compare_first_requests
+
+    results = compare_first_requests("j", repeats=1)
+    assert [r["preloaded"] for r in results] == [False, True]
+    assert all(r["lang"] == "j" and r["chars"] > 10 and r["admit_ms"] > 0 and r["longest_stall_ms"] > 0
+               for r in results)

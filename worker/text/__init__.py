@@ -6,11 +6,12 @@ is the one entry point the speech service calls; the pieces (normalize, g2p, chu
 for the CLI and tests.
 """
 
-from worker.text.chunks import MAX_PHONEMES, Chunk, WordSpan, phonemes_to_chunks, split_tokens, text_to_chunks
+from worker.text.chunks import (MAX_PHONEMES, Chunk, WordSpan, language_loaded, load_language, phonemes_to_chunks,
+                                split_tokens, text_to_chunks)
 from worker.text.errors import TextError
 from worker.text.normalize import NormalizationOptions, normalize_text
 
 __all__ = [
-    "MAX_PHONEMES", "Chunk", "NormalizationOptions", "TextError", "WordSpan", "normalize_text",
-    "phonemes_to_chunks", "split_tokens", "text_to_chunks",
+    "MAX_PHONEMES", "Chunk", "NormalizationOptions", "TextError", "WordSpan", "language_loaded", "load_language",
+    "normalize_text", "phonemes_to_chunks", "split_tokens", "text_to_chunks",
 ]

@@ -4,7 +4,8 @@ Prints the one-time start-up (lexicon load, espeak-ng init) apart from the per-r
 measured with espeak-ng's cache emptied so out-of-lexicon words are paid for. With `--synthesize` it
 also synthesizes the same texts on this machine's engine (KOKORO_WEIGHTS, default the offline
 bundle) and prints the frontend's share of the whole: the text step must stay a small fraction
-(under 5%) of the synthesis it feeds.
+(under 5%) of the synthesis it feeds. With `--first-request --lang z` it times a fresh server
+process's first request in a language, its reader loaded on demand and preloaded.
 """
 
 from __future__ import annotations
@@ -69,12 +70,97 @@ def time_synthesis(paths: list[Path] | None = None, lang_code: str = "a", voice:
     return {"synthesis_s": time.perf_counter() - started, "audio_s": audio_samples / engine.sample_rate}
 
 
+# A first sentence per language for `--first-request` (files in tests/data/languages, else this).
+FIRST_REQUEST_FILES = {"j": "japanese.txt", "z": "mandarin.txt"}
+VOICE_OF = {"a": "af_heart", "b": "bf_emma", "e": "ef_dora", "f": "ff_siwis", "h": "hf_alpha", "i": "if_sara",
+            "j": "jf_alpha", "p": "pf_dora", "z": "zf_xiaobei"}
+
+
+def first_request(lang_code: str, preloaded: bool) -> dict:
+    """In this process (a fresh one): a speech service as a server builds it (English preloaded,
+    `lang_code` too if `preloaded`), then one short request in `lang_code` through its admission,
+    while a 1 ms ticker watches the event loop. Returns the admission's ms and the longest stall."""
+    import asyncio
+
+    import torch
+
+    from worker.settings import Settings
+    from worker.speech import SpeechRequest, SpeechService
+    from worker.voices import VoiceBank
+
+    name = FIRST_REQUEST_FILES.get(lang_code)
+    text = ((SAMPLE_TEXTS.parent / "languages" / name).read_text(encoding="utf-8").splitlines()[0] if name
+            else "The first sentence in this language, read at once.")
+    voice = VOICE_OF[lang_code]
+
+    class NoModel:
+        async def warmup(self) -> None:
+            pass
+
+    settings = Settings(preload_languages="a,b" + (f",{lang_code}" if preloaded else ""))
+    service = SpeechService(NoModel(), VoiceBank({voice: torch.zeros(510, 256)}), settings)
+
+    async def run() -> dict:
+        await service.warmup()
+        gaps: list[float] = []
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        watching = asyncio.create_task(ticker())
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        await service.admit(SpeechRequest(text, voice=voice))
+        admitted = time.perf_counter() - started
+        await asyncio.sleep(0.05)
+        watching.cancel()
+        return {"lang": lang_code, "preloaded": preloaded, "chars": len(text), "admit_ms": admitted * 1000,
+                "longest_stall_ms": max(gaps) * 1000}
+
+    return asyncio.run(run())
+
+
+def compare_first_requests(lang_code: str, repeats: int = 2) -> list[dict]:
+    """`first_request` in fresh processes, on demand and preloaded, alternating."""
+    import json
+    import subprocess
+    import sys
+
+    results = []
+    for _ in range(repeats):
+        for preloaded in (False, True):
+            out = subprocess.run([sys.executable, "-m", "worker.text.bench", "--first-request-child", lang_code,
+                                  *(["--preloaded"] if preloaded else [])], capture_output=True, text=True, check=True)
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="text files (default: tests/data/texts/*.txt)")
     parser.add_argument("--lang", default="a")
     parser.add_argument("--synthesize", action="store_true", help="also time the synthesis of the same texts")
+    parser.add_argument("--first-request", action="store_true",
+                        help="a fresh server process's first request in --lang: its admission time and the longest "
+                             "event-loop stall, the language loaded on demand vs preloaded (KOKORO_PRELOAD_LANGUAGES)")
+    parser.add_argument("--first-request-child", metavar="LANG", help=argparse.SUPPRESS)
+    parser.add_argument("--preloaded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.first_request_child:
+        import json
+
+        print(json.dumps(first_request(args.first_request_child, args.preloaded)))
+        return 0
+    if args.first_request:
+        for r in compare_first_requests(args.lang):
+            print(f"{r['lang']} {'preloaded' if r['preloaded'] else 'on demand'}: {r['chars']}-character request "
+                  f"admitted in {r['admit_ms']:.0f} ms, longest event-loop stall {r['longest_stall_ms']:.0f} ms")
+        return 0
     r = time_frontend(args.files or None, args.lang)
     print(f"text frontend: {r['files']} files, {r['words']} words -> {r['chunks']} chunks, {r['phonemes']} phonemes")
     print(f"  start-up (lexicon load, espeak-ng init, once per process): {r['startup_s'] * 1000:.0f} ms")
