@@ -85,7 +85,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     if origins:  # outermost: preflights are answered before the API key check, which they cannot pass
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
-                           expose_headers=["Retry-After", "X-Request-Id", "X-Kokoro-Engine", "X-Download-Path"], max_age=600)
+                           expose_headers=["Retry-After", "X-Request-Id", "X-Kokoro-Engine", "X-Download-Path"],
+                           max_age=600)
 
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
     # time, the pool's start) for every request, 503s included

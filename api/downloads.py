@@ -95,9 +95,9 @@ class DownloadStore:
         if (self.directory / (name + PART)).exists():
             raise ApiError(409, f"The download {name} is still being made; fetch it once the response that "
                                 "gave its link has ended.", param="filename", code="download_not_ready")
-        raise ApiError(404, f"No download {name}: downloads are kept {self.max_age_s:g} s (KOKORO_DOWNLOAD_MAX_AGE_SECONDS) "
-                            "and only if the request that made them finished.", param="filename",
-                       code="download_not_found")
+        raise ApiError(404, f"No download {name}: downloads are kept {self.max_age_s:g} s "
+                            "(KOKORO_DOWNLOAD_MAX_AGE_SECONDS), and only if the request that made them finished.",
+                       param="filename", code="download_not_found")
 
     def _clean(self) -> None:
         """Remove files older than the age bound (unfinished ones too: a worker that died left

@@ -38,9 +38,9 @@ from api.admission import ProcessSlot
 from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
 from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
-from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
-                          SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, StreamError,
-                          WordTimestampModel)
+from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest,
+                          PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage,
+                          StreamError, WordTimestampModel)
 from api.service import SpeechBackend
 from api.state import AppState
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
