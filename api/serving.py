@@ -184,8 +184,8 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     slot = state.admission.admit(info.id)
     download = None
     try:
-        if req.return_download_link:
-            download = state.downloads.create(req.download_format or req.response_format)
+        if req.return_download_link:  # off the loop: creating one first clears expired files
+            download = await asyncio.to_thread(state.downloads.create, req.download_format or req.response_format)
         plan = await _admit(service, req, phonemes)  # the fleet: a place in the shared queue, or 503
     except BaseException:
         slot.release()
