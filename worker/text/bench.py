@@ -1,6 +1,6 @@
 """How long the text frontend takes on the sample texts: `python -m worker.text.bench [FILES...]`.
 
-Prints the one-time start-up (lexicon load, espeak-ng init) apart from the per-request work, which is
+Prints the one-time start-up (loading the language's reader) apart from the per-request work, which is
 measured with espeak-ng's cache emptied so out-of-lexicon words are paid for. With `--synthesize` it
 also synthesizes the same texts on this machine's engine (KOKORO_WEIGHTS, default the offline
 bundle) and prints the frontend's share of the whole: the text step must stay a small fraction
@@ -23,12 +23,11 @@ def sample_texts() -> list[Path]:
 
 def time_frontend(paths: list[Path] | None = None, lang_code: str = "a", repeats: int = 3) -> dict:
     """Seconds to turn every file into chunks (best of `repeats`, caches emptied each time)."""
-    from worker.text import espeak, text_to_chunks
-    from worker.text.g2p import preload
+    from worker.text import espeak, load_language, text_to_chunks
 
     texts = [p.read_text(encoding="utf-8") for p in (paths or sample_texts())]
     started = time.perf_counter()
-    preload((lang_code,))
+    load_language(lang_code)  # what a server's warm-up does (KOKORO_PRELOAD_LANGUAGES)
     startup = time.perf_counter() - started
     best = float("inf")
     chunks = []
@@ -163,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     r = time_frontend(args.files or None, args.lang)
     print(f"text frontend: {r['files']} files, {r['words']} words -> {r['chunks']} chunks, {r['phonemes']} phonemes")
-    print(f"  start-up (lexicon load, espeak-ng init, once per process): {r['startup_s'] * 1000:.0f} ms")
+    print(f"  start-up (the language's reader, once per process):         {r['startup_s'] * 1000:.0f} ms")
     print(f"  normalize + G2P + split, all files:                         {r['frontend_s'] * 1000:.1f} ms "
           f"({r['frontend_s'] / max(r['words'], 1) * 1e6:.0f} µs/word)")
     if args.synthesize:

@@ -266,12 +266,3 @@ def _unspaced_language(tokens: list[Token], words_of, source: str) -> list[Token
 def text_to_tokens(text: str, lang_code: str) -> list[Token]:
     """Tokenize and phonemize already-normalized text."""
     return phonemize_tokens(tokenize(text), resolve_language(lang_code))
-
-
-def preload(lang_codes: tuple[str, ...] = ("a", "b")) -> None:
-    """Load the lexicons and start espeak-ng now (about 1-2 s) rather than on the first request."""
-    for code in lang_codes:
-        code = resolve_language(code)
-        if code in ENGLISH:
-            english_g2p(ENGLISH[code])
-    espeak.available()
