@@ -3,7 +3,8 @@
 The speech request mirrors OpenAI's `POST /v1/audio/speech` (same fields, same bounds, unknown
 fields rejected like the spec's `additionalProperties: false`) plus the Kokoro-FastAPI extensions
 that existing clients send (`stream`, `lang_code`, `normalization_options`, `volume_multiplier`,
-`return_download_link`, `download_format`; `return_timestamps` on the captioned endpoint).
+`return_download_link`, `download_format`; `return_timestamps` on the captioned endpoint), and for
+telephony speaches' `sample_rate` and two raw G.711 formats, `mulaw` and `alaw`.
 Serving code (api/app.py) translates these into worker calls; nothing here knows about HTTP.
 """
 
@@ -21,7 +22,7 @@ MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-1
 MODEL_IDS = (MODEL_ID, *MODEL_ALIASES)
 DEFAULT_MAX_INPUT_CHARS = 4096
 
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "mulaw", "alaw"]
 StreamFormat = Literal["audio", "sse"]
 
 
@@ -67,6 +68,24 @@ def _checked_text(value: str, info: ValidationInfo, name: str) -> str:
     return value
 
 
+def _checked_sample_rate(rate: int | None, info: ValidationInfo) -> int | None:
+    """`sample_rate` against the formats it applies to: the response's, and the download file's."""
+    if rate is None:
+        return rate
+    from api.encoders import check_sample_rate
+
+    formats = [info.data.get("response_format"), info.data.get("download_format")]
+    for fmt in dict.fromkeys(f for f in formats if f is not None):
+        check_sample_rate(fmt, rate)
+    return rate
+
+
+SAMPLE_RATE_DESCRIPTION = (
+    "Output sample rate in Hz, 8000 to 48000 (speaches' field): the audio is resampled from the model's 24000. "
+    "By default 24000, and 8000 for `mulaw` and `alaw`. mp3, aac and opus take only their codecs' rates "
+    "(opus: 8000, 12000, 16000, 24000 or 48000).")
+
+
 def _checked_voice(value: str | VoiceId) -> str | VoiceId:
     spec = value.id if isinstance(value, VoiceId) else value
     if not spec.strip():
@@ -106,7 +125,9 @@ class SpeechRequest(BaseModel):
         description="A voice name (`af_heart`), an OpenAI voice alias (`alloy`), or a mix: `af_bella+af_sky` "
                     "(equal weights), `af_bella(2)+af_sky(1)` (weighted) or `af_bella(2)-af_sky(1)` (subtracted; "
                     "weights are divided by the sum of them all).")
-    response_format: ResponseFormat = Field("mp3", description="Audio container and codec.")
+    response_format: ResponseFormat = Field(
+        "mp3", description="Audio container and codec; `mulaw` and `alaw` are raw G.711 (telephone audio), "
+                           "one byte a sample, 8 kHz unless `sample_rate` says otherwise.")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
     stream_format: StreamFormat = Field(
         "audio", description="`audio`: the encoded file as a chunked body. `sse`: Server-Sent Events carrying "
@@ -128,6 +149,7 @@ class SpeechRequest(BaseModel):
                            "the response has ended, for KOKORO_DOWNLOAD_MAX_AGE_SECONDS.")
     download_format: ResponseFormat | None = Field(
         None, description="Format of the saved download file, when it should differ from `response_format`.")
+    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
 
     @field_validator("model")
     @classmethod
@@ -140,6 +162,11 @@ class SpeechRequest(BaseModel):
     @classmethod
     def _speakable_input(cls, value: str, info: ValidationInfo) -> str:
         return _checked_text(value, info, "input")
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _checked_sample_rate(value, info)
 
     @property
     def voice_spec(self) -> str:
@@ -196,11 +223,17 @@ class PhonemeSpeechRequest(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
     stream: bool = Field(True, description="As in a speech request.")
     volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
+    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
 
     @field_validator("phonemes")
     @classmethod
     def _phonemes(cls, value: str, info: ValidationInfo) -> str:
         return _checked_text(value, info, "phonemes")
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _checked_sample_rate(value, info)
 
     def as_speech_request(self) -> SpeechRequest:
         """The same request in the speech endpoint's terms (already validated), `input` holding the phonemes."""
@@ -208,7 +241,7 @@ class PhonemeSpeechRequest(BaseModel):
             input=self.phonemes, voice=self.voice, response_format=self.response_format, speed=self.speed,
             stream=self.stream, volume_multiplier=self.volume_multiplier, model=MODEL_ID, stream_format="audio",
             instructions=None, lang_code=None, normalization_options=None, return_download_link=False,
-            download_format=None)
+            download_format=None, sample_rate=self.sample_rate)
 
 
 # --- errors ----------------------------------------------------------------------------------

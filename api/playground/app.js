@@ -20,7 +20,8 @@
   const els = {
     form: $('speech-form'), text: $('text'), count: $('char-count'), mixer: $('mixer'),
     addVoice: $('add-voice'), spec: $('voice-spec'), speed: $('speed'), speedValue: $('speed-value'),
-    format: $('format'), keyField: $('api-key-field'), key: $('api-key'), play: $('play'), stop: $('stop'),
+    format: $('format'), rate: $('rate'), keyField: $('api-key-field'), key: $('api-key'), play: $('play'),
+    stop: $('stop'),
     download: $('download'), downloadLink: $('download-link'), error: $('error'), ttfa: $('ttfa'), rtf: $('rtf'),
     position: $('position'), progress: $('progress'), status: $('status'), transcript: $('transcript'),
     fleet: {
@@ -47,8 +48,13 @@
     return headers;
   }
 
+  // The chosen sample rate, or null for the format's own (what the server picks when none is sent).
+  function chosenRate() {
+    return els.rate.value ? Number(els.rate.value) : null;
+  }
+
   function requestBody(format, stream) {
-    return {
+    const body = {
       model: 'kokoro',
       input: els.text.value,
       voice: els.spec.value.trim(),
@@ -56,6 +62,9 @@
       response_format: format,
       stream,
     };
+    const rate = chosenRate();
+    if (rate) body.sample_rate = rate;  // Play then sounds as a phone line would carry it
+    return body;
   }
 
   function languageName(tag) {
@@ -266,7 +275,7 @@
 
   function schedule(s, samples) {
     const ctx = audioContext();
-    const buffer = ctx.createBuffer(1, samples.length, SAMPLE_RATE);
+    const buffer = ctx.createBuffer(1, samples.length, s.rate);  // Web Audio resamples to the context's rate
     buffer.copyToChannel(samples, 0);
     const source = ctx.createBufferSource();
     source.buffer = buffer;
@@ -395,7 +404,8 @@
     const s = {
       controller: new AbortController(), sources: [], segments: [], words: [], current: -1, carry: null,
       text: els.text.value, cursor: 0,
-      audioSeconds: 0, nextTime: 0, ttfa: null, done: false, failed: false, ticker: null,
+      rate: chosenRate() || SAMPLE_RATE, audioSeconds: 0, nextTime: 0, ttfa: null, done: false, failed: false,
+      ticker: null,
       startedAt: performance.now(),
     };
     session = s;

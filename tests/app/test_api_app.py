@@ -229,6 +229,50 @@ def test_every_format_streamed_and_whole(client, fmt):
         assert 1.2 - 0.002 <= seconds <= 1.2 + (0.12 if fmt in ("mp3", "aac") else 0.002), (fmt, seconds)
 
 
+def test_telephone_audio_mulaw_at_8khz_and_other_rates(http, client):
+    """A phone bot's request: raw mu-law at 8 kHz (one byte a sample), streamed or as SSE deltas
+    (what a Twilio media stream carries, base64); any format at another rate with `sample_rate`."""
+    with http.stream("POST", "/v1/audio/speech", json={"input": TEXT, "response_format": "mulaw"}) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"] == "audio/PCMU"
+        streamed = b"".join(resp.iter_bytes())
+    assert len(streamed) == round(1.2 * 8000)
+    pcm = np.frombuffer(http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm",
+                                                            "sample_rate": 8000}).content, "<i2") / 32768
+    with av.open(io.BytesIO(streamed), format="mulaw", options={"sample_rate": "8000"}) as container:
+        decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]) / 32768
+    assert len(pcm) == len(decoded) and np.sqrt(np.mean((decoded - pcm) ** 2)) < 0.01  # the same audio, companded
+
+    sse = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "alaw", "stream_format": "sse"})
+    events = [json.loads(line[6:]) for line in sse.text.split("\n\n") if line.startswith("data: ")]
+    assert len(b"".join(base64.b64decode(e["audio"]) for e in events[:-1])) == round(1.2 * 8000)
+    assert events[-1]["usage"]["output_tokens"] == round(1.2 * SR / 600)  # usage counts the model's frames
+
+    # The official client sends the extension in extra_body.
+    wav = client.audio.speech.create(model="tts-1", voice="af_heart", input=TEXT, response_format="wav",
+                                     extra_body={"sample_rate": 16000, "stream": False})
+    assert decode(wav.content, "wav") == (pytest.approx(1.2, abs=0.001), 16000)
+    opus = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "opus", "sample_rate": 16000})
+    assert decode(opus.content, "opus")[0] == pytest.approx(1.2, abs=0.002)
+    phonemes = http.post("/dev/generate_from_phonemes", json={"phonemes": "hˈɛloʊ", "sample_rate": 22050})
+    assert decode(phonemes.content, "wav")[1] == 22050
+
+
+def test_sample_rates_a_format_cannot_carry_are_400s(http):
+    error = assert_openai_error(http.post("/v1/audio/speech", json={"input": "hi", "response_format": "opus",
+                                                                    "sample_rate": 22050}), 400, "sample_rate")
+    assert "opus audio cannot be 22050 Hz; its codec takes 8000, 12000, 16000, 24000 or 48000 Hz" in error["message"]
+    # the download file must carry the rate too
+    error = assert_openai_error(http.post("/v1/audio/speech", json={
+        "input": "hi", "response_format": "wav", "sample_rate": 44100, "return_download_link": True,
+        "download_format": "opus"}), 400, "sample_rate")
+    assert "opus" in error["message"]
+    for rate in (7999, 48001, "fast"):
+        assert_openai_error(http.post("/v1/audio/speech", json={"input": "hi", "sample_rate": rate}), 400,
+                            "sample_rate")
+    phonemes = {"phonemes": "hˈɛloʊ", "response_format": "mp3", "sample_rate": 9000}
+    assert_openai_error(http.post("/dev/generate_from_phonemes", json=phonemes), 400, "sample_rate")
+
+
 def test_streaming_sends_audio_before_synthesis_ends(http):
     text = ". ".join(["word"] * 6)  # 6 pieces, ~0.9 s of scripted synthesis
     t0 = time.perf_counter()
@@ -419,6 +463,13 @@ def test_download_link_serves_the_same_audio_after_the_response(http, downloads)
     saved = http.get(f"/v1/download/{download_name(caption, 'flac')}").content
     assert decode(saved, "flac")[0] == pytest.approx(1.2, abs=0.002)
     assert not list(downloads.glob("*.part"))
+    # at the request's sample rate, as the response
+    phone = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "mulaw", "stream": False,
+                                                "return_download_link": True, "download_format": "wav",
+                                                "sample_rate": 8000})
+    assert len(phone.content) == round(1.2 * 8000)
+    assert decode(http.get(f"/v1/download/{download_name(phone, 'wav')}").content, "wav") == (
+        pytest.approx(1.2, abs=0.001), 8000)
 
 
 def test_download_link_while_streaming_then_after_a_failure_or_a_disconnect(server, http, service, downloads):

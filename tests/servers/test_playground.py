@@ -252,6 +252,42 @@ def test_play_streams_and_highlights_the_spoken_words(tab, server, request):
     assert abs(seconds - total) < 0.06, (seconds, total)
 
 
+def test_telephone_rate_plays_and_downloads_at_8khz(browser, tiny_fleet):
+    """The sample-rate choice: Play asks for 8 kHz PCM and the page plays it at its length (Web Audio
+    resamples the 8 kHz buffers); Download in mu-law gives one byte per 8 kHz sample of that length."""
+    context = browser.new_context()
+    page = context.new_page()
+    bodies: list[dict] = []
+    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/audio/speech/captioned")
+            or r.url.endswith("/v1/audio/speech") else None)
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(tiny_fleet.url + "/")
+        page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        page.fill("#text", TEXT)
+        page.select_option("#rate", "8000")
+        page.click("#play")
+        expect(page.locator("#status")).to_have_text("Done.", timeout=PLAY_TIMEOUT_S * 1000)
+        assert bodies[-1]["sample_rate"] == 8000 and bodies[-1]["response_format"] == "pcm"
+        total = float(re.search(r"/ ([\d.]+) s", page.locator("#position").inner_text()).group(1))
+        full = httpx.post(tiny_fleet.url + "/v1/audio/speech", timeout=60, json={
+            "input": TEXT, "voice": page.locator("#voice-spec").input_value(), "response_format": "pcm",
+            "stream": False})
+        assert total == pytest.approx(len(full.content) / 2 / 24000, abs=0.06)  # the same speech, not 3x faster
+
+        page.select_option("#format", "mulaw")
+        with page.expect_download(timeout=PLAY_TIMEOUT_S * 1000) as download:
+            page.click("#download")
+        assert download.value.suggested_filename == "speech.mulaw"
+        assert bodies[-1]["sample_rate"] == 8000 and bodies[-1]["response_format"] == "mulaw"
+        size = Path(download.value.path()).stat().st_size
+        assert size == pytest.approx(total * 8000, abs=0.06 * 8000)
+        assert errors == []
+    finally:
+        context.close()
+
+
 def test_errors_show_the_servers_message(tab, server):
     page = tab.page
     open_playground(tab)
