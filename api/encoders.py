@@ -195,6 +195,16 @@ class _Sink(io.RawIOBase):
         return self._buf.getvalue()
 
 
+def s16_frame(pcm: np.ndarray, volume: float, sample_rate: int) -> av.AudioFrame | None:
+    """float32 samples as a mono 16-bit PyAV frame at the levels pcm responses carry (None if empty)."""
+    samples = to_pcm16(pcm, volume)
+    if samples.size == 0:
+        return None
+    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = sample_rate
+    return frame
+
+
 @dataclass(frozen=True)
 class _Codec:
     container: str       # FFmpeg muxer name
@@ -247,13 +257,11 @@ class AvEncoder(Encoder):
             self._container.mux(packet)
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        samples = to_pcm16(pcm, self.volume)
-        if samples.size == 0:
+        frame = s16_frame(pcm, self.volume, self.sample_rate)
+        if frame is None:
             return b""
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self.sample_rate
         frame.pts = self._pts
-        self._pts += samples.size
+        self._pts += frame.samples
         self._mux(frame)
         return self._sink.take()
 
@@ -292,11 +300,9 @@ class G711Encoder(Encoder):
         self._codec.layout = "mono"
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        samples = to_pcm16(pcm, self.volume)
-        if samples.size == 0:
+        frame = s16_frame(pcm, self.volume, self.sample_rate)
+        if frame is None:
             return b""
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self.sample_rate
         return b"".join(bytes(packet) for packet in self._codec.encode(frame))
 
     def finish(self) -> bytes:
