@@ -273,6 +273,21 @@ def test_sample_rates_a_format_cannot_carry_are_400s(http):
     assert_openai_error(http.post("/dev/generate_from_phonemes", json=phonemes), 400, "sample_rate")
 
 
+def test_an_agents_markdown_is_read_as_rendered(http):
+    """An LLM's reply, Markdown and all, is phonemized as the rendered text would be read: no
+    "number" for the heading, no link target, no asterisks; the switch keeps the old reading."""
+    def phonemes(text: str, **options) -> str:
+        body = {"text": text, **({"normalization_options": options} if options else {})}
+        resp = http.post("/dev/phonemize", json=body)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["phonemes"]
+
+    markdown = "## Plan\n- **Mix** the [flour](https://x.org/flour)\n- Bake<break time=\"500ms\"/> it"
+    assert phonemes(markdown) == phonemes("Plan.\nMix the flour.\nBake[pause:500ms] it.")
+    number = phonemes("number")
+    assert number in phonemes("## Plan", markup_normalization=False) and number not in phonemes("## Plan")
+
+
 def test_streaming_sends_audio_before_synthesis_ends(http):
     text = ". ".join(["word"] * 6)  # 6 pieces, ~0.9 s of scripted synthesis
     t0 = time.perf_counter()

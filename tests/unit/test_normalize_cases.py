@@ -157,6 +157,34 @@ CASES = [
     ("no numbers here at all", "no numbers here at all"),
 ]
 
+MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write it: read as rendered
+    ("**Bold** claim, _italic_ word, ~~gone~~ and `code`.", "Bold claim, italic word, gone and code."),
+    ("# Heading\nBody text here.", "Heading.\nBody text here."),
+    ("### Step two ###\nStir.", "Step two.\nStir."),
+    ("> quoted line", "quoted line"),
+    ("- first item\n- second item\n* third one!", "first item.\nsecond item.\nthird one!"),
+    ("1. Preheat\n2. Bake", "one. Preheat.\ntwo. Bake."),
+    ("| Name | Age |\n|------|-----|\n| Ann  | 31  |", "Name, Age.\nAnn, thirty-one."),
+    ("See [the docs](https://example.com/docs \"Docs\") now.", "See the docs now."),
+    ("![a cat](cat.png) and <https://example.com>", "a cat and example dot com"),
+    ("Mail <ann@example.com> today", "Mail ann at example dot com today"),
+    ("Tom &amp; Jerry&nbsp;say <b>hi</b>", "Tom and Jerry say hi"),
+    ("Line one<br>line two", "Line one\nline two"),
+    ("<p>First.</p><p>Second.</p>", "First.\nSecond."),
+    ('<speak>Hello <break time="1s"/> world</speak>', "Hello [pause:1s] world"),
+    ("<speak>Wait<break time='250ms'/>now.</speak>", "Wait[pause:250ms]now."),
+    ('<sub alias="World Wide Web">WWW</sub> pages', "World Wide Web pages"),
+    ('<prosody rate="slow">Slowly</prosody> <emphasis>now</emphasis>', "Slowly now"),
+    ("```python\nprint(1)\n```", "print(one)"),
+    ("Above\n---\nBelow", "Above\nBelow"),
+    # ... and what only looks like markup stays text
+    ("5 * 3 = 15 and a < b > c", "five three equals fifteen and a less than b greater than c"),
+    ("snake_case_name here", "snake case name here"),
+    ("Trending: #python", "Trending: hashtag python"),
+    ("Say [Kokoro](/kˈOkəɹO/) twice", "Say [Kokoro](/kˈOkəɹO/) twice"),
+    ("a<x and y>b", "a less than x and y greater than b"),
+]
+
 UNIT_CASES = [  # unit_normalization=True (off by default, as in Kokoro-FastAPI)
     ("Upload 10KB files", "Upload ten kilobytes files"),
     ("Run 5 km daily", "Run five kilometers daily"),
@@ -176,6 +204,27 @@ BRITISH_CASES = [  # lang_code b: "and" in numbers, day before month
 @pytest.mark.parametrize("text, expected", CASES, ids=[c[0][:40] for c in CASES])
 def test_normalize(text, expected):
     assert normalize_text(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", MARKUP_CASES, ids=[c[0][:40] for c in MARKUP_CASES])
+def test_markup_reads_as_rendered(text, expected):
+    assert normalize_text(text) == expected
+
+
+def test_markup_switch_and_other_languages():
+    text = "**Hola** [amigos](https://x.es) <b>hoy</b>"
+    assert normalize_text(text, lang_code="e") == "Hola amigos hoy"  # Markdown in any language
+    assert normalize_text(text, NormalizationOptions(markup_normalization=False), lang_code="e") == text
+    assert normalize_text("# Title", NormalizationOptions(normalize=False)) == "# Title"
+    assert normalize_text("# Title", NormalizationOptions(markup_normalization=False)) == "number Title"
+
+
+def test_ssml_break_is_a_pause():
+    from worker.text import text_to_chunks
+
+    chunks = text_to_chunks('<speak>Hold on.<break time="700ms"/>Here it is.</speak>', "a")
+    assert [round(c.pause_after, 3) for c in chunks if c.pause_after] == [0.7]
+    assert "less" not in " ".join(c.phonemes for c in chunks)
 
 
 @pytest.mark.parametrize("text, expected", UNIT_CASES, ids=[c[0] for c in UNIT_CASES])
@@ -220,4 +269,4 @@ def test_non_english_is_only_cleaned():
 def test_suite_size():
     from test_g2p_cases import G2P_CASES
 
-    assert len(CASES) + len(UNIT_CASES) + len(BRITISH_CASES) + len(G2P_CASES) >= 150
+    assert len(CASES) + len(UNIT_CASES) + len(BRITISH_CASES) + len(MARKUP_CASES) + len(G2P_CASES) >= 150

@@ -7,7 +7,8 @@ reads what is left (acronyms, unknown words via espeak-ng).
 
 Options follow Kokoro-FastAPI's `normalization_options` field for field, so its clients work as is.
 Markup that is not text (custom pronunciations `[word](/phonemes/)`, pause tags `[pause:0.5s]`) is
-kept out of normalization by `normalize_text`.
+kept out of normalization by `normalize_text`; Markdown, HTML and SSML are read as rendered text
+first (worker/text/markup.py).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from worker.text import numbers as num
+from worker.text.markup import read_markup
 
 
 @dataclass
 class NormalizationOptions:
-    """Per-request switches, the same fields and defaults as Kokoro-FastAPI's."""
+    """Per-request switches, the same fields and defaults as Kokoro-FastAPI's, plus
+    `markup_normalization` (ours: Markdown, HTML and SSML read as rendered text, worker/text/markup.py)."""
 
     normalize: bool = True                              # master switch: False passes the text as is
     unit_normalization: bool = False                    # 10KB -> ten kilobytes, 5 km -> five kilometers
@@ -31,6 +34,7 @@ class NormalizationOptions:
     optional_pluralization_normalization: bool = True   # word(s) -> words
     phone_normalization: bool = True                    # 555-123-4567 read digit by digit in groups
     replace_remaining_symbols: bool = True              # & @ + = # % ... -> words
+    markup_normalization: bool = True                   # **bold**, # Heading, [text](url), <b>, &amp; -> the words
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "NormalizationOptions":
@@ -72,9 +76,12 @@ def normalize_text(text: str, options: NormalizationOptions | None = None, lang_
     """Normalize `text` for `lang_code` (English rules for `a` and `b`; Mandarin's numbers read out
     by cn2an, as misaki does, so "10%" becomes 百分之十; Japanese's wave dash before a number read
     "kara"; other languages get only `clean_text`, since espeak-ng and misaki's Japanese reader read
-    their numbers themselves). Markup passes through untouched."""
+    their numbers themselves). Markdown, HTML and SSML are first read as rendered text, in every
+    language (`read_markup`); Kokoro's own markup passes through untouched."""
     options = options or NormalizationOptions()
     text = clean_text(text)
+    if options.normalize and options.markup_normalization:  # in any language: agents write Markdown in all
+        text = read_markup(text)
     if not options.normalize or lang_code not in ("a", "b", "j", "z"):
         return text
     if lang_code == "z":

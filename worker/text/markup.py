@@ -1,0 +1,116 @@
+"""Text as language models and web pages write it -> the words a listener should hear.
+
+An agent's reply comes as Markdown (`**bold**`, `# Heading`, `- item`, `[link](https://...)`,
+tables, code spans), and text pulled from a page or written for another TTS engine carries HTML or
+SSML tags and entities. Read literally they come out as "number Heading", "about about gone about
+about" (`~~gone~~`), "less than b greater than". `read_markup` keeps what a person reading the
+rendered text would say, and the punctuation that gives a heading, a list item or a table row its
+own sentence:
+
+    "## Steps\\n- **Mix** the [flour](https://x.org/flour)\\n- Bake<break time=\\"500ms\\"/> well"
+    -> "Steps.\\nMix the flour.\\nBake[pause:500ms] well."
+
+Kept as they are: Kokoro's own pronunciation links `[word](/phonemes/)` and pause tags
+`[pause:0.5s]`; SSML's `<break time="...">` becomes such a pause tag, `<sub alias="...">` its alias.
+Constructs that are not plainly markup stay text: `5 * 3`, `a < b`, `snake_case_names`, `#hashtags`.
+Only a known tag name (HTML's text and block tags, SSML's) is taken for a tag.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+# --- whole lines ------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^ {0,3}(?:```|~~~).*$", re.MULTILINE)
+_RULE_LINE = re.compile(r"^ {0,3}([-*_])(?: *\1){2,} *$", re.MULTILINE)
+_TABLE_DIVIDER = re.compile(r"^ *\|? *:?-{2,}:? *(?:\| *:?-{2,}:? *)*\|? *$", re.MULTILINE)
+_TABLE_ROW = re.compile(r"^ *\|(.*)\| *$", re.MULTILINE)
+_HEADING = re.compile(r"^ {0,3}#{1,6} +(.+?)(?: +#+)? *$", re.MULTILINE)
+_QUOTE = re.compile(r"^ {0,3}(?:> ?)+", re.MULTILINE)
+_BULLET = re.compile(r"^ *[-*+•] +(\S.*?) *$", re.MULTILINE)
+_NUMBERED = re.compile(r"^ *(\d{1,3}[.)]) +(\S.*?) *$", re.MULTILINE)
+# A line that ends without sentence punctuation gets a full stop: it was its own unit on the page.
+_ENDS_SENTENCE = ".!?:;…。！？"
+
+# --- inline -------------------------------------------------------------------------------------
+
+_IMAGE = re.compile(r"!\[([^\[\]]*)\]\([^()\s]*(?:\s+\"[^\"]*\")?\)")
+# A link whose target is not Kokoro's `(/phonemes/)`.
+_LINK = re.compile(r"\[([^\[\]]+)\]\((?!/[^()]*/\))[^()\s]*(?:\s+\"[^\"]*\")?\)")
+_AUTOLINK = re.compile(r"<((?:https?|ftp)://[^<>\s]+|mailto:[^<>\s]+|[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+)>")
+_CODE = re.compile(r"(`+)(?=[^`\n])(.+?)(?<=[^`\n])\1")
+_STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_STAR = re.compile(r"(?<![*\w])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![*\w])")
+_UNDERSCORE = re.compile(r"(?<![_\w])_(?=[^\s_])(.+?)(?<=[^\s_])_(?![_\w])")
+_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+
+# --- tags -----------------------------------------------------------------------------------------
+
+_SSML_TAGS = ("speak", "break", "prosody", "emphasis", "say-as", "sub", "phoneme", "voice", "lang", "mark",
+              "audio", "s", "p", "w", "amazon:effect", "amazon:domain", "mstts:express-as")
+_HTML_TAGS = ("a", "abbr", "b", "blockquote", "br", "cite", "code", "dd", "del", "div", "dl", "dt", "em", "h1",
+              "h2", "h3", "h4", "h5", "h6", "hr", "i", "img", "ins", "kbd", "li", "mark", "ol", "p", "pre", "q", "s",
+              "small", "span", "strong", "sub", "sup", "table", "tbody", "td", "th", "thead", "tr", "u", "ul")
+# Tags that end a line of text on a page: a line break where they stand.
+_BLOCK_TAGS = ("blockquote", "br", "dd", "div", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "li", "p", "pre",
+               "tr", "speak", "s")
+_TAG_NAMES = "|".join(sorted({re.escape(t) for t in (*_SSML_TAGS, *_HTML_TAGS)}, key=len, reverse=True))
+_ATTRIBUTES = r"(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?)*"
+_TAG = re.compile(rf"<(/?)({_TAG_NAMES})({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
+_BREAK = re.compile(rf"<break\b({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
+_TIME = re.compile(r"\btime\s*=\s*[\"']?\s*(\d+(?:\.\d+)?)\s*(m?s)\b", re.IGNORECASE)
+_SUB = re.compile(rf"<sub\b({_ATTRIBUTES})\s*>(.*?)</sub\s*>", re.IGNORECASE | re.DOTALL)
+_ALIAS = re.compile(r"\balias\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", re.IGNORECASE)
+_ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
+
+
+def read_markup(text: str) -> str:
+    """Markdown, HTML and SSML in `text` -> the text a listener should hear (see the module
+    docstring). Lines keep their breaks, so the splitter still sees paragraphs."""
+    text = _read_tags(text)
+    text = _FENCE.sub("", text)
+    text = _RULE_LINE.sub("", text)
+    text = _TABLE_DIVIDER.sub("", text)
+    text = _TABLE_ROW.sub(lambda m: _own_sentence(", ".join(c.strip() for c in m.group(1).split("|") if c.strip())),
+                          text)
+    text = _HEADING.sub(lambda m: _own_sentence(m.group(1)), text)
+    text = _QUOTE.sub("", text)
+    text = _BULLET.sub(lambda m: _own_sentence(m.group(1)), text)
+    text = _NUMBERED.sub(lambda m: f"{m.group(1)} {_own_sentence(m.group(2))}", text)
+    text = _IMAGE.sub(r"\1", text)
+    text = _LINK.sub(r"\1", text)
+    text = _AUTOLINK.sub(r"\1", text)
+    text = _CODE.sub(r"\2", text)
+    for pattern in (_STRONG, _STRIKE):
+        text = pattern.sub(lambda m: m.group(m.lastindex), text)
+    text = _STAR.sub(r"\1", text)
+    text = _UNDERSCORE.sub(r"\1", text)
+    return re.sub(r"[^\S\n]*\n\s*", "\n", text).strip()
+
+
+def _own_sentence(line: str) -> str:
+    line = line.strip()
+    return line if not line or line[-1] in _ENDS_SENTENCE else line + "."
+
+
+def _read_tags(text: str) -> str:
+    if "<" not in text and "&" not in text:
+        return text
+    text = _BREAK.sub(_pause_tag, text)
+    text = _SUB.sub(_alias, text)
+    text = _TAG.sub(lambda m: "\n" if m.group(2).lower() in _BLOCK_TAGS else "", text)
+    if _ENTITY.search(text):
+        text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
+    return text
+
+
+def _pause_tag(m: re.Match) -> str:
+    time = _TIME.search(m.group(1))
+    return f"[pause:{time.group(1)}{time.group(2).lower()}]" if time else " "
+
+
+def _alias(m: re.Match) -> str:
+    alias = _ALIAS.search(m.group(1))
+    return next(g for g in alias.groups() if g is not None) if alias else m.group(2)
