@@ -52,6 +52,17 @@ CASES = [
     ("Flight 407 to Denver", "Flight four hundred seven to Denver"),
     ("It scored 0 points", "It scored zero points"),
     ("Chapter 12 begins", "Chapter twelve begins"),
+    # --- ranges of quantities: the unit once, after the second number; the dash read "to" ---
+    ("Revenue grew 50-60% this year", "Revenue grew fifty to sixty percent this year"),
+    ("from 10%-20%", "from ten to twenty percent"),
+    ("up 3.5-4.2% now", "up three point five to four point two percent now"),
+    ("Keep it at 20-25°C", "Keep it at twenty to twenty-five degrees Celsius"),
+    ("Tickets cost $5-10 each", "Tickets cost five to ten dollars each"),
+    ("Tickets cost $5-$10 each", "Tickets cost five to ten dollars each"),
+    ("Priced $5.50-$7.25", "Priced five dollars and fifty cents to seven dollars and twenty-five cents"),
+    ("Rent is €900–1,100", "Rent is nine hundred to one thousand one hundred euros"),
+    ("It ran 2020-2024", "It ran twenty twenty to twenty twenty-four"),
+    ("A -5% change", "A minus five percent change"),
     # --- ordinals ---
     ("Confirmed for May 3rd.", "Confirmed for May third."),
     ("She finished 1st", "She finished first"),

@@ -367,7 +367,23 @@ def _version(m: re.Match, british: bool) -> str:
 
 
 def _range(m: re.Match, british: bool) -> str:
-    return f"{num.number(m.group('a'), british)} to {num.number(m.group('b'), british)}"
+    return f"{_read_number(m.group('a'), british)} to {_read_number(m.group('b'), british)}"
+
+
+def _quantity_range(m: re.Match, british: bool) -> str:
+    """"50-60%", "20-25°C", "$5-10", "$5-$10" -> "50 to 60%", "20 to 25°C", "5 to $10": rewritten
+    so the rules after this one read the unit or currency once, after the second number, as a
+    person says it ("fifty to sixty percent", "five to ten dollars"), instead of reading the dash
+    as "minus". A currency stays on both sides when the first amount has cents ("$5.50-$7" ->
+    "$5.50 to $7"). A plain "3-5" is the range rule's."""
+    a, b = m.group("a"), m.group("b")
+    currency = m.group("c1") or m.group("c2")
+    unit = m.group("u2") or m.group("u1") or ""
+    if currency:
+        return f"{currency}{a} to {currency}{b}{unit}" if "." in a else f"{a} to {currency}{b}{unit}"
+    if unit:
+        return f"{a} to {b}{unit}"
+    return m.group(0)
 
 
 def _unit(m: re.Match, british: bool) -> str:
@@ -398,10 +414,13 @@ _UNICODE_FRACTIONS = {"½": "one half", "⅓": "one third", "⅔": "two thirds",
 
 
 def _plain_number(m: re.Match, british: bool) -> str:
-    text = m.group(0)
-    plain = text.replace(",", "")
-    if re.fullmatch(r"\d{4}", plain) and 1100 <= int(plain) <= 2099 and "," not in text:
-        return num.year(int(plain), british)
+    return _read_number(m.group(0), british)
+
+
+def _read_number(text: str, british: bool) -> str:
+    """A number standing alone: four digits from 1100 to 2099 without a comma read as a year."""
+    if re.fullmatch(r"\d{4}", text) and 1100 <= int(text) <= 2099:
+        return num.year(int(text), british)
     return num.number(text, british)
 
 
@@ -461,6 +480,11 @@ _rule("day month", r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>Januar
       _day_month)
 _rule("time", r"\b(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<sec>\d{2}))?(?:\s?(?P<ampm>[AaPp]\.?[Mm]\.?(?![A-Za-z])))?", _time)
 _rule("hour am/pm", r"\b(?P<h>\d{1,2})\s?(?P<ampm>[AaPp]\.[Mm]\.|[AaPp][Mm]\b)", _hour_ampm)
+_CURRENCY_SIGN = r"US\$|[$£€¥₹₩₽]"
+_PER_UNIT = r"\s?(?:%|°\s?[CFK]?(?![A-Za-z]))"
+_rule("quantity range", r"(?<![\w.,-])(?P<c1>" + _CURRENCY_SIGN + r")?(?P<a>" + _NUM + r")(?P<u1>" + _PER_UNIT
+      + r")?\s?[-–]\s?(?P<c2>" + _CURRENCY_SIGN + r")?(?P<b>" + _NUM + r")(?P<u2>" + _PER_UNIT + r")?(?![\w.,]\d)",
+      _quantity_range)
 _rule("money", r"(?P<cur>US\$|[$£€¥₹₩₽])\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|bn|mm|[kKmMbBtT])\b)?"
       r"|(?P<cur2>USD|EUR|GBP|JPY)\s?(?P<amount2>" + _NUM + r")", lambda m, b: _money_any(m, b))
 _rule("money after", r"\b(?P<amount>" + _NUM + r")\s?(?P<cur>USD|EUR|GBP|JPY|€|£)(?![\w])", lambda m, b: _money_after(m, b))
