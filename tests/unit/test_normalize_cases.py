@@ -63,6 +63,9 @@ CASES = [
     ("Rent is €900–1,100", "Rent is nine hundred to one thousand one hundred euros"),
     ("It ran 2020-2024", "It ran twenty twenty to twenty twenty-four"),
     ("A -5% change", "A minus five percent change"),
+    # --- ratings ---
+    ("Rated 4.5/5 stars", "Rated four point five out of five stars"),
+    ("I'd say 8/10 overall", "I'd say eight out of ten overall"),
     # --- ordinals ---
     ("Confirmed for May 3rd.", "Confirmed for May third."),
     ("She finished 1st", "She finished first"),

@@ -394,14 +394,15 @@ def _unit(m: re.Match, british: bool) -> str:
 
 
 def _fraction(m: re.Match, british: bool) -> str:
-    """1/2 and 3/4 are fractions; 12/25 is a date; 24/7 and 50/50 are read as two numbers."""
+    """1/2 and 3/4 are fractions; 7/10 and 4/5 are scores ("seven out of ten"); 12/25 is a date;
+    24/7 and 50/50 are read as two numbers."""
     a, b = int(m.group("a")), int(m.group("b"))
     names = {2: ("half", "halves"), 3: ("third", "thirds"), 4: ("quarter", "quarters")}
     if 0 < a < b <= 10:
         if b in names:
             word = names[b][0] if a == 1 else names[b][1]
             return f"{num.cardinal(a)} {word}"
-        return f"{num.cardinal(a)} over {num.cardinal(b)}"
+        return f"{num.cardinal(a)} {'out of' if b in (5, 10) else 'over'} {num.cardinal(b)}"
     month, day = (b, a) if british else (a, b)
     if 1 <= month <= 12 and 1 <= day <= 31:
         return _say_date(None, month, day, british)
@@ -498,7 +499,9 @@ _rule("multiplier", r"\b(?P<n>\d+(?:\.\d+)?)x\b", lambda m, b: f"{num.number(m.g
 _rule("ordinal", r"\b(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?:st|nd|rd|th)\b", _ordinal)
 _rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
       lambda m, b: (f"{num.cardinal(int(m.group('w')), b)} and " if m.group("w") else "") + _UNICODE_FRACTIONS[m.group("f")])
-_rule("fraction", r"(?<![\d/])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
+_rule("score", r"(?<![\w/.,])(?P<a>\d+\.\d+)\s?/\s?(?P<b>\d+(?:\.\d+)?)(?![\d/])",  # 4.5/5: a rating
+      lambda m, b: f"{num.number(m.group('a'), b)} out of {num.number(m.group('b'), b)}")
+_rule("fraction", r"(?<![\d/.,])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
 _rule("unit", r"(?P<n>" + _NUM + r")\s?(?P<unit>" + "|".join(sorted((re.escape(u) for u in _UNITS), key=len, reverse=True)) + r")(?![\w/])",
       _unit, "unit_normalization")
 _rule("range", r"(?<![\w.,-])(?P<a>" + _NUM + r")\s?[-–]\s?(?P<b>" + _NUM + r")(?![\w.,]\d|-)", _range)
