@@ -21,14 +21,16 @@ from collections.abc import Callable
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 
 from api.admission import ProcessAdmission
 from api.downloads import DownloadStore, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
 from api.playground import FLEET_PATH, playground_router
-from api.protocol import (MODEL_IDS, CaptionedSpeechResponse, ErrorResponse, LegacyVoiceList, ModelCard, ModelList,
-                          PhonemizeResponse, VoiceEntry, VoiceList, model_cards)
+from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, ErrorResponse, LegacyVoiceList,
+                          ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
+                          SpeechRequest, VoiceEntry, VoiceList, model_cards)
 from api.service import SpeechBackend
 from api.serving import captioned_response, combined_voice_response, phonemize_response, speech_response
 from api.state import AppState, encode_pool
@@ -103,7 +105,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
 
     authed = [Depends(require_api_key)]
 
-    @app.post("/v1/audio/speech", dependencies=authed, response_class=Response,
+    @app.post("/v1/audio/speech", dependencies=authed, response_class=Response, openapi_extra=_json_body(SpeechRequest),
               responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()} | {"text/event-stream": {}}}})
     async def speech(request: Request) -> Response:
         """Speak `input`. Streams chunked audio (or SSE events) by default; `stream: false` sends one body."""
@@ -115,16 +117,17 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
 
     for path in ("/v1/audio/speech/captioned", "/dev/captioned_speech"):
         app.add_api_route(path, captioned, methods=["POST"], dependencies=authed, response_model=CaptionedSpeechResponse,
-                          include_in_schema=path.startswith("/v1"))
+                          include_in_schema=path.startswith("/v1"), openapi_extra=_json_body(CaptionedSpeechRequest))
 
     # Kokoro-FastAPI's phoneme endpoints, for pronunciations a text cannot spell.
-    @app.post("/dev/phonemize", dependencies=authed, response_model=PhonemizeResponse)
+    @app.post("/dev/phonemize", dependencies=authed, response_model=PhonemizeResponse,
+              openapi_extra=_json_body(PhonemizeRequest))
     async def phonemize(request: Request) -> PhonemizeResponse:
         """The phonemes and model ids the server would speak for `text` (no synthesis)."""
         return await phonemize_response(state, request)
 
     @app.post("/dev/generate_from_phonemes", dependencies=authed, response_class=Response,
-              responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()}}})
+              openapi_extra=_json_body(PhonemeSpeechRequest), responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()}}})
     async def generate_from_phonemes(request: Request) -> Response:
         """Speak `phonemes` as given; streamed WAV by default (any speech format may be asked)."""
         return await speech_response(state, request, phonemes=True)
@@ -191,7 +194,34 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
 
     if settings.playground:
         app.include_router(playground_router(state))
+    _document_request_bodies(app, (SpeechRequest, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest))
     return app
+
+
+def _json_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that reads its JSON itself (so a bad body gets the
+    OpenAI error shape, not FastAPI's): `model`'s schema, which `_document_request_bodies` adds."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _document_request_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Put the request models (and the models they use) into the OpenAPI components, so /docs and
+    client generators show every field of the bodies `_json_body` names."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()  # FastAPI's, cached on the app: completed in place
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(model_schema.pop("$defs", {}))
+            components[model.__name__] = model_schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _engine(settings: Settings) -> dict:

@@ -288,6 +288,34 @@ def test_an_agents_markdown_is_read_as_rendered(http):
     assert number in phonemes("## Plan", markup_normalization=False) and number not in phonemes("## Plan")
 
 
+def test_openapi_documents_every_request_body(http):
+    """/docs and client generators see the bodies' fields, though the routes read their JSON
+    themselves (for the OpenAI error shape): each body names its model, every reference resolves."""
+    from api.protocol import CaptionedSpeechRequest, PhonemeSpeechRequest, PhonemizeRequest, SpeechRequest
+
+    schema = http.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+    for path, model in [("/v1/audio/speech", SpeechRequest), ("/v1/audio/speech/captioned", CaptionedSpeechRequest),
+                        ("/dev/phonemize", PhonemizeRequest), ("/dev/generate_from_phonemes", PhonemeSpeechRequest)]:
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        documented = components[body["$ref"].rsplit("/", 1)[-1]]
+        assert set(documented["properties"]) == set(model.model_fields), path
+    assert components["SpeechRequest"]["properties"]["sample_rate"]["anyOf"][0]["maximum"] == 48000
+    assert "mulaw" in components["SpeechRequest"]["properties"]["response_format"]["enum"]
+
+    def refs(node):
+        if isinstance(node, dict):
+            yield from ([node["$ref"]] if "$ref" in node else [])
+            for value in node.values():
+                yield from refs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from refs(value)
+
+    names = {ref.rsplit("/", 1)[-1] for ref in refs(schema)}
+    assert "NormalizationOptions" in names and names <= set(components), names - set(components)
+
+
 def test_streaming_sends_audio_before_synthesis_ends(http):
     text = ". ".join(["word"] * 6)  # 6 pieces, ~0.9 s of scripted synthesis
     t0 = time.perf_counter()
