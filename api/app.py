@@ -127,7 +127,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         return await phonemize_response(state, request)
 
     @app.post("/dev/generate_from_phonemes", dependencies=authed, response_class=Response,
-              openapi_extra=_json_body(PhonemeSpeechRequest), responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()}}})
+              openapi_extra=_json_body(PhonemeSpeechRequest),
+              responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()}}})
     async def generate_from_phonemes(request: Request) -> Response:
         """Speak `phonemes` as given; streamed WAV by default (any speech format may be asked)."""
         return await speech_response(state, request, phonemes=True)
