@@ -40,7 +40,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     req.add_argument("--texts", default="short",
                      help="short | paragraphs | long | FILE (a text per line) | FILE:whole (default short)")
     req.add_argument("--format", default="pcm", dest="response_format",
-                     help="response_format: pcm (counted from bytes) or mp3, wav, flac, aac, opus (decoded with PyAV)")
+                     help="response_format: pcm, mulaw, alaw (counted from bytes) or mp3, wav, flac, aac, opus "
+                          "(decoded with PyAV)")
+    req.add_argument("--sample-rate", type=int, default=None,
+                     help="the body's `sample_rate` (8000 to 48000): audio at another rate than the model's 24 kHz")
     req.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                      help="ask for a streamed response (the body's `stream` field; default on)")
     req.add_argument("--sse", action="store_true", help="ask for SSE events (`stream_format: sse`); TTFA is the first audio delta")
@@ -89,6 +92,8 @@ def _workload(args: argparse.Namespace) -> Workload:
     extra = json.loads(args.extra) if args.extra else {}
     if not isinstance(extra, dict):
         raise ValueError("--extra must be a JSON object")
+    if args.sample_rate:
+        extra = {"sample_rate": args.sample_rate, **extra}
     return Workload(texts=load_texts(args.texts), voice=args.voice, model=args.model,
                     response_format=args.response_format, speed=args.speed, stream=args.stream, sse=args.sse,
                     extra=extra, timeout=args.timeout, read_timeout=args.read_timeout,

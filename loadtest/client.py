@@ -26,7 +26,10 @@ from loadtest import metrics
 # The API's `pcm`: raw 16-bit little-endian mono at Kokoro's 24 kHz.
 from worker.audio import SAMPLE_RATE as PCM_SAMPLE_RATE
 
-# PyAV demuxer names for the API's response formats (`pcm` is counted from bytes, never decoded).
+# The headerless formats, counted from bytes, never decoded: (bytes per sample, rate unless the
+# body's `sample_rate` says otherwise). G.711 is one byte a sample at 8 kHz.
+RAW_FORMATS = {"pcm": (2, PCM_SAMPLE_RATE), "mulaw": (1, 8000), "alaw": (1, 8000)}
+# PyAV demuxer names for the other response formats.
 AV_FORMATS = {"mp3": "mp3", "wav": "wav", "flac": "flac", "aac": "aac", "opus": "ogg", "ogg": "ogg"}
 
 
@@ -86,7 +89,6 @@ class RequestSpec:
     sse: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more body fields, merged last
     headers: dict[str, str] = field(default_factory=dict)
-    pcm_sample_rate: int = PCM_SAMPLE_RATE
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -101,6 +103,14 @@ class RequestSpec:
             body["stream_format"] = "sse"  # OpenAI's: events speech.audio.delta / speech.audio.done
         body.update(self.extra)
         return body
+
+    def raw_audio(self) -> tuple[int, int] | None:
+        """(bytes per sample, sample rate) of a headerless response, whose audio is counted from its
+        bytes; None for a format that is decoded."""
+        if self.response_format not in RAW_FORMATS:
+            return None
+        width, rate = RAW_FORMATS[self.response_format]
+        return width, int(self.body().get("sample_rate") or rate)
 
 
 def make_client(max_connections: int, connect_timeout: float = 10.0, read_timeout: float = 120.0,
@@ -216,7 +226,8 @@ async def send_speech(client: httpx.AsyncClient, spec: RequestSpec, result: Requ
     result.text_id, result.text_chars = spec.text_id, len(spec.text)
     arrivals: list[tuple[float, int]] = []  # (perf_counter, audio bytes) per read that carried audio
     chunks: list[bytes] = []  # kept only when the audio must be decoded afterwards
-    keep_bytes = spec.response_format != "pcm"
+    raw = spec.raw_audio()
+    keep_bytes = raw is None
     t_intent = time.perf_counter()
     result.started_at = t_intent - run_epoch
     t_wire = t_headers = t_end = None
@@ -295,7 +306,7 @@ async def send_speech(client: httpx.AsyncClient, spec: RequestSpec, result: Requ
             if keep_bytes:
                 per_read = await asyncio.to_thread(_decoded_seconds_per_read, chunks, spec.response_format)
             else:
-                per_read = [metrics.pcm_seconds(n, spec.pcm_sample_rate) for _, n in arrivals]
+                per_read = [metrics.pcm_seconds(n, raw[1], raw[0]) for _, n in arrivals]
             result.audio_s = float(sum(per_read))
             gaps = metrics.underrun(zip((t for t, _ in arrivals), per_read))
             result.underrun_s, result.underrun_total_s, result.stalls = gaps.longest_s, gaps.total_s, gaps.stalls

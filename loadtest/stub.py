@@ -35,7 +35,10 @@ from worker.audio import SAMPLE_RATE
 _ENCODERS = {"wav": ("wav", "pcm_s16le"), "mp3": ("mp3", "libmp3lame"), "flac": ("flac", "flac"),
              "aac": ("adts", "aac")}
 _CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac",
-                  "aac": "audio/aac"}
+                  "aac": "audio/aac", "mulaw": "audio/PCMU", "alaw": "audio/PCMA"}
+# The headerless formats, made by the server's own encoders at any `sample_rate`: (bytes per
+# sample, default rate).
+_RAW = {"pcm": (2, SAMPLE_RATE), "mulaw": (1, 8000), "alaw": (1, 8000)}
 
 
 @dataclass
@@ -71,22 +74,34 @@ class StubServer:
         import array
 
         self.pcm = array.array("h", tone).tobytes()  # s16le on the little-endian machines we run on
-        self._encoded: dict[str, bytes] = {"pcm": self.pcm}
+        self._encoded: dict[tuple[str, int | None], bytes] = {("pcm", None): self.pcm}
         self._server: asyncio.base_events.Server | None = None
         self._rng = random.Random(0)
 
     # --- audio -------------------------------------------------------------------------------
-    def audio(self, fmt: str) -> bytes:
-        if fmt not in self._encoded:
-            if fmt not in _ENCODERS:
-                raise ValueError(f"the stub serves {', '.join(['pcm', *_ENCODERS])}, not {fmt!r}")
-            self._encoded[fmt] = _encode(self.pcm, fmt)
-        return self._encoded[fmt]
+    def audio(self, fmt: str, sample_rate: int | None = None) -> bytes:
+        if (fmt, sample_rate) not in self._encoded:
+            if fmt in _RAW:
+                import numpy as np
 
-    def chunks(self, fmt: str) -> list[bytes]:
-        data = self.audio(fmt)
-        if fmt == "pcm":
-            size = max(2, int(self.config.chunk_seconds * SAMPLE_RATE) * 2)
+                from api.encoders import make_encoder
+
+                encoder = make_encoder(fmt, sample_rate=sample_rate)
+                tone = np.frombuffer(self.pcm, dtype="<i2").astype(np.float32) / 32768
+                data = encoder.encode(tone) + encoder.finish()
+            elif fmt in _ENCODERS and sample_rate is None:
+                data = _encode(self.pcm, fmt)
+            else:
+                raise ValueError(f"the stub serves {', '.join([*_RAW, *_ENCODERS])} (only the first three at "
+                                 f"another sample_rate), not {fmt!r} at {sample_rate}")
+            self._encoded[(fmt, sample_rate)] = data
+        return self._encoded[(fmt, sample_rate)]
+
+    def chunks(self, fmt: str, sample_rate: int | None = None) -> list[bytes]:
+        data = self.audio(fmt, sample_rate)
+        if fmt in _RAW:
+            width, rate = _RAW[fmt]
+            size = max(width, int(self.config.chunk_seconds * (sample_rate or rate)) * width)
         else:  # the same number of chunks as PCM would have, so timing schedules match
             n = max(1, math.ceil(self.config.audio_seconds / self.config.chunk_seconds))
             size = max(1, math.ceil(len(data) / n))
@@ -160,7 +175,7 @@ class StubServer:
         try:
             req = json.loads(body or b"{}")
             fmt = req.get("response_format", "mp3")
-            chunks = self.chunks(fmt)
+            chunks = self.chunks(fmt, req.get("sample_rate"))
         except ValueError as exc:
             return await _send_whole(writer, 400, json.dumps({"error": str(exc)}).encode(), "application/json")
         if (cfg.capacity and self.in_flight >= cfg.capacity) or (

@@ -228,6 +228,20 @@ def test_compressed_formats_are_decoded_for_audio_seconds(fmt):
     assert r.underrun_s == 0.0  # all sent without gaps
 
 
+@pytest.mark.parametrize("fmt,rate,extra", [("mulaw", None, {}), ("alaw", 16000, {}),
+                                            ("pcm", None, {"sample_rate": 8000})])
+def test_headerless_formats_are_counted_at_their_rate(fmt, rate, extra):
+    """G.711 is one byte a sample at 8 kHz, and `sample_rate` (a spec field or --extra) sets the
+    rate the bytes are counted at: 2 s of audio whatever the format, and no stall between chunks."""
+    stub = StubServer(StubConfig(audio_seconds=2.0, chunk_seconds=0.25))
+    body = {**extra, **({"sample_rate": rate} if rate else {})}
+    with stub.running_in_thread() as url:
+        r = _one(url, response_format=fmt, extra=body)
+    assert r.outcome == "ok", r.error
+    assert r.audio_bytes == round(2.0 * (rate or 8000) * (2 if fmt == "pcm" else 1))
+    assert r.audio_s == pytest.approx(2.0, abs=0.001) and r.underrun_s == 0.0
+
+
 def _run_steps(url: str, steps: list[Step], **workload) -> list:
     async def go():
         runner = Runner(Workload(texts=["a", "bb", "ccc"], **workload), steps, progress=False)
