@@ -329,6 +329,14 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    if settings.lexicon:  # a typo in the deployment's pronunciations stops the start, not every request
+        from worker.text import LexiconError, load_lexicon
+
+        try:
+            lexicon = load_lexicon(settings.lexicon)
+        except LexiconError as e:
+            raise SystemExit(f"kokoro-fleet serve: {e}") from None
+        log.info("pronunciations from %s: %d entries", settings.lexicon, sum(map(len, lexicon.entries.values())))
     if settings.engine == "sim":
         if settings.baseline:
             raise SystemExit("kokoro-fleet serve: KOKORO_ENGINE=sim does not simulate the baseline; "

@@ -107,11 +107,12 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
         req = PhonemizeRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
     except ValidationError as e:
         raise validation_error(e) from None
-    from worker.text import TextError, text_to_chunks
+    from worker.text import TextError, load_lexicon, text_to_chunks
 
     try:
         chunks = await asyncio.to_thread(text_to_chunks, req.text, req.language, req.normalization(),
-                                         state.settings.first_chunk_phonemes, state.settings.chunk_phonemes)
+                                         state.settings.first_chunk_phonemes, state.settings.chunk_phonemes,
+                                         load_lexicon(state.settings.lexicon))
     except TextError as e:
         param = "language" if e.param == "lang_code" else "text"
         raise bad_request(str(e), param=param, code=f"invalid_{param}") from None

@@ -158,6 +158,12 @@ class Settings:
         "23 MB), beyond KOKORO_REPLICA_CPU_MIB.",
         choices=("all",), also=("comma-separated language codes among " + ", ".join(LANGUAGE_CODES), _is_language_list))
 
+    lexicon: str = setting(
+        "KOKORO_LEXICON", "",
+        "A JSON file of the deployment's own pronunciations, words or phrases -> phonemes in Kokoro's alphabet "
+        "(`{\"Kokoro\": \"kˈOkəɹO\"}`; sections per language code optional), applied to every request as if "
+        "written `[Kokoro](/kˈOkəɹO/)`; `serve` refuses a malformed one (worker/text/lexicon.py).")
+
     # --- fleet and queue ---
     queue_url: str = setting(
         "REDIS_URL", "", "External Redis URL; empty: the fleet starts and owns an embedded Redis server.")

@@ -19,8 +19,8 @@ import numpy as np
 
 from worker.audio import SAMPLE_RATE
 from worker.settings import Settings, get_settings
-from worker.text import (Chunk, NormalizationOptions, TextError, language_loaded, load_language, phonemes_to_chunks,
-                         text_to_chunks)
+from worker.text import (Chunk, NormalizationOptions, TextError, language_loaded, load_language, load_lexicon,
+                         phonemes_to_chunks, text_to_chunks)
 from worker.timestamps import WordTimestamp, word_timestamps
 from worker.voices import Voice, VoiceBank
 
@@ -157,7 +157,8 @@ class SpeechService:
                 chunks = phonemes_to_chunks(request.text, **sizes)
             else:
                 load_language(lang_code)  # once per process; plans_inline sends a first one here off the loop
-                chunks = text_to_chunks(request.text, lang_code, request.normalization, **sizes)
+                chunks = text_to_chunks(request.text, lang_code, request.normalization, **sizes,
+                                        lexicon=load_lexicon(self.settings.lexicon))
         except TextError as exc:
             if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
                 raise TextError(f"voice {voice.name}: {exc}; pick another voice or set lang_code",

@@ -1,6 +1,7 @@
 """The text frontend: raw request text -> normalized text -> phonemes -> chunks of model ids.
 
-    text_to_chunks(text, lang_code="a", options=None, first_chunk_phonemes=60, chunk_phonemes=400)
+    text_to_chunks(text, lang_code="a", options=None, first_chunk_phonemes=60, chunk_phonemes=400,
+                   lexicon=None)   # lexicon: load_lexicon(KOKORO_LEXICON), the deployment's pronunciations
 
 is the one entry point the speech service calls; the pieces (normalize, g2p, chunks) are importable
 for the CLI and tests.
@@ -9,9 +10,11 @@ for the CLI and tests.
 from worker.text.chunks import (MAX_PHONEMES, Chunk, WordSpan, language_loaded, load_language, phonemes_to_chunks,
                                 split_tokens, text_to_chunks)
 from worker.text.errors import TextError
+from worker.text.lexicon import Lexicon, LexiconError, load_lexicon
 from worker.text.normalize import NormalizationOptions, normalize_text
 
 __all__ = [
-    "MAX_PHONEMES", "Chunk", "NormalizationOptions", "TextError", "WordSpan", "language_loaded", "load_language",
-    "normalize_text", "phonemes_to_chunks", "split_tokens", "text_to_chunks",
+    "MAX_PHONEMES", "Chunk", "Lexicon", "LexiconError", "NormalizationOptions", "TextError", "WordSpan",
+    "language_loaded", "load_language", "load_lexicon", "normalize_text", "phonemes_to_chunks", "split_tokens",
+    "text_to_chunks",
 ]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from worker.text.errors import TextError
 from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, resolve_language, text_to_tokens
+from worker.text.lexicon import Lexicon
 from worker.text.normalize import NormalizationOptions, normalize_text
 from worker.text.vocab import to_ids, to_phonemes, vocab
 
@@ -53,13 +54,17 @@ def text_to_chunks(
     options: NormalizationOptions | None = None,
     first_chunk_phonemes: int = 60,
     chunk_phonemes: int = 400,
+    lexicon: Lexicon | None = None,
 ) -> list[Chunk]:
-    """Normalize, phonemize and split `text`. Raises TextError for an unsupported language.
+    """Normalize, phonemize and split `text`, the deployment's `lexicon` (KOKORO_LEXICON) first.
+    Raises TextError for an unsupported language.
 
     Returns at least one chunk for non-empty text; a text with nothing pronounceable (only emoji)
     gives chunks without ids, and the caller decides whether that is an error.
     """
     code = resolve_language(lang_code)
+    if lexicon:
+        text = lexicon.mark(text, code)
     normalized = normalize_text(text, options, code)
     tokens = text_to_tokens(normalized, code)
     return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)

@@ -39,6 +39,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
                                                     "h (hi), i (it), j (ja), p (pt-br), z (zh)")
     parser.add_argument("--no-normalize", action="store_true", help="skip normalization (numbers stay digits)")
     parser.add_argument("--units", action="store_true", help="also expand units (10KB -> ten kilobytes)")
+    parser.add_argument("--lexicon", default=get_settings().lexicon, metavar="FILE",
+                        help="the deployment's pronunciations, a JSON file (default: KOKORO_LEXICON)")
+
+
+def _text_with_lexicon(args: argparse.Namespace, code: str) -> str:
+    """The text to read, its lexicon words marked as the server marks them."""
+    from worker.text.lexicon import load_lexicon
+
+    return load_lexicon(args.lexicon or None).mark(_read_text(args), code)
 
 
 def configure_normalize(parser: argparse.ArgumentParser) -> None:
@@ -46,13 +55,14 @@ def configure_normalize(parser: argparse.ArgumentParser) -> None:
 
 
 def run_normalize(args: argparse.Namespace) -> int:
-    from worker.text import TextError
+    from worker.text import LexiconError, TextError
     from worker.text.g2p import resolve_language
     from worker.text.normalize import normalize_text
 
     try:
-        print(normalize_text(_read_text(args), _options(args), resolve_language(args.lang)))
-    except TextError as exc:
+        code = resolve_language(args.lang)
+        print(normalize_text(_text_with_lexicon(args, code), _options(args), code))
+    except (TextError, LexiconError) as exc:
         print(f"kokoro-fleet normalize: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -70,16 +80,16 @@ def configure_phonemize(parser: argparse.ArgumentParser) -> None:
 
 
 def run_phonemize(args: argparse.Namespace) -> int:
-    from worker.text import TextError
+    from worker.text import LexiconError, TextError
     from worker.text.chunks import split_tokens
     from worker.text.g2p import resolve_language, text_to_tokens
     from worker.text.normalize import normalize_text
 
     try:
         code = resolve_language(args.lang)
-        normalized = normalize_text(_read_text(args), _options(args), code)
+        normalized = normalize_text(_text_with_lexicon(args, code), _options(args), code)
         tokens = text_to_tokens(normalized, code)
-    except TextError as exc:
+    except (TextError, LexiconError) as exc:
         print(f"kokoro-fleet phonemize: {exc}", file=sys.stderr)
         return 2
     chunks = split_tokens(tokens, args.first_chunk, args.chunk)
