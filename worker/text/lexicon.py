@@ -39,8 +39,8 @@ class Lexicon:
 
     entries: dict[str, dict[str, str]] = field(default_factory=dict)
     source: str = ""
-    _matchers: dict[str, tuple[re.Pattern | None, re.Pattern | None, dict[str, str]]] = field(
-        default_factory=dict, repr=False, compare=False)
+    _matchers: dict[str, tuple[re.Pattern | None, dict[str, str]]] = field(default_factory=dict, repr=False,
+                                                                           compare=False)
 
     def __bool__(self) -> bool:
         return any(self.entries.values())
@@ -52,56 +52,38 @@ class Lexicon:
     def mark(self, text: str, lang_code: str) -> str:
         """`text` with every entry of `lang_code` turned into a pronunciation link (see the module
         docstring); existing links and pause tags are left as they are."""
-        if not self:
-            return text
-        exact, folded, words = self._matcher(lang_code)
-        if exact is None and folded is None:
+        pattern, words = self._matcher(lang_code)
+        if pattern is None:
             return text
         from worker.text.normalize import MARKUP
 
         def link(m: re.Match) -> str:
             written = m.group(0)
-            phonemes = words.get(written) or words[written.lower()]
-            return f"[{written}](/{phonemes}/)"
+            return f"[{written}](/{words.get(written) or words[written.lower()]}/)"
 
         out, last = [], 0
-        for m in [*MARKUP.finditer(text), None]:
-            piece = text[last:m.start() if m else len(text)]
-            for pattern in (exact, folded):
-                if pattern is not None:
-                    piece = _outside_links(piece, pattern, link)
-            out.append(piece)
-            if m:
-                out.append(m.group(0))
-                last = m.end()
+        for m in MARKUP.finditer(text):
+            out += [pattern.sub(link, text[last:m.start()]), m.group(0)]
+            last = m.end()
+        out.append(pattern.sub(link, text[last:]))
         return "".join(out)
 
-    def _matcher(self, lang_code: str):
+    def _matcher(self, lang_code: str) -> tuple[re.Pattern | None, dict[str, str]]:
         if lang_code not in self._matchers:
             words = self.words(lang_code)
-            cased = [w for w in words if w != w.lower()]
-            lower = [w for w in words if w == w.lower()]
-            self._matchers[lang_code] = (_pattern(cased, 0), _pattern(lower, re.IGNORECASE), words)
+            self._matchers[lang_code] = (_pattern(words), words)
         return self._matchers[lang_code]
 
 
-def _pattern(words: list[str], flags: int) -> re.Pattern | None:
+def _pattern(words: dict[str, str]) -> re.Pattern | None:
+    """One pattern for all of `words`, longest first (a phrase wins over its first word); a lowercase
+    entry ignores case, one with capitals does not."""
     if not words:
         return None
-    alternatives = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+    alternatives = "|".join(re.escape(w) if w != w.lower() else f"(?i:{re.escape(w)})"
+                            for w in sorted(words, key=len, reverse=True))
     # Whole words: not inside another word, an address (example.com, a@b.org) or a hyphenated name.
-    return re.compile(rf"(?<![\w@/.\-])(?:{alternatives})(?![\w@\-])(?!\.\w)", flags)
-
-
-def _outside_links(text: str, pattern: re.Pattern, link) -> str:
-    """Apply `pattern` to `text` except inside the links an earlier pattern made."""
-    pieces, last = [], 0
-    for m in re.finditer(r"\[[^\[\]]+\]\(/[^()]*/\)", text):
-        pieces.append(pattern.sub(link, text[last:m.start()]))
-        pieces.append(m.group(0))
-        last = m.end()
-    pieces.append(pattern.sub(link, text[last:]))
-    return "".join(pieces)
+    return re.compile(rf"(?<![\w@/.\-])(?:{alternatives})(?![\w@\-])(?!\.\w)")
 
 
 @functools.lru_cache(maxsize=8)
