@@ -45,6 +45,17 @@ def test_entries_mark_whole_words_only(lexicon, text, marked):
     assert lexicon.mark(text, "a") == marked
 
 
+def test_markdown_links_and_switches_around_it(lexicon):
+    from worker.text import NormalizationOptions, normalize_text
+
+    # read after the Markdown, so a link's text is a word again
+    read = normalize_text("See the [Kokoro docs](https://x.org).", lexicon=lexicon)
+    assert read == "See the [Kokoro](/kˈOkəɹO/) docs."
+    # and with normalization off too: it is the deployment's word, not a rule
+    raw = NormalizationOptions(normalize=False)
+    assert normalize_text("Kokoro 3", raw, lexicon=lexicon) == "[Kokoro](/kˈOkəɹO/) 3"
+
+
 def test_language_sections_win_in_their_language(lexicon):
     assert lexicon.mark("Kokoro", "z") == "[Kokoro](/kʰo→kʰo→lwo→/)"
     assert lexicon.mark("nginx", "z") == "[nginx](/ˈɛnʤɪnˌɛks/)"  # every language's entries still apply

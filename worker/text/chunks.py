@@ -56,16 +56,14 @@ def text_to_chunks(
     chunk_phonemes: int = 400,
     lexicon: Lexicon | None = None,
 ) -> list[Chunk]:
-    """Normalize, phonemize and split `text`, the deployment's `lexicon` (KOKORO_LEXICON) first.
+    """Normalize (with the deployment's `lexicon`, KOKORO_LEXICON), phonemize and split `text`.
     Raises TextError for an unsupported language.
 
     Returns at least one chunk for non-empty text; a text with nothing pronounceable (only emoji)
     gives chunks without ids, and the caller decides whether that is an error.
     """
     code = resolve_language(lang_code)
-    if lexicon:
-        text = lexicon.mark(text, code)
-    normalized = normalize_text(text, options, code)
+    normalized = normalize_text(text, options, code, lexicon)
     tokens = text_to_tokens(normalized, code)
     return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)
 

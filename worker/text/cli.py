@@ -43,11 +43,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="the deployment's pronunciations, a JSON file (default: KOKORO_LEXICON)")
 
 
-def _text_with_lexicon(args: argparse.Namespace, code: str) -> str:
-    """The text to read, its lexicon words marked as the server marks them."""
+def _normalized(args: argparse.Namespace, code: str) -> str:
+    """The text to read, normalized with the lexicon as the server does."""
     from worker.text.lexicon import load_lexicon
+    from worker.text.normalize import normalize_text
 
-    return load_lexicon(args.lexicon or None).mark(_read_text(args), code)
+    return normalize_text(_read_text(args), _options(args), code, load_lexicon(args.lexicon or None))
 
 
 def configure_normalize(parser: argparse.ArgumentParser) -> None:
@@ -57,11 +58,9 @@ def configure_normalize(parser: argparse.ArgumentParser) -> None:
 def run_normalize(args: argparse.Namespace) -> int:
     from worker.text import LexiconError, TextError
     from worker.text.g2p import resolve_language
-    from worker.text.normalize import normalize_text
 
     try:
-        code = resolve_language(args.lang)
-        print(normalize_text(_text_with_lexicon(args, code), _options(args), code))
+        print(_normalized(args, resolve_language(args.lang)))
     except (TextError, LexiconError) as exc:
         print(f"kokoro-fleet normalize: {exc}", file=sys.stderr)
         return 2
@@ -83,11 +82,10 @@ def run_phonemize(args: argparse.Namespace) -> int:
     from worker.text import LexiconError, TextError
     from worker.text.chunks import split_tokens
     from worker.text.g2p import resolve_language, text_to_tokens
-    from worker.text.normalize import normalize_text
 
     try:
         code = resolve_language(args.lang)
-        normalized = normalize_text(_text_with_lexicon(args, code), _options(args), code)
+        normalized = _normalized(args, code)
         tokens = text_to_tokens(normalized, code)
     except (TextError, LexiconError) as exc:
         print(f"kokoro-fleet phonemize: {exc}", file=sys.stderr)

@@ -7,8 +7,9 @@ optionally sections per language code whose entries win in that language:
     {"Kokoro": "kˈOkəɹO", "nginx": "ˈɛnʤɪnˌɛks", "z": {"Kokoro": "kʰo→kʰo→lwo→"}}
 
 (`kokoro-fleet phonemize TEXT` shows the phonemes the server would use, to start from.) Each match
-in a text becomes Kokoro's own pronunciation link, `[Kokoro](/kˈOkəɹO/)`, before normalization, so
-the text keeps its spelling (captions show the word as written) and nothing reads it another way.
+in a text becomes Kokoro's own pronunciation link, `[Kokoro](/kˈOkəɹO/)`, once Markdown is read and
+before any number or symbol rule (normalize_text), so the text keeps its spelling (captions show
+the word as written) and nothing reads it another way.
 An entry written in lowercase also matches its capitalized and uppercase forms ("nginx", "Nginx",
 "NGINX"); one with a capital matches as written ("US" leaves "us" alone). Whole words only, and
 not inside a web or mail address, another word (`-`, `_`) or an existing link.

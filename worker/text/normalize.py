@@ -8,7 +8,7 @@ reads what is left (acronyms, unknown words via espeak-ng).
 Options follow Kokoro-FastAPI's `normalization_options` field for field, so its clients work as is.
 Markup that is not text (custom pronunciations `[word](/phonemes/)`, pause tags `[pause:0.5s]`) is
 kept out of normalization by `normalize_text`; Markdown, HTML and SSML are read as rendered text
-first (worker/text/markup.py).
+first (worker/text/markup.py), then the deployment's lexicon (worker/text/lexicon.py) marks its words.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from worker.text import numbers as num
+from worker.text.lexicon import Lexicon
 from worker.text.markup import read_markup
 
 
@@ -72,16 +73,20 @@ def clean_text(text: str) -> str:
 _JAPANESE_RANGE = re.compile(r"[〜～](?=\d)")
 
 
-def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a") -> str:
+def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a",
+                   lexicon: Lexicon | None = None) -> str:
     """Normalize `text` for `lang_code` (English rules for `a` and `b`; Mandarin's numbers read out
     by cn2an, as misaki does, so "10%" becomes 百分之十; Japanese's wave dash before a number read
     "kara"; other languages get only `clean_text`, since espeak-ng and misaki's Japanese reader read
     their numbers themselves). Markdown, HTML and SSML are first read as rendered text, in every
-    language (`read_markup`); Kokoro's own markup passes through untouched."""
+    language (`read_markup`); then the deployment's `lexicon` (KOKORO_LEXICON) marks its words as
+    Kokoro's pronunciation links, which, like its pause tags, pass through untouched."""
     options = options or NormalizationOptions()
     text = clean_text(text)
     if options.normalize and options.markup_normalization:  # in any language: agents write Markdown in all
         text = read_markup(text)
+    if lexicon:  # after the markup (a link's text is a word again), before any rule reads the words
+        text = lexicon.mark(text, lang_code)
     if not options.normalize or lang_code not in ("a", "b", "j", "z"):
         return text
     if lang_code == "z":
