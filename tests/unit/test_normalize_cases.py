@@ -178,6 +178,7 @@ MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write i
     ("> quoted line", "quoted line"),
     ("- first item\n- second item\n* third one!", "first item.\nsecond item.\nthird one!"),
     ("1. Preheat\n2. Bake", "one. Preheat.\ntwo. Bake."),
+    ("- [x] Done\n- [ ] To do", "Done.\nTo do."),
     ("| Name | Age |\n|------|-----|\n| Ann  | 31  |", "Name, Age.\nAnn, thirty-one."),
     ("See [the docs](https://example.com/docs \"Docs\") now.", "See the docs now."),
     ("![a cat](cat.png) and <https://example.com>", "a cat and example dot com"),

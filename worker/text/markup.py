@@ -29,7 +29,7 @@ _TABLE_DIVIDER = re.compile(r"^ *\|? *:?-{2,}:? *(?:\| *:?-{2,}:? *)*\|? *$", re
 _TABLE_ROW = re.compile(r"^ *\|(.*)\| *$", re.MULTILINE)
 _HEADING = re.compile(r"^ {0,3}#{1,6} +(.+?)(?: +#+)? *$", re.MULTILINE)
 _QUOTE = re.compile(r"^ {0,3}(?:> ?)+", re.MULTILINE)
-_BULLET = re.compile(r"^ *[-*+•] +(\S.*?) *$", re.MULTILINE)
+_BULLET = re.compile(r"^ *[-*+•] +(?:\[[ xX]\] +)?(\S.*?) *$", re.MULTILINE)  # task lists' boxes go too
 _NUMBERED = re.compile(r"^ *(\d{1,3}[.)]) +(\S.*?) *$", re.MULTILINE)
 # A line that ends without sentence punctuation gets a full stop: it was its own unit on the page.
 _ENDS_SENTENCE = ".!?:;…。！？"
