@@ -101,6 +101,8 @@ class Deployment:
     api_key_secret: str = ""
     # Name of a modal.Secret holding REDIS_URL ("" runs the embedded Redis: one container).
     redis_secret: str = ""
+    # A local JSON file of the deployment's pronunciations (KOKORO_LEXICON), copied into the image.
+    lexicon: str = ""
     # Longest audio one request may ask for (Modal's 150 s request cap; see the docstring).
     max_request_audio_seconds: float = 120.0
     # Seconds in-flight requests get to finish when the server is asked to stop.
@@ -145,6 +147,8 @@ class Deployment:
             raise ValueError(f"plan_format={self.plan_format!r}: expected one of {', '.join(FRONTEND_CPU_MS_PER_AUDIO_S)}")
         if not 0 < self.cpu_utilization <= 1:
             raise ValueError("cpu_utilization must be in (0, 1]")
+        if self.lexicon and not Path(self.lexicon).is_file():
+            raise ValueError(f"lexicon={self.lexicon!r}: no such file (a JSON file of words and their phonemes)")
         return self
 
     @property
@@ -191,6 +195,7 @@ ROOT = Path(__file__).resolve().parent
 APP_DIR = "/app"
 ENTRYPOINT = f"{APP_DIR}/docker/entrypoint.sh"
 WEIGHTS_DIR = "/opt/kokoro-fleet/weights"
+LEXICON_PATH = f"{APP_DIR}/lexicon.json"
 CACHE_DIR = "/opt/kokoro-fleet/cache"
 # Kept equal to docker/Dockerfile's CUDA_IMAGE, TORCH_SPEC and gpu-stage packages by tests/servers/test_deploy.py.
 CUDA_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu24.04"
@@ -227,6 +232,8 @@ def build_image(cfg: Deployment) -> modal.Image:
         "KOKORO_WEIGHTS_DIR": WEIGHTS_DIR,
         "KOKORO_CACHE_DIR": CACHE_DIR,
     })
+    if cfg.lexicon:  # `serve` checks it as the container starts, and refuses a malformed one
+        image = image.add_local_file(Path(cfg.lexicon), LEXICON_PATH, copy=True).env({"KOKORO_LEXICON": LEXICON_PATH})
     if cfg.weights_volume:
         return image  # the weights come from the volume, mounted at WEIGHTS_DIR
     if cfg.weights == "official":

@@ -225,6 +225,16 @@ def test_modal_weights_volume_switch_mounts_a_volume_instead_of_baking(monkeypat
     assert hasattr(app, "fill_weights_volume")
 
 
+def test_modal_lexicon_is_copied_into_the_image_and_named_to_the_server(monkeypatch, tmp_path):
+    lexicon = tmp_path / "lexicon.json"
+    lexicon.write_text('{"Kokoro": "kˈOkəɹO"}', encoding="utf-8")
+    app = load_modal_app(monkeypatch, lexicon=str(lexicon))
+    assert f"ENV KOKORO_LEXICON={app.LEXICON_PATH}" in image_commands(app.image)
+    assert not any("KOKORO_LEXICON" in c for c in image_commands(load_modal_app(monkeypatch).image))
+    with pytest.raises(ValueError, match="no such file"):
+        load_modal_app(monkeypatch, lexicon=str(tmp_path / "missing.json"))
+
+
 def test_modal_limits_request_audio_below_its_request_cap(monkeypatch):
     cfg = load_modal_app(monkeypatch).CONFIG
     assert 0 < cfg.max_request_audio_seconds < 150
