@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from loadtest.client import RAW_FORMATS
 from worker.audio import SAMPLE_RATE
 
 # response_format -> (PyAV container, codec) for the formats the stub encodes with PyAV.
@@ -36,9 +37,9 @@ _ENCODERS = {"wav": ("wav", "pcm_s16le"), "mp3": ("mp3", "libmp3lame"), "flac": 
              "aac": ("adts", "aac")}
 _CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac",
                   "aac": "audio/aac", "mulaw": "audio/PCMU", "alaw": "audio/PCMA"}
-# The headerless formats, made by the server's own encoders at any `sample_rate`: (bytes per
-# sample, default rate).
-_RAW = {"pcm": (2, SAMPLE_RATE), "mulaw": (1, 8000), "alaw": (1, 8000)}
+# The headerless formats (bytes per sample, default rate), made by the server's own encoders at any
+# `sample_rate`.
+_RAW = RAW_FORMATS
 
 
 @dataclass
