@@ -152,7 +152,7 @@ _UNITS = {  # written unit -> (singular, plural); used after a number only
     "px": ("pixel", "pixels"),
 }
 # Abbreviations that are always the same word. Title-like ones (followed by a name) need no period.
-_ABBREVIATIONS = {
+ABBREVIATIONS = {
     "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "Jr.": "Junior",
     "Sr.": "Senior", "Gov.": "Governor", "Sen.": "Senator", "Rep.": "Representative", "Gen.": "General",
     "Capt.": "Captain", "Lt.": "Lieutenant", "Sgt.": "Sergeant", "Rev.": "Reverend", "Hon.": "Honorable",
@@ -431,7 +431,7 @@ def _read_number(text: str, british: bool) -> str:
 
 
 def _abbreviation(m: re.Match, british: bool) -> str:
-    return _sentence_end_kept(m, _ABBREVIATIONS[m.group(0)])
+    return _sentence_end_kept(m, ABBREVIATIONS[m.group(0)])
 
 
 def _doctor_or_drive(m: re.Match, british: bool) -> str:
@@ -515,7 +515,7 @@ _rule("day range", r"\b(?P<a>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\s?[-â€
       _day_range)
 _rule("day abbreviation", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat)\.", _day_abbr)
 _rule("doctor / saint", r"\b(?:Dr|St)\.(?=\s|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
-_rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in _ABBREVIATIONS), key=len, reverse=True))
+_rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
 _rule("hashtag", r"(?<![\w#])#(?=[A-Za-z])", lambda m, b: "hashtag ", "replace_remaining_symbols")

@@ -1,0 +1,78 @@
+"""Cutting streamed text into speakable pieces (worker/text/segments.py): where a piece ends, what
+waits for the next characters, and that nothing is lost or doubled however the text is cut."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.text.segments import MAX_PIECE_CHARS, TextSegmenter
+
+
+def pieces_of(*tokens: str, flush: bool = True) -> list[str]:
+    segmenter = TextSegmenter()
+    out = [p for t in tokens for p in segmenter.push(t)]
+    rest = segmenter.flush() if flush else ""
+    return out + ([rest] if rest else [])
+
+
+def test_a_sentence_ends_once_a_space_follows_its_period():
+    segmenter = TextSegmenter()
+    assert segmenter.push("It costs $3.") == []  # "50" may follow
+    assert segmenter.push("50 today. And") == ["It costs $3.50 today."]
+    assert segmenter.push(" then?") == []
+    assert segmenter.push('" she asked') == ['And then?"']
+    assert segmenter.flush() == "she asked"
+
+
+def test_abbreviations_initials_and_list_numbers_do_not_end_a_sentence():
+    text = "Mr. Smith met Dr. Jones at 9 a.m. sharp. J. R. R. Tolkien, e.g. the author, wrote it. Done. "
+    assert pieces_of(text, flush=False) == [
+        "Mr. Smith met Dr. Jones at 9 a.m. sharp.", "J. R. R. Tolkien, e.g. the author, wrote it.", "Done."]
+    assert pieces_of("1. Eggs\n2. Milk\n") == ["1. Eggs", "2. Milk"]
+
+
+def test_closing_marks_stay_with_their_sentence():
+    assert pieces_of('He said "stop." Then (quietly.) **Bold.** Next') == [
+        'He said "stop."', "Then (quietly.)", "**Bold.**", "Next"]
+
+
+def test_lines_are_pieces_and_blank_lines_are_nothing():
+    assert pieces_of("# Heading\n\n- item one\n- item two\n\n") == ["# Heading", "- item one", "- item two"]
+
+
+def test_unspaced_languages_end_at_their_full_stop():
+    segmenter = TextSegmenter()
+    assert segmenter.push("今日は。明日") == ["今日は。"]
+    assert segmenter.push("も晴れ！") == []  # a closing bracket may follow
+    assert segmenter.push("」次") == ["明日も晴れ！」"]
+
+
+def test_only_the_first_piece_of_a_turn_ends_at_a_clause():
+    long_clause = "Here is what I found in the documents you sent, "
+    segmenter = TextSegmenter()
+    assert segmenter.push("Well, the ") == []  # too short to speak alone
+    assert segmenter.push("short answer to your question is this: ") == [
+        "Well, the short answer to your question is this:"]
+    assert segmenter.push(long_clause) == []  # no longer the first piece
+    assert segmenter.flush() == long_clause.strip()
+    assert segmenter.push(long_clause) == [long_clause.strip().rstrip(",") + ","]  # a flush starts a new turn
+
+
+def test_a_run_without_marks_is_cut_at_spaces_within_the_bound():
+    words = ["word"] * 200
+    pieces = pieces_of(" ".join(words))
+    assert len(pieces) > 1 and all(len(p) <= MAX_PIECE_CHARS for p in pieces)
+    assert " ".join(pieces).split() == words
+    assert all(len(p) <= MAX_PIECE_CHARS for p in pieces_of("x" * 1000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("ab .,!?\n\"')3J。") + ["Mr. ", "a.m. ", "word "]), max_size=200).map("".join),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=12))
+def test_nothing_is_lost_or_doubled_however_the_text_is_cut(text, cuts):
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    tokens = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = pieces_of(*tokens)
+    assert all(p and p == p.strip() for p in pieces)
+    assert "".join(pieces).replace(" ", "") == "".join(text.split())

@@ -1,0 +1,117 @@
+"""Text that arrives a few characters at a time (a language model's tokens), cut into pieces that
+can be spoken on their own as soon as they are complete.
+
+A live session (api/live.py) synthesizes each piece this module gives it. Kokoro speaks every
+piece with its own intonation, so a cut inside a sentence is audible: pieces end where a reader
+pauses anyway.
+
+- A piece ends after a sentence's end (`.`, `!`, `?`, `…`, with any closing quotes or brackets)
+  once a space follows it, so "3." waits to see whether "50" comes next; not after an
+  abbreviation ("Mr.", "e.g.") or an initial ("J."). After `。`, `！` or `？` (Chinese, Japanese)
+  nothing needs to follow: those languages put no space between sentences.
+- A line break ends a piece: a model's Markdown lists, headings and table rows are lines.
+- The first piece (of the session, or after a flush) also ends at a clause mark (`,` `;` `:` `—`)
+  followed by a space, once it is `FIRST_PIECE_MIN_CHARS` long: the first audio should not wait
+  for the end of a long first sentence.
+- Text with no such mark is cut at its last space (a clause mark first) before `MAX_PIECE_CHARS`,
+  so a run-on text still streams.
+
+    segmenter = TextSegmenter()
+    segmenter.push("Hello there. How")   # ["Hello there."]
+    segmenter.push(" are you?")          # []: "?" may still take a closing quote
+    segmenter.push(" Fine")              # ["How are you?"]
+    segmenter.flush()                    # "Fine" (and the next piece is a first piece again)
+"""
+
+from __future__ import annotations
+
+import re
+
+from worker.text.normalize import ABBREVIATIONS
+
+FIRST_PIECE_MIN_CHARS = 30
+MAX_PIECE_CHARS = 300
+
+_SENTENCE_ENDS = ".!?…"
+_UNSPACED_SENTENCE_ENDS = "。！？"
+_CLOSERS = "\"'”’)]」』）*_"
+_CLAUSE_MARKS = ",;:—"
+# Words whose period is not a full stop: the normalizer's abbreviations, and titles it reads
+# another way (Dr. may be Doctor or Drive, St. Saint or Street).
+_NOT_ENDS = frozenset(k for k in ABBREVIATIONS if k.endswith(".")) | {"Dr.", "St.", "No.", "Mx.", "a.m.", "p.m."}
+_INITIAL = re.compile(r"(?:\b|^)[A-Z]\.$")  # "J." in "J. R. R. Tolkien"
+_LIST_NUMBER = re.compile(r"^\s*\d{1,3}\.$")  # "2." opening a numbered list item
+
+
+class TextSegmenter:
+    def __init__(self, first_piece_min_chars: int = FIRST_PIECE_MIN_CHARS, max_piece_chars: int = MAX_PIECE_CHARS):
+        self.first_piece_min_chars = first_piece_min_chars
+        self.max_piece_chars = max_piece_chars
+        self.buffer = ""
+        self.first = True  # the next piece is the first of the session or of a turn
+
+    def push(self, text: str) -> list[str]:
+        """Add text; return the pieces it completed, in order (stripped, never blank)."""
+        self.buffer += text
+        pieces = []
+        while (end := self._piece_end()) is not None:
+            piece, self.buffer = self.buffer[:end].strip(), self.buffer[end:]
+            if piece:
+                pieces.append(piece)
+                self.first = False
+        return pieces
+
+    def flush(self) -> str:
+        """Everything buffered, as one piece ("" when there is nothing to say)."""
+        piece, self.buffer = self.buffer.strip(), ""
+        self.first = True
+        return piece
+
+    def clear(self) -> None:
+        self.buffer = ""
+        self.first = True
+
+    def _piece_end(self) -> int | None:
+        """Where the buffer's first complete piece ends, or None while it is not complete yet."""
+        text = self.buffer
+        for i, ch in enumerate(text):
+            if ch == "\n":
+                if text[:i].strip():
+                    return i + 1
+            elif ch in _SENTENCE_ENDS or ch in _UNSPACED_SENTENCE_ENDS:
+                end = _after_closers(text, i + 1)
+                if end == len(text):
+                    return None  # what follows decides: wait for it
+                if ch in _UNSPACED_SENTENCE_ENDS or (text[end].isspace() and not _is_abbreviation(text[:i + 1])):
+                    return end
+            elif (ch in _CLAUSE_MARKS and self.first and i + 1 >= self.first_piece_min_chars
+                  and i + 1 < len(text) and text[i + 1].isspace()):
+                return i + 1
+            if i + 1 >= self.max_piece_chars:
+                return _last_break(text[:i + 1])
+        return None
+
+
+def _after_closers(text: str, i: int) -> int:
+    while i < len(text) and (text[i] in _CLOSERS or text[i] in _SENTENCE_ENDS):
+        i += 1
+    return i
+
+
+def _is_abbreviation(text: str) -> bool:
+    """Whether the period closing `text` belongs to an abbreviation, an initial or a list number."""
+    if not text.endswith("."):
+        return False
+    word = text.rsplit(None, 1)[-1].lstrip("(\"'“‘")
+    return word in _NOT_ENDS or bool(_INITIAL.search(word)) or bool(_LIST_NUMBER.match(text))
+
+
+def _last_break(text: str) -> int:
+    """Where to cut a piece that reached the length bound: after its last clause mark that a space
+    follows, else at its last space, else (one long word) right there."""
+    clause = max((i + 1 for i in range(len(text) - 1) if text[i] in _CLAUSE_MARKS and text[i + 1].isspace()),
+                 default=0)
+    if clause:
+        return clause
+    space = max(text.rfind(" "), text.rfind("\t"), text.rfind("\u3000"))
+    return space + 1 if space > 0 else len(text)
