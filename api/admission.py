@@ -55,10 +55,11 @@ class ProcessAdmission:
     def retry_after_s(self) -> float:
         return min(60.0, max(0.05, self.mean_service_s / self.replicas))
 
-    def admit(self, request_id: str) -> ProcessSlot:
-        """A slot, or CapacityError (503 with Retry-After) when the bound is reached."""
+    def admit(self, request_id: str, count_refusal: bool = True) -> ProcessSlot:
+        """A slot, or CapacityError (503 with Retry-After) when the bound is reached. count_refusal
+        False: a caller that waits and asks again (a live session's piece), not a refused request."""
         if len(self._slots) >= self.max_requests:
-            self.rejected += 1
+            self.rejected += count_refusal
             wait = self.retry_after_s()
             raise CapacityError(wait, f"The server is at capacity ({self.max_requests} requests in progress); "
                                       f"retry in {wait:.2f} s.")

@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import logging
 import time
 from collections.abc import Callable
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
@@ -27,6 +26,7 @@ from api.admission import ProcessAdmission
 from api.downloads import DownloadStore, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
+from api.live import LIVE_PATH, live_session
 from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, ErrorResponse, LegacyVoiceList,
                           ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
@@ -93,15 +93,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
     # time, the pool's start) for every request, 503s included
     async def require_api_key(request: Request) -> None:
-        if not state.api_keys:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "Missing API key: send it as `Authorization: Bearer YOUR_KEY`.",
-                           type="invalid_request_error", code="invalid_api_key")
-        token = token.strip().encode()
-        if not any(hmac.compare_digest(token, key.encode()) for key in state.api_keys):
-            raise ApiError(401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key")
+        state.check_api_key(request.headers.get("authorization", ""))
 
     authed = [Depends(require_api_key)]
 
@@ -132,6 +124,11 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     async def generate_from_phonemes(request: Request) -> Response:
         """Speak `phonemes` as given; streamed WAV by default (any speech format may be asked)."""
         return await speech_response(state, request, phonemes=True)
+
+    @app.websocket(LIVE_PATH)
+    async def live(websocket: WebSocket) -> None:
+        """Live speech: text in as it is written, audio out as it is spoken (protocol in api/live.py)."""
+        await live_session(state, websocket)
 
     async def download(filename: str) -> FileResponse:
         """A file saved for a `return_download_link` request (the path its X-Download-Path header named)."""

@@ -86,6 +86,12 @@ SAMPLE_RATE_DESCRIPTION = (
     "(opus: 8000, 12000, 16000, 24000 or 48000).")
 
 
+def _checked_model(value: str) -> str:
+    if value not in MODEL_IDS:
+        raise ValueError(f"unknown model {value!r}; use one of {', '.join(MODEL_IDS)}")
+    return value
+
+
 def _checked_voice(value: str | VoiceId) -> str | VoiceId:
     spec = value.id if isinstance(value, VoiceId) else value
     if not spec.strip():
@@ -154,9 +160,7 @@ class SpeechRequest(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in MODEL_IDS:
-            raise ValueError(f"unknown model {value!r}; use one of {', '.join(MODEL_IDS)}")
-        return value
+        return _checked_model(value)
 
     @field_validator("input")
     @classmethod
@@ -302,6 +306,109 @@ class CaptionedSpeechResponse(BaseModel):
     audio: str  # base64
     audio_format: ResponseFormat
     timestamps: list[WordTimestampModel]
+
+
+# --- live speech: WS /v1/audio/speech/live (api/live.py) -------------------------------------
+
+class LiveStart(BaseModel):
+    """The first message of a live session: its voice and audio, once (a speech request without
+    `input`; the text comes in `text` messages)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["start"]
+    model: str = Field(MODEL_ID, description="As in a speech request.")
+    voice: VoiceSpec = Field("af_heart", description="As in a speech request.")
+    response_format: ResponseFormat = Field(
+        "pcm", description="Format of the one audio stream the session sends as binary frames; `pcm` (24 kHz "
+                           "s16le) or `mulaw` for a phone line play as they arrive.")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
+    lang_code: str | None = Field(None, description="As in a speech request.")
+    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
+        None, description="As in a speech request.")
+    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
+    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
+    timestamps: bool = Field(True, description="Send a `words` message with each piece's word timings.")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _checked_model(value)
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _checked_sample_rate(value, info)
+
+    @property
+    def voice_spec(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()
+
+    def normalization(self):
+        return _frontend_options(self.normalization_options)
+
+
+class LiveText(BaseModel):
+    """More text to speak: any cut of it, even mid-word; pieces are spoken as they complete."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str = Field(..., description="The next characters of the text, at most KOKORO_MAX_INPUT_CHARS.")
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str, info: ValidationInfo) -> str:
+        return _checked_text(value, info, "text") if value.strip() else value  # spaces alone are text too
+
+
+class LiveFlush(BaseModel):
+    """Speak what is buffered now, even mid-sentence (a turn's end); `flushed` follows its audio."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["flush"]
+
+
+class LiveClear(BaseModel):
+    """Drop the text not spoken yet and stop the audio being made (the listener interrupted)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["clear"]
+
+
+class LiveEnd(BaseModel):
+    """Speak the rest, then `done`, and close the session."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["end"]
+
+
+class LiveStarted(BaseModel):
+    type: Literal["started"] = "started"
+    session_id: str
+    response_format: ResponseFormat
+    sample_rate: int  # of the audio in the binary frames
+
+
+class LiveWords(BaseModel):
+    """The words of the audio just sent, in seconds from the session's first audio sample."""
+
+    type: Literal["words"] = "words"
+    words: list[WordTimestampModel]
+
+
+class LiveFlushed(BaseModel):
+    """Every byte of audio for the text sent before the flush has been sent."""
+
+    type: Literal["flushed"] = "flushed"
+
+
+class LiveCleared(BaseModel):
+    type: Literal["cleared"] = "cleared"
+
+
+class LiveDone(BaseModel):
+    type: Literal["done"] = "done"
+    usage: SpeechUsage
 
 
 # --- listings --------------------------------------------------------------------------------

@@ -252,7 +252,16 @@ class PooledEncoder:
         if self.pool is None:
             return call(*args)
         self._running = asyncio.get_running_loop().run_in_executor(self.pool, call, *args)
-        return await asyncio.shield(self._running)
+        data = await asyncio.shield(self._running)
+        self._running = None
+        return data
+
+    async def interrupted(self) -> bytes:
+        """The bytes of the call whose awaiting task was cancelled (b"" if none): the stream's next
+        bytes, which a stream that goes on after the cancellation (a live session) still sends.
+        Call it before the next encode, which must not run beside that one."""
+        running, self._running = self._running, None
+        return await running if running is not None else b""
 
     def close(self) -> None:
         if self._running is not None and not self._running.done():
@@ -269,10 +278,11 @@ async def _encoded(state: AppState, job: AdmittedRequest, request: Request | Non
     or is cancelled."""
     service = state.require_service()
     req, info = job.req, job.info
-    encoder = _pooled_encoder(state, req, req.response_format, streamed)
+    encoder = pooled_encoder(state, req.response_format, streamed, req.volume_multiplier, req.sample_rate)
     # The download file has its own encoder, not streamed: its headers then hold the real length
     # (a streamed WAV's cannot), and its format may differ from the response's.
-    copy = (_pooled_encoder(state, req, req.download_format or req.response_format, False)
+    copy = (pooled_encoder(state, req.download_format or req.response_format, False, req.volume_multiplier,
+                           req.sample_rate)
             if job.download is not None else None)
     saved = bytearray()  # the download file's bytes
     samples = 0
@@ -319,8 +329,9 @@ async def _encoded(state: AppState, job: AdmittedRequest, request: Request | Non
         job.slot.release(service_seconds=info.audio_s * cost if cost and info.audio_s > 0 else None)
 
 
-def _pooled_encoder(state: AppState, req: SpeechRequest, fmt: str, streamed: bool) -> PooledEncoder:
-    encoder = make_encoder(fmt, streamed=streamed, volume=req.volume_multiplier, sample_rate=req.sample_rate)
+def pooled_encoder(state: AppState, fmt: str, streamed: bool, volume: float, sample_rate: int | None) -> PooledEncoder:
+    """A response's encoder, on the event loop for the cheap formats, else in the encode pool."""
+    encoder = make_encoder(fmt, streamed=streamed, volume=volume, sample_rate=sample_rate)
     return PooledEncoder(encoder, None if fmt in INLINE_FORMATS else state.encoders)
 
 

@@ -3,6 +3,7 @@ metrics, the thread pool its PyAV encoders run in, and the directory of download
 
 from __future__ import annotations
 
+import hmac
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,18 @@ class AppState:
     ready: bool = False
     load_error: str | None = None
     api_keys: tuple[str, ...] = ()
+
+    def check_api_key(self, authorization: str) -> None:
+        """With KOKORO_API_KEYS set, an `Authorization: Bearer KEY` header naming one of them, or a 401."""
+        if not self.api_keys:
+            return
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "Missing API key: send it as `Authorization: Bearer YOUR_KEY`.",
+                           type="invalid_request_error", code="invalid_api_key")
+        given = token.strip().encode()
+        if not any(hmac.compare_digest(given, key.encode()) for key in self.api_keys):
+            raise ApiError(401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key")
 
     def require_service(self) -> SpeechBackend:
         if self.service is None or not self.ready:

@@ -449,3 +449,48 @@ def test_capacity_503_is_retried_by_the_openai_client(real_server):
     caller.join(180)
     assert len(result.get("audio", b"")) > SR // 2, "the retried request did not succeed"
     assert metric(url, "kokoro_rejected_total") >= 2  # our probe and at least one of the client's tries
+
+
+LIVE_TEXT = "The quick brown fox jumps over the lazy dog. Then it rests in the shade of an old tree."
+
+
+@pytest.mark.slow
+def test_live_session_speaks_text_streamed_word_by_word(real_server):
+    """WS /v1/audio/speech/live on the real weights, fed a word at a time as a language model
+    writes: the first sentence is heard before the second has been written, the words come back
+    timed in order, and the whole is as long as the same text spoken over HTTP (within 10%: the
+    live session speaks sentence by sentence, HTTP in its own chunks)."""
+    from websockets.sync.client import connect
+
+    with httpx.Client(base_url=real_server.url, timeout=300) as http:
+        whole = http.post("/v1/audio/speech", json={"input": LIVE_TEXT, "voice": "af_heart", "response_format": "pcm",
+                                                    "stream": False}).content
+    first, second = LIVE_TEXT.split(". ")
+    audio, events = bytearray(), []
+    url = real_server.url.replace("http://", "ws://") + "/v1/audio/speech/live"
+    with connect(url, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "start", "voice": "af_heart", "response_format": "pcm"}))
+        for word in (first + ". " + second.split()[0]).split(" "):
+            ws.send(json.dumps({"type": "text", "text": word + " "}))
+        heard_early = ws.recv(timeout=120)  # "started", then the first sentence's audio or words
+        while not isinstance(heard_early, bytes):
+            events.append(json.loads(heard_early))
+            heard_early = ws.recv(timeout=120)
+        audio += heard_early
+        for word in second.split()[1:]:
+            ws.send(json.dumps({"type": "text", "text": word + " "}))
+        ws.send(json.dumps({"type": "end"}))
+        while not events or events[-1]["type"] != "done":
+            message = ws.recv(timeout=120)
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    assert [e["type"] for e in events if e["type"] == "error"] == []
+    words = [w for e in events if e["type"] == "words" for w in e["words"]]
+    assert [w["word"].strip(".") for w in words] == LIVE_TEXT.replace(".", "").split()
+    starts = [w["start_time"] for w in words]
+    assert starts == sorted(starts) and starts[-1] < len(audio) / 2 / SR
+    pcm = np.frombuffer(bytes(audio), "<i2") / 32768
+    assert len(pcm) / SR == pytest.approx(len(whole) / 2 / SR, rel=0.10)
+    assert np.sqrt(np.mean(pcm ** 2)) > 0.01  # speech, not silence

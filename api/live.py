@@ -1,0 +1,414 @@
+"""Live speech over a WebSocket: the text comes in as a language model writes it, the audio goes
+out as soon as each piece of it can be spoken, and the listener can interrupt.
+
+    WS /v1/audio/speech/live          (with KOKORO_API_KEYS: `Authorization: Bearer KEY`)
+
+The client sends JSON text frames (the models are in api.protocol):
+
+    {"type": "start", "voice": "af_heart", "response_format": "pcm", ...}   first, once (LiveStart)
+    {"type": "text", "text": "Hello, wor"}   the next characters, cut anywhere
+    {"type": "flush"}    speak what is buffered now, even mid-sentence (the end of a turn)
+    {"type": "clear"}    drop the text not spoken yet and stop the audio being made (barge-in)
+    {"type": "end"}      speak the rest, then `done`, and close
+
+It receives one continuous audio stream in `response_format` as binary frames, and JSON text
+frames between them: `started` (the audio's sample rate), `words` (each piece's word timings in
+seconds from the session's first sample), `flushed` (after the last audio of the text sent before a
+flush), `cleared`, `error` (OpenAI's error shape: a message or a piece refused; the session goes
+on unless it closes) and `done` (usage) before a normal close.
+
+The text is cut into pieces (worker.text.segments) and every piece is one speech request to the
+service, admitted (this process's bound, then the fleet's queue), planned and streamed as an HTTP
+one is: a session holds capacity only while it speaks, and an idle one (a bot waiting for its
+model) holds none. A piece that finds the server full waits for capacity, up to
+`ADMISSION_WAIT_S`, then the session closes with 1013 (try again later). A connection that would
+be refused at once (no API key, model loading, process full) gets the HTTP answer any request
+would get (401, or 503 with Retry-After) instead of the upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+
+from pydantic import BaseModel, ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from api.admission import ProcessSlot
+from api.encoders import default_sample_rate
+from api.errors import ApiError, CapacityError, bad_request, internal_error, validation_error
+from api.protocol import (LiveCleared, LiveClear, LiveDone, LiveEnd, LiveFlush, LiveFlushed, LiveStart, LiveStarted,
+                          LiveText, LiveWords, SpeechUsage, StreamError, WordTimestampModel)
+from api.serving import pooled_encoder
+from api.state import AppState
+from api.transport import access_log
+from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from worker.speech import AudioPiece, SpeechPlan
+from worker.speech import SpeechRequest as WorkerSpeechRequest
+from worker.text.segments import TextSegmenter
+
+log = logging.getLogger("kokoro_fleet.api")
+
+LIVE_PATH = "/v1/audio/speech/live"
+# How long one piece waits for capacity before the session gives up: a listener who has heard
+# nothing for this long has lost the conversation anyway.
+ADMISSION_WAIT_S = 10.0
+# How long a new connection may take to send its `start` message.
+START_TIMEOUT_S = 10.0
+# WebSocket close codes (RFC 6455 section 7.4.1; 1013 from IANA's registry).
+NORMAL_CLOSURE, POLICY_VIOLATION, INTERNAL_ERROR, TRY_AGAIN_LATER = 1000, 1008, 1011, 1013
+
+_MESSAGES: dict[str, type[BaseModel]] = {"text": LiveText, "flush": LiveFlush, "clear": LiveClear, "end": LiveEnd}
+_FLUSHED, _END = object(), object()  # marks in the work queue, between the pieces of text
+
+
+class SessionOver(Exception):
+    """The session cannot go on: tell the client why, then close with `code`."""
+
+    def __init__(self, error: ApiError, code: int):
+        super().__init__(error.message)
+        self.error = error
+        self.code = code
+
+
+async def live_session(state: AppState, websocket: WebSocket) -> None:
+    """One WebSocket connection, from the upgrade (or its refusal) to the close."""
+    refusal = _refusal(state, websocket)
+    if refusal is not None:
+        await _deny(websocket, refusal)
+        return
+    await websocket.accept()
+    session_id = f"live_{uuid.uuid4().hex[:16]}"
+    try:
+        start = await _read_start(state, websocket)
+    except SessionOver as over:
+        await _close(websocket, over)
+        return
+    if start is None:  # the client left before saying anything
+        return
+    session = LiveSession(state, websocket, start, session_id)
+    await session.run()
+
+
+class LiveSession:
+    """A started session: the receiving loop (this task) and the speaker (its own task), which
+    speaks the queued pieces in order and is the only one to send audio."""
+
+    def __init__(self, state: AppState, websocket: WebSocket, start: LiveStart, session_id: str):
+        self.state = state
+        self.ws = websocket
+        self.start = start
+        self.id = session_id
+        self.service = state.require_service()
+        self.segmenter = TextSegmenter()
+        self.work: asyncio.Queue = asyncio.Queue()
+        self.waiting_chars = 0  # text queued and not yet spoken: bounded by KOKORO_MAX_INPUT_CHARS
+        self.encoder = pooled_encoder(state, start.response_format, True, start.volume_multiplier, start.sample_rate)
+        self.send_lock = asyncio.Lock()
+        self.speaker: asyncio.Task | None = None
+        self.ending = False  # `end` came: no more text
+        self.finished = False  # the speaker reached `end`: a disconnect now is the close handshake
+        # what the access log and `done` report
+        self.opened = time.perf_counter()
+        self.samples = 0    # at 24 kHz, sent so far
+        self.phonemes = 0
+        self.pieces = 0
+        self.chars = 0
+        self.first_audio_s: float | None = None  # from the first piece's completion to its first bytes
+        self.outcome = "ok"
+
+    async def run(self) -> None:
+        await self._send_json(LiveStarted(session_id=self.id, response_format=self.start.response_format,
+                                          sample_rate=self.start.sample_rate or default_sample_rate(self.start.response_format)))
+        self.speaker = asyncio.create_task(self._speak())
+        try:
+            while True:
+                receive = asyncio.ensure_future(self.ws.receive())
+                done, _ = await asyncio.wait({receive, self.speaker}, return_when=asyncio.FIRST_COMPLETED)
+                if receive not in done:  # the speaker ended the session (its end, or a failure)
+                    receive.cancel()
+                    return
+                message = receive.result()
+                if message["type"] == "websocket.disconnect":
+                    if self.outcome == "ok" and not self.finished:
+                        self.outcome = "disconnected"
+                    return
+                await self._handle(message)
+        except (WebSocketDisconnect, OSError):  # the client left while we answered it
+            self.outcome = "disconnected"
+        except asyncio.CancelledError:
+            self.outcome = "disconnected"
+            raise
+        finally:
+            await self._stop_speaker()
+            self.encoder.close()
+            self._record()
+
+    async def _handle(self, message: dict) -> None:
+        try:
+            event = _parse(message, self.state.settings.max_input_chars)
+        except ApiError as e:
+            await self._send_json(StreamError(error=e.detail()))
+            return
+        if self.ending and not isinstance(event, LiveClear):
+            await self._send_json(StreamError(error=bad_request(
+                "The session is ending (`end` was sent): it speaks what it has, then closes.", param="type",
+                code="session_ending").detail()))
+            return
+        if isinstance(event, LiveText):
+            self.chars += len(event.text)
+            for piece in self.segmenter.push(event.text):
+                await self._queue(piece)
+        elif isinstance(event, LiveFlush):
+            await self._queue(self.segmenter.flush())
+            self.work.put_nowait(_FLUSHED)
+        elif isinstance(event, LiveClear):
+            self.segmenter.clear()
+            await self._stop_speaker()
+            self.work = asyncio.Queue()
+            self.waiting_chars = 0
+            await self._send_json(LiveCleared())
+            self.speaker = asyncio.create_task(self._speak())
+        else:  # LiveEnd
+            self.ending = True
+            await self._queue(self.segmenter.flush())
+            self.work.put_nowait(_END)
+
+    async def _queue(self, piece: str) -> None:
+        if not piece:
+            return
+        limit = self.state.settings.max_input_chars
+        if self.waiting_chars + len(piece) > limit:  # the client writes far faster than we speak
+            await self._send_json(StreamError(error=bad_request(
+                f"This piece of text was dropped: {self.waiting_chars} characters already wait to be spoken and "
+                f"the bound is {limit}; send text as fast as it is spoken (or `clear` first).",
+                param="text", code="live_backlog").detail()))
+            return
+        self.waiting_chars += len(piece)
+        self.work.put_nowait((piece, time.perf_counter()))
+
+    # --- the speaker ----------------------------------------------------------------------------
+
+    async def _speak(self) -> None:
+        """Speak the queued pieces in order; on `_END` finish the stream, send `done` and close."""
+        try:
+            while True:
+                item = await self.work.get()
+                if item is _FLUSHED:
+                    await self._send_json(LiveFlushed())
+                elif item is _END:
+                    self.finished = True
+                    await self._send_audio(await self.encoder.finish())
+                    frames = round(self.samples / SAMPLES_PER_FRAME)
+                    await self._send_json(LiveDone(usage=SpeechUsage(
+                        input_tokens=self.phonemes, output_tokens=frames, total_tokens=self.phonemes + frames)))
+                    await self._send(self.ws.close(NORMAL_CLOSURE))
+                    return
+                else:
+                    text, ready_at = item
+                    try:
+                        await self._speak_piece(text, ready_at)
+                    finally:
+                        self.waiting_chars -= len(text)
+        except SessionOver as over:
+            self.outcome = "error"
+            await _close(self.ws, over)
+        except (WebSocketDisconnect, OSError):  # the client left while we spoke
+            self.outcome = "disconnected"
+        except Exception:
+            self.outcome = "error"
+            log.exception("live session %s failed", self.id)
+            await _close(self.ws, SessionOver(internal_error(), INTERNAL_ERROR))
+
+    async def _speak_piece(self, text: str, ready_at: float) -> None:
+        slot, plan = await self._admit(text)
+        if plan is None:
+            return
+        spoken = 0
+        try:
+            async with contextlib.aclosing(self.service.stream(plan)) as pieces:
+                async for piece in pieces:
+                    await self._send_piece(piece, ready_at)
+                    spoken += len(piece.pcm)
+            self.pieces += 1
+            self.phonemes += plan.phoneme_count
+        finally:
+            audio_s = spoken / SAMPLE_RATE
+            cost = self.service.stats().seconds_per_audio_second
+            slot.release(service_seconds=audio_s * cost if cost and audio_s > 0 else None)
+            self.state.metrics.audio_seconds += audio_s
+
+    async def _admit(self, text: str) -> tuple[ProcessSlot | None, SpeechPlan | None]:
+        """A slot and a plan for one piece, waiting while the server is full (up to
+        ADMISSION_WAIT_S); (None, None) after telling the client that its text cannot be spoken."""
+        request = WorkerSpeechRequest(text=text, voice=self.start.voice_spec, speed=self.start.speed,
+                                      lang_code=self.start.lang_code, normalization=self.start.normalization())
+        deadline = time.monotonic() + ADMISSION_WAIT_S
+        while True:
+            slot = None
+            try:
+                slot = self.state.admission.admit(self.id, count_refusal=False)
+                return slot, await self.service.admit(request)
+            except CapacityError as full:
+                if slot is not None:
+                    slot.release()
+                wait = min(full.retry_after_s, deadline - time.monotonic())
+                if wait <= 0:
+                    raise SessionOver(full, TRY_AGAIN_LATER) from None
+                await asyncio.sleep(wait)
+            except ValueError as e:  # TextError / VoiceError: this piece cannot be spoken
+                if slot is not None:
+                    slot.release()
+                param = getattr(e, "param", None)
+                if param is None:
+                    raise
+                param = "text" if param == "input" else param
+                await self._send_json(StreamError(error=bad_request(
+                    f"{e} (in the piece {text[:60]!r}; it was skipped)", param=param, code=f"invalid_{param}").detail()))
+                return None, None
+            except BaseException:
+                if slot is not None:
+                    slot.release()
+                raise
+
+    async def _send_piece(self, piece: AudioPiece, ready_at: float) -> None:
+        offset = self.samples / SAMPLE_RATE
+        data = await self.encoder.encode(piece.pcm)
+        self.samples += len(piece.pcm)
+        if data and self.first_audio_s is None:
+            self.first_audio_s = time.perf_counter() - ready_at
+        await self._send_audio(data)
+        if self.start.timestamps and piece.words:
+            await self._send_json(LiveWords(words=[
+                WordTimestampModel(word=w.word, start_time=round(offset + float(w.start), 3),
+                                   end_time=round(offset + float(w.end), 3)) for w in piece.words]))
+
+    async def _stop_speaker(self) -> None:
+        """Cancel the speaker (the chunk in flight is its last) and keep the audio stream whole:
+        bytes an interrupted encode made still go out, since the next ones continue them."""
+        if self.speaker is None:
+            return
+        self.speaker.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # _speak reports its own failures
+            await self.speaker
+        self.speaker = None
+        with contextlib.suppress(Exception):
+            data = await self.encoder.interrupted()
+            if self.ws.client_state == WebSocketState.CONNECTED and self.ws.application_state == WebSocketState.CONNECTED:
+                await self._send_audio(data)
+
+    # --- sending --------------------------------------------------------------------------------
+
+    async def _send_audio(self, data: bytes) -> None:
+        if data:
+            await self._send(self.ws.send_bytes(data))
+
+    async def _send_json(self, event: BaseModel) -> None:
+        await self._send(self.ws.send_text(event.model_dump_json()))
+
+    async def _send(self, sending: Awaitable[None]) -> None:
+        # One frame at a time, and never cut: a cancelled sender lets its frame finish.
+        async def locked() -> None:
+            async with self.send_lock:
+                await sending
+        await asyncio.shield(locked())
+
+    def _record(self) -> None:
+        audio_s = self.samples / SAMPLE_RATE
+        self.state.metrics.count_request(LIVE_PATH, 101 if self.outcome != "disconnected" else "disconnected")
+        access_log.info(json.dumps({
+            "id": self.id, "method": "WEBSOCKET", "path": LIVE_PATH, "status": 101, "outcome": self.outcome,
+            "voice": self.start.voice_spec, "chars": self.chars, "format": self.start.response_format,
+            "pieces": self.pieces,
+            "ttfa_ms": None if self.first_audio_s is None else round(self.first_audio_s * 1000, 1),
+            "e2e_ms": round((time.perf_counter() - self.opened) * 1000, 1), "audio_s": round(audio_s, 3)}))
+
+
+# --- the connection's first steps ---------------------------------------------------------------
+
+def _refusal(state: AppState, websocket: WebSocket) -> ApiError | None:
+    """What an HTTP request would be refused with now (API key, readiness, this process full)."""
+    try:
+        state.check_api_key(websocket.headers.get("authorization", ""))
+        state.require_service()
+        state.admission.admit("live_upgrade").release()  # full: the 503 with its Retry-After
+    except ApiError as e:
+        return e
+    return None
+
+
+async def _deny(websocket: WebSocket, error: ApiError) -> None:
+    """Refuse the upgrade with the HTTP answer (status, OpenAI error body, Retry-After) when the
+    server can send one; otherwise accept, say why, and close."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(error.response())
+        return
+    await websocket.accept()
+    await _close(websocket, SessionOver(error, TRY_AGAIN_LATER if error.status == 503 else POLICY_VIOLATION))
+
+
+async def _read_start(state: AppState, websocket: WebSocket) -> LiveStart | None:
+    """The session's `start` message, validated (None: the client left first)."""
+    try:
+        message = await asyncio.wait_for(websocket.receive(), START_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise SessionOver(bad_request(f"No `start` message within {START_TIMEOUT_S:.0f} s of connecting.",
+                                      param="type", code="missing_start"), POLICY_VIOLATION) from None
+    if message["type"] == "websocket.disconnect":
+        return None
+    try:
+        data = _json_object(message)
+        if data.get("type") != "start":
+            raise bad_request('The first message must be {"type": "start", "voice": ..., "response_format": ...}.',
+                              param="type", code="missing_start")
+        try:
+            start = LiveStart.model_validate(data)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        voice = start.voice_spec
+        state.require_service().voices.resolve(voice)  # an unknown voice fails now, not at the first piece
+    except ApiError as e:
+        raise SessionOver(e, POLICY_VIOLATION) from None
+    except ValueError as e:  # VoiceError
+        raise SessionOver(bad_request(str(e), param="voice", code="invalid_voice"), POLICY_VIOLATION) from None
+    return start
+
+
+def _parse(message: dict, max_chars: int) -> BaseModel:
+    data = _json_object(message)
+    kind = data.get("type")
+    model = _MESSAGES.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise bad_request(f"Unknown message type {kind!r}; send one of {', '.join(map(repr, _MESSAGES))} "
+                          "(`start` only once, first).", param="type", code="invalid_type")
+    try:
+        return model.model_validate(data, context={"max_input_chars": max_chars})
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def _json_object(message: dict) -> dict:
+    text = message.get("text")
+    if text is None:
+        raise bad_request("Send JSON text frames; binary frames carry nothing to this endpoint.", param=None,
+                          code="invalid_json")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad_request(f"The message is not valid JSON: {e.msg} at position {e.pos}.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("Send each message as a JSON object with a `type`.", code="invalid_json")
+    return data
+
+
+async def _close(websocket: WebSocket, over: SessionOver) -> None:
+    """Say why (an `error` message in OpenAI's shape), then close with the code that fits."""
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await websocket.send_text(StreamError(error=over.error.detail()).model_dump_json())
+        # a close reason is at most 123 bytes of UTF-8
+        await websocket.close(over.code, reason=over.error.message.encode()[:120].decode(errors="ignore"))

@@ -1,0 +1,231 @@
+"""Live speech over a WebSocket (api/live.py): a real Uvicorn server in a thread, in front of the
+scripted service of test_api_app.py (one 0.4 s tone piece per sentence, 0.15 s of "synthesis"
+each), driven by the `websockets` client as an agent or a phone bot would drive it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from api.app import create_app
+from test_api_app import PIECE_AUDIO_S, PIECE_SECONDS, SR, ScriptedService, ThreadServer, metric
+from worker.audio import SAMPLES_PER_FRAME
+from worker.settings import Settings
+
+PIECE_BYTES = round(PIECE_AUDIO_S * SR) * 2  # one scripted piece as 16-bit PCM
+
+
+@pytest.fixture(scope="module")
+def service():
+    return ScriptedService()
+
+
+@pytest.fixture(scope="module")
+def server(service, tmp_path_factory):
+    settings = Settings().replace(max_requests=2, max_input_chars=500,
+                                  download_dir=str(tmp_path_factory.mktemp("downloads")))
+    with ThreadServer(create_app(settings, service=service)) as srv:
+        yield srv
+
+
+def live_url(server) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/audio/speech/live"
+
+
+class Session:
+    """A client's view of one session: every message received, audio bytes apart from events."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.audio = bytearray()
+        self.events: list[dict] = []
+
+    def send(self, **message) -> None:
+        self.ws.send(json.dumps(message))
+
+    def receive_until(self, kind: str, timeout: float = 10) -> dict:
+        """Receive (collecting audio) until an event of this type; returns it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+            if isinstance(message, bytes):
+                self.audio += message
+                continue
+            event = json.loads(message)
+            self.events.append(event)
+            if event["type"] == kind:
+                return event
+
+    def receive_audio(self, timeout: float = 10) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+            if isinstance(message, bytes):
+                self.audio += message
+                return message
+            self.events.append(json.loads(message))
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+
+@contextlib.contextmanager
+def open_session(server, **start):
+    with connect(live_url(server), open_timeout=10) as ws:
+        session = Session(ws)
+        session.send(type="start", **start)
+        yield session
+
+
+def test_text_in_pieces_audio_out_as_each_completes(server):
+    with open_session(server, voice="af_heart", response_format="pcm") as session:
+        started = session.receive_until("started")
+        assert started["sample_rate"] == SR and started["response_format"] == "pcm"
+        for token in ["One ", "two", " three. Four", " five."]:  # cut anywhere, as a model's tokens are
+            session.send(type="text", text=token)
+        # The first sentence is complete once " Four" shows it ended: its audio comes before any
+        # more text is sent (the second one waits for what follows its period).
+        first = session.receive_audio()
+        assert len(first) == PIECE_BYTES
+        session.send(type="text", text=" Six")
+        session.send(type="end")
+        done = session.receive_until("done")
+        with pytest.raises(ConnectionClosed) as closed:
+            session.ws.recv(timeout=5)
+    assert closed.value.rcvd.code == 1000
+    assert len(session.audio) == 3 * PIECE_BYTES  # "One two three." "Four five." "Six"
+    words = [w for e in session.of("words") for w in e["words"]]
+    assert [w["word"] for w in words] == ["One", "two", "three", "Four", "five", "Six"]
+    # seconds from the session's first sample: the second piece starts where the first ended
+    assert words[3]["start_time"] == pytest.approx(PIECE_AUDIO_S, abs=1e-3)
+    assert words[5]["start_time"] == pytest.approx(2 * PIECE_AUDIO_S, abs=1e-3)
+    frames = round(3 * PIECE_AUDIO_S * SR / SAMPLES_PER_FRAME)
+    assert done["usage"]["output_tokens"] == frames and done["usage"]["input_tokens"] >= 0
+
+
+def test_flush_speaks_an_unfinished_sentence_and_says_when_its_audio_is_out(server):
+    with open_session(server, response_format="pcm", timestamps=False) as session:
+        session.receive_until("started")
+        session.send(type="text", text="A turn that ends without a period")
+        session.send(type="flush")
+        session.receive_until("flushed")
+        assert len(session.audio) == PIECE_BYTES  # all of its audio came before `flushed`
+        session.send(type="text", text="Another turn.")
+        session.send(type="end")
+        session.receive_until("done")
+    assert len(session.audio) == 2 * PIECE_BYTES and not session.of("words")
+
+
+def test_clear_stops_the_speech_in_flight_and_drops_the_rest(server, service):
+    before = service.pieces_started
+    with open_session(server, response_format="pcm") as session:
+        session.receive_until("started")
+        session.send(type="text", text=" ".join(f"Sentence {i}." for i in range(20)) + " ")
+        session.receive_audio()  # speaking has begun
+        session.send(type="clear")
+        session.receive_until("cleared")
+        spoken = len(session.audio)
+        # the piece in flight is the last of the dropped text
+        time.sleep(3 * PIECE_SECONDS)
+        assert service.pieces_started - before <= 3
+        session.send(type="text", text="After the interruption.")
+        session.send(type="end")
+        session.receive_until("done")
+    assert len(session.audio) == spoken + PIECE_BYTES < 20 * PIECE_BYTES
+    assert service.replica.overlaps == 0
+
+
+def test_telephone_audio_mulaw_at_8khz(server):
+    with open_session(server, response_format="mulaw") as session:
+        assert session.receive_until("started")["sample_rate"] == 8000
+        session.send(type="text", text="Your table is ready.")
+        session.send(type="end")
+        session.receive_until("done")
+    assert len(session.audio) == round(PIECE_AUDIO_S * 8000)  # one byte a sample
+
+
+def test_a_bad_message_is_an_error_and_the_session_goes_on(server):
+    with open_session(server, response_format="pcm") as session:
+        session.receive_until("started")
+        session.ws.send("not json")
+        assert session.receive_until("error")["error"]["code"] == "invalid_json"
+        session.send(type="speak", text="x")
+        error = session.receive_until("error")["error"]
+        assert error["param"] == "type" and "'speak'" in error["message"]
+        session.send(type="text", text="x" * 501)
+        error = session.receive_until("error")["error"]
+        assert error["param"] == "text" and "limit is 500" in error["message"]
+        session.send(type="text", text="Still speaking.")
+        session.send(type="end")
+        session.send(type="text", text="Too late.")
+        assert session.receive_until("error")["error"]["code"] == "session_ending"
+        session.receive_until("done")
+    assert len(session.audio) == PIECE_BYTES
+
+
+@pytest.mark.parametrize("start, param", [
+    ({"type": "text", "text": "no start"}, "type"),
+    ({"type": "start", "voice": "xx_nobody"}, "voice"),
+    ({"type": "start", "response_format": "opus", "sample_rate": 22050}, "sample_rate"),
+    ({"type": "start", "speed": 9}, "speed"),
+    ({"type": "start", "input": "hello"}, "input"),
+])
+def test_a_bad_start_is_an_error_then_a_policy_close(server, start, param):
+    with connect(live_url(server), open_timeout=10) as ws:
+        ws.send(json.dumps(start))
+        event = json.loads(ws.recv(timeout=10))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+    assert event["type"] == "error" and event["error"]["param"] == param
+    assert closed.value.rcvd.code == 1008
+
+
+def test_a_full_server_refuses_the_upgrade_with_503_and_retry_after(server):
+    long_text = ". ".join(["slow"] * 8)
+    holders = []
+    for _ in range(2):  # the process's two slots
+        h = httpx.Client(base_url=server.url, timeout=30)
+        cm = h.stream("POST", "/v1/audio/speech", json={"input": long_text, "response_format": "pcm"})
+        holders.append((h, cm, cm.__enter__()))
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(live_url(server), open_timeout=10)
+    finally:
+        for h, cm, resp in holders:
+            cm.__exit__(None, None, None)
+            h.close()
+    response = refused.value.response
+    assert response.status_code == 503 and int(response.headers["Retry-After"]) >= 1
+    assert json.loads(response.body)["error"]["code"] == "overloaded"
+
+
+def test_sessions_free_their_slots_and_are_counted(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        with open_session(server, response_format="pcm") as session:
+            session.receive_until("started")
+            session.send(type="text", text="Counted. ")
+            session.receive_audio()
+        deadline = time.monotonic() + 5
+        while metric(http, "kokoro_admitted_requests") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metric(http, "kokoro_admitted_requests") == 0
+        text = http.get("/metrics").text
+    assert 'kokoro_requests_total{route="/v1/audio/speech/live",status="101"}' in text
+
+
+def test_api_keys_guard_the_upgrade(service):
+    app = create_app(Settings().replace(api_keys="k1"), service=service)
+    with ThreadServer(app) as srv:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(live_url(srv), open_timeout=10)
+        assert refused.value.response.status_code == 401
+        assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
+        with connect(live_url(srv), open_timeout=10, additional_headers={"Authorization": "Bearer k1"}) as ws:
+            ws.send(json.dumps({"type": "start"}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "started"
