@@ -324,6 +324,18 @@ def _run_selftest(args: argparse.Namespace) -> int:
     return selftest.run(args)
 
 
+def _configure_live(p: argparse.ArgumentParser) -> None:
+    from loadtest import live
+
+    live.configure(p)
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    from loadtest import live
+
+    return live.run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest",
                                      description="Load tests that measure what a listener feels (TTFA, E2E, underrun).")
@@ -333,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         ("compare", configure_compare, run_compare, "two servers, the same schedule interleaved, with ratios"),
         ("report", configure_report, run_report, "draw PNG plots of a run or compare directory"),
         ("selftest", _configure_selftest, _run_selftest, "measure the generator's own TTFA error against a stub server"),
+        ("live", _configure_live, _run_live, "sessions of WS /v1/audio/speech/live fed as a model writes: word latency, stalls"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter if name == "report" else argparse.HelpFormatter)

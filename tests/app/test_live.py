@@ -5,9 +5,11 @@ each), driven by the `websockets` client as an agent or a phone bot would drive 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import time
 
+import av
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -229,3 +231,52 @@ def test_api_keys_guard_the_upgrade(service):
         with connect(live_url(srv), open_timeout=10, additional_headers={"Authorization": "Bearer k1"}) as ws:
             ws.send(json.dumps({"type": "start"}))
             assert json.loads(ws.recv(timeout=10))["type"] == "started"
+
+
+@pytest.mark.parametrize("fmt", ["opus", "mp3", "wav"])
+def test_a_cleared_stream_stays_one_decodable_file(server, fmt):
+    """The encoder lives as long as the session: after a clear the audio goes on in the same file
+    (one header, no torn packet), and FFmpeg decodes all that was sent."""
+    with open_session(server, response_format=fmt, timestamps=False) as session:
+        session.receive_until("started")
+        session.send(type="text", text=" ".join(f"Sentence {i}." for i in range(10)) + " ")
+        session.receive_audio()
+        session.send(type="clear")
+        session.receive_until("cleared")
+        session.send(type="text", text="After the interruption.")
+        session.send(type="end")
+        session.receive_until("done")
+    container = av.open(io.BytesIO(bytes(session.audio)))
+    seconds = sum(frame.samples / frame.sample_rate for frame in container.decode(container.streams.audio[0]))
+    pieces = seconds / PIECE_AUDIO_S
+    assert 2 <= round(pieces) <= 4 and abs(pieces - round(pieces)) < 0.25, seconds  # mp3 adds its padding
+
+
+# --- the instrument: python -m loadtest live ----------------------------------------------------
+
+def test_server_stall_counts_only_silence_the_server_caused():
+    from loadtest.live import server_stall
+
+    # plays 0-1, the next arrives at 1.5 with its text complete at 0.8: 0.5 s the server caused
+    assert server_stall([(0.0, 1.0, 0.0), (1.5, 1.0, 0.8)]) == pytest.approx(0.5)
+    # the same gap while the model was still writing (text complete at 1.4): only 0.1 s is ours
+    assert server_stall([(0.0, 1.0, 0.0), (1.5, 1.0, 1.4)]) == pytest.approx(0.1)
+    # audio that arrives ahead of the player never stalls it
+    assert server_stall([(0.0, 1.0, 0.0), (0.5, 1.0, 0.4), (1.9, 0.5, 1.0)]) == 0.0
+
+
+def test_loadtest_live_measures_the_servers_share(server):
+    """Against the scripted service (0.15 s of synthesis a piece): every piece's audio comes at
+    least one synthesis after its text was complete, and a word waits longer than its piece."""
+    import asyncio
+
+    from loadtest.live import run_session, summarize_step
+
+    text = "One two three. Four five six. Seven eight."
+    session = asyncio.run(run_session(live_url(server), text, 40.0, "pcm", "af_heart"))
+    assert session.errors == [] and session.audio_s == pytest.approx(3 * PIECE_AUDIO_S)
+    assert len(session.piece_latencies) == 3 and len(session.word_latencies) == 8
+    assert min(session.piece_latencies) >= 0.9 * PIECE_SECONDS
+    assert max(session.word_latencies) > max(session.piece_latencies)
+    step = summarize_step(1, [session], elapsed=2.0)
+    assert step["completed"] == 1 and step["errors"] == 0 and step["audio_s_per_s"] == pytest.approx(0.6)

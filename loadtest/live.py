@@ -1,0 +1,279 @@
+"""`python -m loadtest live`: sessions of WS /v1/audio/speech/live fed as a language model writes,
+measured as a listener hears them.
+
+Each of `c` users runs sessions back to back for the step's duration: a text of the set, sent a
+word at a time at `--words-per-second` (a model's writing speed), then `end`. Per session:
+
+- **first audio**: from the first word sent to the first audio byte received;
+- **word latency**: from the moment a word was sent to the arrival of the audio that speaks it
+  (the binary frame before the `words` event naming it), for every word: it includes the wait
+  for the rest of the word's sentence, which the model writes;
+- **piece latency**: from the moment the server could start a piece (its text complete: the
+  client cuts the text as the server does, with worker.text.segments) to the piece's audio,
+  per chunk of it: the server's own share (text frontend, queue, synthesis, encoding, network);
+- **server stall**: the time a real-time player, started at the first audio, sits waiting for
+  audio whose piece was complete: the silence the server caused (waiting for the model to finish
+  a sentence is the model's, and does not count);
+- errors: `error` events, a close other than 1000, a refused upgrade (503s counted apart).
+
+    python -m loadtest live --url http://127.0.0.1:8880 --concurrency 1,8 --duration 20 \\
+        --texts paragraphs --words-per-second 8 --out loadtest-results/live
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest import metrics
+from loadtest.client import RAW_FORMATS
+from loadtest.results import machine, now_iso
+from loadtest.texts import load_texts
+from worker.text.segments import TextSegmenter
+
+
+@dataclass
+class Frame:
+    arrived: float
+    seconds: float
+    text_ready: float = 0.0  # when the piece it belongs to was complete
+
+
+@dataclass
+class LiveSession:
+    """What one session's client saw (times from time.perf_counter)."""
+
+    words_sent: list[tuple[str, float]] = field(default_factory=list)  # (word, sent at)
+    word_ready: list[float] = field(default_factory=list)  # per word sent: when its piece was complete
+    frames: list[Frame] = field(default_factory=list)
+    word_latencies: list[float] = field(default_factory=list)
+    piece_latencies: list[float] = field(default_factory=list)
+    first_audio_s: float | None = None
+    audio_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    refused: bool = False  # the upgrade answered 503
+
+    @property
+    def server_stall_s(self) -> float:
+        return server_stall([(f.arrived, f.seconds, f.text_ready) for f in self.frames])
+
+
+def server_stall(frames: list[tuple[float, float, float]]) -> float:
+    """Silence a real-time player hears for lack of audio whose text was already written.
+
+    `frames` are (arrival, seconds of audio, when its text was complete), in arrival order. The
+    player starts at the first arrival and plays in real time; when it runs dry before a frame
+    arrives, the wait counts from the later of the moment it ran dry and the moment the frame's
+    text was complete: only the part the server could have avoided."""
+    stalled = 0.0
+    plays_until: float | None = None
+    for arrived, seconds, text_ready in frames:
+        if plays_until is None:
+            plays_until = arrived
+        elif arrived > plays_until:
+            stalled += max(0.0, arrived - max(plays_until, text_ready))
+            plays_until = arrived
+        plays_until += seconds
+    return stalled
+
+
+def _key(word: str) -> str:
+    return re.sub(r"\W", "", word).lower()
+
+
+class _WordMatcher:
+    """Caption words back to the words sent, in order: the index of the sent word a caption word
+    speaks (a caption spelled otherwise, as "3.50" read out, takes the next unmatched word)."""
+
+    def __init__(self, sent: list[tuple[str, float]]):
+        self.sent = sent
+        self.next = 0
+
+    def index(self, caption: str) -> int:
+        key = _key(caption)
+        for i in range(self.next, min(self.next + 6, len(self.sent))):
+            if key and key in _key(self.sent[i][0]):
+                self.next = i + 1
+                return i
+        return min(self.next, len(self.sent) - 1)
+
+
+async def run_session(url: str, text: str, words_per_second: float, fmt: str, voice: str,
+                      api_key: str = "", timeout: float = 120.0) -> LiveSession:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    session = LiveSession()
+    sample_rate, width = 24000, 2
+    words = text.split()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    matcher = _WordMatcher(session.words_sent)
+    pending: list[Frame] = []  # frames not yet followed by their words event
+
+    segmenter = TextSegmenter()  # the server's cut, to know when each piece was complete
+
+    def pieces_complete(pieces: list[str], now: float) -> None:
+        for piece in pieces:
+            session.word_ready += [now] * len(piece.split())
+
+    async def write(ws) -> None:
+        for i, word in enumerate(words):
+            token = word + (" " if i < len(words) - 1 else "")
+            now = time.perf_counter()
+            session.words_sent.append((word, now))
+            await ws.send(json.dumps({"type": "text", "text": token}))
+            pieces_complete(segmenter.push(token), now)
+            await asyncio.sleep(1 / words_per_second)
+        now = time.perf_counter()
+        await ws.send(json.dumps({"type": "end"}))
+        pieces_complete([segmenter.flush()], now)
+
+    try:
+        async with connect(url, additional_headers=headers, open_timeout=timeout, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "voice": voice, "response_format": fmt}))
+            started = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+            if started.get("type") != "started":
+                session.errors.append(json.dumps(started)[:200])
+                return session
+            sample_rate = started["sample_rate"]
+            width = RAW_FORMATS.get(fmt, (2,))[0]
+            writer = asyncio.create_task(write(ws))
+            try:
+                async for message in ws:
+                    now = time.perf_counter()
+                    if isinstance(message, bytes):
+                        if session.first_audio_s is None:
+                            session.first_audio_s = now - session.words_sent[0][1]
+                        seconds = len(message) / width / sample_rate
+                        session.audio_s += seconds
+                        frame = Frame(now, seconds, session.frames[-1].text_ready if session.frames else 0.0)
+                        session.frames.append(frame)
+                        pending.append(frame)
+                        continue
+                    event = json.loads(message)
+                    if event["type"] == "words":
+                        heard = pending[-1].arrived if pending else now
+                        spoken = [matcher.index(w["word"]) for w in event["words"]]
+                        session.word_latencies += [heard - session.words_sent[i][1] for i in spoken]
+                        if spoken and spoken[0] < len(session.word_ready):
+                            ready = session.word_ready[spoken[0]]
+                            session.piece_latencies.append(heard - ready)
+                            for frame in pending:
+                                frame.text_ready = ready
+                        pending.clear()
+                    elif event["type"] == "error":
+                        session.errors.append(event["error"]["message"][:200])
+                    elif event["type"] == "done":
+                        break
+            finally:
+                writer.cancel()
+    except InvalidStatus as e:
+        session.refused = e.response.status_code == 503
+        if not session.refused:
+            session.errors.append(f"upgrade refused: HTTP {e.response.status_code}")
+    except ConnectionClosed as e:
+        session.errors.append(f"closed {e.rcvd.code if e.rcvd else 'abruptly'}")
+    except (OSError, asyncio.TimeoutError) as e:
+        session.errors.append(f"{type(e).__name__}: {e}")
+    return session
+
+
+async def run_step(url: str, texts: list[str], concurrency: int, duration: float, args) -> dict:
+    sessions: list[LiveSession] = []
+    started = time.perf_counter()
+    counter = 0
+
+    async def user(k: int) -> None:
+        nonlocal counter
+        while time.perf_counter() - started < duration:
+            text = texts[counter % len(texts)]
+            counter += 1
+            s = await run_session(url, text, args.words_per_second, args.response_format, args.voice, args.api_key)
+            sessions.append(s)
+            if s.refused:
+                await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(user(k) for k in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return summarize_step(concurrency, sessions, elapsed)
+
+
+def summarize_step(concurrency: int, sessions: list[LiveSession], elapsed: float) -> dict:
+    done = [s for s in sessions if not s.refused and not s.errors]
+    firsts = [s.first_audio_s for s in done if s.first_audio_s is not None]
+    latencies = [x for s in done for x in s.word_latencies]
+    piece_latencies = [x for s in done for x in s.piece_latencies]
+    stalls = [s.server_stall_s for s in done]
+    pct = metrics.percentile
+    return {
+        "concurrency": concurrency, "sessions": len(sessions), "completed": len(done),
+        "refused_503": sum(s.refused for s in sessions), "errors": sum(bool(s.errors) for s in sessions),
+        "error_examples": [e for s in sessions for e in s.errors][:3],
+        "first_audio_p50_ms": _ms(pct(firsts, 50)), "first_audio_p95_ms": _ms(pct(firsts, 95)),
+        "word_latency_p50_ms": _ms(pct(latencies, 50)), "word_latency_p95_ms": _ms(pct(latencies, 95)),
+        "piece_latency_p50_ms": _ms(pct(piece_latencies, 50)), "piece_latency_p95_ms": _ms(pct(piece_latencies, 95)),
+        "server_stall_p95_ms": _ms(pct(stalls, 95)), "server_stall_max_ms": _ms(max(stalls, default=None)),
+        "audio_s_per_s": round(sum(s.audio_s for s in done) / elapsed, 2) if elapsed > 0 else None,
+        "elapsed_s": round(elapsed, 1),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+COLUMNS = (("c", "concurrency"), ("sessions", "completed"), ("503", "refused_503"), ("errors", "errors"),
+           ("first audio p50/p95 ms", ("first_audio_p50_ms", "first_audio_p95_ms")),
+           ("word latency p50/p95 ms", ("word_latency_p50_ms", "word_latency_p95_ms")),
+           ("piece latency p50/p95 ms", ("piece_latency_p50_ms", "piece_latency_p95_ms")),
+           ("server stall p95/max ms", ("server_stall_p95_ms", "server_stall_max_ms")),
+           ("audio-s/s", "audio_s_per_s"))
+
+
+def format_table(steps: list[dict]) -> str:
+    def cell(step: dict, key) -> str:
+        if isinstance(key, tuple):
+            return " / ".join("-" if step[k] is None else f"{step[k]:g}" for k in key)
+        return "-" if step[key] is None else f"{step[key]:g}" if isinstance(step[key], float) else str(step[key])
+
+    header = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
+    rows = ["| " + " | ".join(cell(s, key) for _, key in COLUMNS) + " |" for s in steps]
+    return "\n".join([header, "|" + "---|" * len(COLUMNS), *rows])
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="the server, http://HOST:PORT (the socket path is added)")
+    p.add_argument("--concurrency", default="1,8", help="comma-separated numbers of simultaneous sessions")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds each step starts new sessions")
+    p.add_argument("--texts", default="paragraphs", help="as `run --texts` (default paragraphs)")
+    p.add_argument("--words-per-second", type=float, default=8.0,
+                   help="how fast the simulated model writes (default 8: a brisk model at about 6 tokens a word "
+                        "writes 50 tokens/s)")
+    p.add_argument("--format", default="pcm", dest="response_format", choices=("pcm", "mulaw", "alaw"),
+                   help="the session's raw audio format (its length counted from bytes)")
+    p.add_argument("--voice", default="af_heart")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--out", default="", help="directory for live.json (the table is printed either way)")
+
+
+def run(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/v1/audio/speech/live"
+    texts = load_texts(args.texts)
+    steps = []
+    for c in (int(x) for x in args.concurrency.split(",") if x.strip()):
+        print(f"live: {c} session(s) at once for {args.duration:g} s ...", flush=True)
+        steps.append(asyncio.run(run_step(url, texts, c, args.duration, args)))
+    print(format_table(steps))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "live.json").write_text(json.dumps({"when": now_iso(), "machine": machine(), "url": url,
+                                                   "words_per_second": args.words_per_second, "texts": args.texts,
+                                                   "format": args.response_format, "steps": steps}, indent=2))
+        print(out / "live.json")
+    return 1 if any(s["errors"] for s in steps) else 0
