@@ -119,7 +119,30 @@ class VoiceId(BaseModel):
 VoiceSpec = Annotated[str | VoiceId, AfterValidator(_checked_voice)]
 
 
-class SpeechRequest(BaseModel):
+class _SpeechOptions(BaseModel):
+    """The checks and readings a speech request and a live session's `start` share; each declares
+    its own fields (their defaults and descriptions differ), `response_format` before `sample_rate`."""
+
+    @field_validator("model", check_fields=False)
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _checked_model(value)
+
+    @field_validator("sample_rate", check_fields=False)
+    @classmethod
+    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _checked_sample_rate(value, info)
+
+    @property
+    def voice_spec(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()  # type: ignore[attr-defined]
+
+    def normalization(self):
+        """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
+        return _frontend_options(self.normalization_options)  # type: ignore[attr-defined]
+
+
+class SpeechRequest(_SpeechOptions):
     """Body of `POST /v1/audio/speech` (and of the captioned variant)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -157,28 +180,10 @@ class SpeechRequest(BaseModel):
         None, description="Format of the saved download file, when it should differ from `response_format`.")
     sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        return _checked_model(value)
-
     @field_validator("input")
     @classmethod
     def _speakable_input(cls, value: str, info: ValidationInfo) -> str:
         return _checked_text(value, info, "input")
-
-    @field_validator("sample_rate")
-    @classmethod
-    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _checked_sample_rate(value, info)
-
-    @property
-    def voice_spec(self) -> str:
-        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()
-
-    def normalization(self):
-        """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
-        return _frontend_options(self.normalization_options)
 
 
 class CaptionedSpeechRequest(SpeechRequest):
@@ -310,7 +315,7 @@ class CaptionedSpeechResponse(BaseModel):
 
 # --- live speech: WS /v1/audio/speech/live (api/live.py) -------------------------------------
 
-class LiveStart(BaseModel):
+class LiveStart(_SpeechOptions):
     """The first message of a live session: its voice and audio, once (a speech request without
     `input`; the text comes in `text` messages)."""
 
@@ -330,22 +335,6 @@ class LiveStart(BaseModel):
     sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
     timestamps: bool = Field(True, description="Send a `words` message with each piece's word timings.")
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        return _checked_model(value)
-
-    @field_validator("sample_rate")
-    @classmethod
-    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _checked_sample_rate(value, info)
-
-    @property
-    def voice_spec(self) -> str:
-        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()
-
-    def normalization(self):
-        return _frontend_options(self.normalization_options)
 
 
 class LiveText(BaseModel):
