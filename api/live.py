@@ -123,8 +123,9 @@ class LiveSession:
         self.outcome = "ok"
 
     async def run(self) -> None:
-        await self._send_json(LiveStarted(session_id=self.id, response_format=self.start.response_format,
-                                          sample_rate=self.start.sample_rate or default_sample_rate(self.start.response_format)))
+        fmt = self.start.response_format
+        await self._send_json(LiveStarted(session_id=self.id, response_format=fmt,
+                                          sample_rate=self.start.sample_rate or default_sample_rate(fmt)))
         self.speaker = asyncio.create_task(self._speak())
         try:
             while True:
@@ -173,6 +174,8 @@ class LiveSession:
             self.work = asyncio.Queue()
             self.waiting_chars = 0
             await self._send_json(LiveCleared())
+            if self.ending:  # cleared after `end`: nothing more to say, the session still ends
+                self.work.put_nowait(_END)
             self.speaker = asyncio.create_task(self._speak())
         else:  # LiveEnd
             self.ending = True
@@ -268,8 +271,9 @@ class LiveSession:
                 if param is None:
                     raise
                 param = "text" if param == "input" else param
-                await self._send_json(StreamError(error=bad_request(
-                    f"{e} (in the piece {text[:60]!r}; it was skipped)", param=param, code=f"invalid_{param}").detail()))
+                skipped = bad_request(f"{e} (in the piece {text[:60]!r}; it was skipped)", param=param,
+                                      code=f"invalid_{param}")
+                await self._send_json(StreamError(error=skipped.detail()))
                 return None, None
             except BaseException:
                 if slot is not None:
@@ -299,7 +303,7 @@ class LiveSession:
         self.speaker = None
         with contextlib.suppress(Exception):
             data = await self.encoder.interrupted()
-            if self.ws.client_state == WebSocketState.CONNECTED and self.ws.application_state == WebSocketState.CONNECTED:
+            if WebSocketState.CONNECTED == self.ws.client_state == self.ws.application_state:
                 await self._send_audio(data)
 
     # --- sending --------------------------------------------------------------------------------

@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         ("compare", configure_compare, run_compare, "two servers, the same schedule interleaved, with ratios"),
         ("report", configure_report, run_report, "draw PNG plots of a run or compare directory"),
         ("selftest", _configure_selftest, _run_selftest, "measure the generator's own TTFA error against a stub server"),
-        ("live", _configure_live, _run_live, "sessions of WS /v1/audio/speech/live fed as a model writes: word latency, stalls"),
+        ("live", _configure_live, _run_live, "live speech sessions fed as a model writes: latency, stalls"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter if name == "report" else argparse.HelpFormatter)

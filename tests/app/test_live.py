@@ -280,3 +280,15 @@ def test_loadtest_live_measures_the_servers_share(server):
     assert max(session.word_latencies) > max(session.piece_latencies)
     step = summarize_step(1, [session], elapsed=2.0)
     assert step["completed"] == 1 and step["errors"] == 0 and step["audio_s_per_s"] == pytest.approx(0.6)
+
+
+def test_clear_after_end_still_ends_the_session(server):
+    with open_session(server, response_format="pcm") as session:
+        session.receive_until("started")
+        session.send(type="text", text=" ".join(f"Sentence {i}." for i in range(10)))
+        session.send(type="end")
+        session.receive_audio()
+        session.send(type="clear")
+        session.receive_until("cleared")
+        session.receive_until("done")
+    assert len(session.audio) < 10 * PIECE_BYTES
