@@ -44,12 +44,11 @@ from api.encoders import default_sample_rate
 from api.errors import ApiError, CapacityError, bad_request, internal_error, validation_error
 from api.protocol import (LiveCleared, LiveClear, LiveDone, LiveEnd, LiveFlush, LiveFlushed, LiveStart, LiveStarted,
                           LiveText, LiveWords, SpeechUsage, StreamError, WordTimestampModel)
-from api.serving import pooled_encoder
+from api.serving import admit_speech, pooled_encoder, release_slot
 from api.state import AppState
 from api.transport import access_log
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.speech import AudioPiece, SpeechPlan
-from worker.speech import SpeechRequest as WorkerSpeechRequest
 from worker.text.segments import TextSegmenter
 
 log = logging.getLogger("kokoro_fleet.api")
@@ -241,44 +240,34 @@ class LiveSession:
             self.pieces += 1
             self.phonemes += plan.phoneme_count
         finally:
-            audio_s = spoken / SAMPLE_RATE
-            cost = self.service.stats().seconds_per_audio_second
-            slot.release(service_seconds=audio_s * cost if cost and audio_s > 0 else None)
-            self.state.metrics.audio_seconds += audio_s
+            release_slot(slot, self.service, spoken / SAMPLE_RATE)
+            self.state.metrics.audio_seconds += spoken / SAMPLE_RATE
 
     async def _admit(self, text: str) -> tuple[ProcessSlot | None, SpeechPlan | None]:
         """A slot and a plan for one piece, waiting while the server is full (up to
         ADMISSION_WAIT_S); (None, None) after telling the client that its text cannot be spoken."""
-        request = WorkerSpeechRequest(text=text, voice=self.start.voice_spec, speed=self.start.speed,
-                                      lang_code=self.start.lang_code, normalization=self.start.normalization())
         deadline = time.monotonic() + ADMISSION_WAIT_S
         while True:
-            slot = None
             try:
                 slot = self.state.admission.admit(self.id, count_refusal=False)
-                return slot, await self.service.admit(request)
-            except CapacityError as full:
-                if slot is not None:
+                try:
+                    return slot, await admit_speech(self.service, text, self.start)
+                except BaseException:
                     slot.release()
+                    raise
+            except CapacityError as full:
                 wait = min(full.retry_after_s, deadline - time.monotonic())
                 if wait <= 0:
                     raise SessionOver(full, TRY_AGAIN_LATER) from None
                 await asyncio.sleep(wait)
-            except ValueError as e:  # TextError / VoiceError: this piece cannot be spoken
-                if slot is not None:
-                    slot.release()
-                param = getattr(e, "param", None)
-                if param is None:
+            except ApiError as refused:  # TextError / VoiceError: this piece cannot be spoken
+                if refused.status != 400:
                     raise
-                param = "text" if param == "input" else param
-                skipped = bad_request(f"{e} (in the piece {text[:60]!r}; it was skipped)", param=param,
-                                      code=f"invalid_{param}")
+                param = "text" if refused.param == "input" else refused.param
+                skipped = bad_request(f"{refused.message} (in the piece {text[:60]!r}; it was skipped)",
+                                      param=param, code=f"invalid_{param}")
                 await self._send_json(StreamError(error=skipped.detail()))
                 return None, None
-            except BaseException:
-                if slot is not None:
-                    slot.release()
-                raise
 
     async def _send_piece(self, piece: AudioPiece, ready_at: float) -> None:
         offset = self.samples / SAMPLE_RATE

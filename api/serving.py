@@ -188,7 +188,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     try:
         if req.return_download_link:  # off the loop: creating one first clears expired files
             download = await asyncio.to_thread(state.downloads.create, req.download_format or req.response_format)
-        plan = await _admit(service, req, phonemes)  # the fleet: a place in the shared queue, or 503
+        plan = await admit_speech(service, req.input, req, phonemes)  # the fleet: a place in the shared queue, or 503
     except BaseException:
         slot.release()
         if download is not None:
@@ -197,18 +197,24 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     return AdmittedRequest(req, plan, slot, info, download)
 
 
-async def _admit(service: SpeechBackend, req: SpeechRequest, phonemes: bool = False) -> SpeechPlan:
-    """The service's admission and plan; its TextError / VoiceError (a ValueError naming the field)
-    becomes a 400."""
+async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False) -> SpeechPlan:
+    """The service's admission and plan for `text` spoken with `options` (a speech request, or a
+    live session's start); its TextError / VoiceError (a ValueError naming the field) becomes a 400."""
     try:
-        return await service.admit(WorkerSpeechRequest(text=req.input, voice=req.voice_spec, speed=req.speed,
-                                                       lang_code=req.lang_code, normalization=req.normalization(),
-                                                       phonemes=phonemes))
+        return await service.admit(WorkerSpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
+                                                       lang_code=options.lang_code,
+                                                       normalization=options.normalization(), phonemes=phonemes))
     except ValueError as e:
         param = getattr(e, "param", None)
         if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug
             raise
         raise bad_request(str(e), param=param, code=f"invalid_{param}") from None
+
+
+def release_slot(slot: ProcessSlot, service: SpeechBackend, audio_s: float) -> None:
+    """Give the slot back, with the replica time its audio cost (the Retry-After estimate learns from it)."""
+    cost = service.stats().seconds_per_audio_second
+    slot.release(service_seconds=audio_s * cost if cost and audio_s > 0 else None)
 
 
 # --- the stream of encoded bytes ----------------------------------------------------------------
@@ -325,8 +331,7 @@ async def _encoded(state: AppState, job: AdmittedRequest, request: Request | Non
         if not finished and info.outcome == "ok":
             info.outcome = "disconnected"
         state.metrics.audio_seconds += info.audio_s
-        cost = service.stats().seconds_per_audio_second
-        job.slot.release(service_seconds=info.audio_s * cost if cost and info.audio_s > 0 else None)
+        release_slot(job.slot, service, info.audio_s)
 
 
 def pooled_encoder(state: AppState, fmt: str, streamed: bool, volume: float, sample_rate: int | None) -> PooledEncoder:
