@@ -198,6 +198,12 @@ MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write i
     ("Trending: #python", "Trending: hashtag python"),
     ("Say [Kokoro](/kˈOkəɹO/) twice", "Say [Kokoro](/kˈOkəɹO/) twice"),
     ("a<x and y>b", "a less than x and y greater than b"),
+    ("if a <b and c> d", "if a less than b and c greater than d"),  # b is a tag name; no </b> follows
+    ("<td nowrap>cell</td> end", "cell end"),                      # a valueless attribute, then its close
+    # a link to a site path has a pronunciation's shape; its text is read
+    ("See [the docs](/docs/) now.", "See the docs now."),
+    ("Call [models](/v1/models/) or [Docs](/Docs/)", "Call models or Docs"),
+    ("[Kokoro](/kOkOrO/) and [H100](/ˈAʧ wˈʌn/)", "[Kokoro](/kOkOrO/) and [H100](/ˈAʧ wˈʌn/)"),
 ]
 
 UNIT_CASES = [  # unit_normalization=True (off by default, as in Kokoro-FastAPI)

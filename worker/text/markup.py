@@ -12,14 +12,20 @@ own sentence:
 
 Kept as they are: Kokoro's own pronunciation links `[word](/phonemes/)` and pause tags
 `[pause:0.5s]`; SSML's `<break time="...">` becomes such a pause tag, `<sub alias="...">` its alias.
+A link to a site path, `[the docs](/docs/)`, has the same shape as a pronunciation: its target is
+taken for phonemes only when it reads as phonemes (`is_pronunciation`), else its text is read.
 Constructs that are not plainly markup stay text: `5 * 3`, `a < b`, `snake_case_names`, `#hashtags`.
-Only a known tag name (HTML's text and block tags, SSML's) is taken for a tag.
+Only a known tag name (HTML's text and block tags, SSML's) is taken for a tag, and one with a
+valueless attribute only when its closing tag follows: `a <b and c> d` is a comparison.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from functools import lru_cache
+
+from worker.text.vocab import vocab
 
 # --- whole lines ------------------------------------------------------------------------------
 
@@ -37,8 +43,9 @@ _ENDS_SENTENCE = ".!?:;…。！？"
 # --- inline -------------------------------------------------------------------------------------
 
 _IMAGE = re.compile(r"!\[([^\[\]]*)\]\([^()\s]*(?:\s+\"[^\"]*\")?\)")
-# A link whose target is not Kokoro's `(/phonemes/)`.
-_LINK = re.compile(r"\[([^\[\]]+)\]\((?!/[^()]*/\))[^()\s]*(?:\s+\"[^\"]*\")?\)")
+# A link: Kokoro's `(/phonemes/)` (spaces allowed) or a URL (none), with an optional title.
+_LINK = re.compile(r"\[([^\[\]]+)\]\((?:/(?P<slashed>[^()]*)/|[^()\s]*(?:\s+\"[^\"]*\")?)\)")
+_PLAIN_WORD = re.compile(r"[a-z]+")
 _AUTOLINK = re.compile(r"<((?:https?|ftp)://[^<>\s]+|mailto:[^<>\s]+|[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+)>")
 _CODE = re.compile(r"(`+)(?=[^`\n])(.+?)(?<=[^`\n])\1")
 _STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
@@ -57,6 +64,7 @@ _HTML_TAGS = ("a", "abbr", "b", "blockquote", "br", "cite", "code", "dd", "del",
 _BLOCK_TAGS = ("blockquote", "br", "dd", "div", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "li", "p", "pre",
                "tr", "speak", "s")
 _TAG_NAMES = "|".join(sorted({re.escape(t) for t in (*_SSML_TAGS, *_HTML_TAGS)}, key=len, reverse=True))
+_ATTRIBUTE = re.compile(r"\s+([\w:.-]+)(\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?")  # name, =value
 _ATTRIBUTES = r"(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?)*"
 _TAG = re.compile(rf"<(/?)({_TAG_NAMES})({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
 _BREAK = re.compile(rf"<break\b({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
@@ -80,7 +88,7 @@ def read_markup(text: str) -> str:
     text = _BULLET.sub(lambda m: _own_sentence(m.group(1)), text)
     text = _NUMBERED.sub(lambda m: f"{m.group(1)} {_own_sentence(m.group(2))}", text)
     text = _IMAGE.sub(r"\1", text)
-    text = _LINK.sub(r"\1", text)
+    text = _LINK.sub(_link, text)
     text = _AUTOLINK.sub(r"\1", text)
     text = _CODE.sub(r"\2", text)
     for pattern in (_STRONG, _STRIKE):
@@ -88,6 +96,32 @@ def read_markup(text: str) -> str:
     text = _STAR.sub(r"\1", text)
     text = _UNDERSCORE.sub(r"\1", text)
     return re.sub(r"[^\S\n]*\n\s*", "\n", text).strip()
+
+
+def is_pronunciation(target: str) -> bool:
+    """Whether a link's `/target/` is phonemes (`[Kokoro](/kˈOkəɹO/)`) rather than a site path
+    (`[the docs](/docs/)`, `(/v1/models/)`, `(/Docs/)`). Phonemes written by hand or copied from
+    `kokoro-fleet phonemize` carry a stress mark or an IPA symbol, or at least one of the
+    alphabet's capital diphthongs (`kOkOrO`); a path is plain lowercase letters, or has characters
+    (digits, `.`, `_`, `-`, `/`, other capitals) that no phoneme string has. A target with
+    non-ASCII symbols outside the alphabet (`ɪtΩ`) is still phonemes: the tokenizer drops those
+    symbols and logs them."""
+    if not target.strip():
+        return False
+    if not target.isascii():
+        return True
+    alphabet = _alphabet()
+    return all(c in alphabet for c in target) and not _PLAIN_WORD.fullmatch(target.replace(" ", ""))
+
+
+@lru_cache(maxsize=1)
+def _alphabet() -> frozenset[str]:
+    return frozenset(vocab()) | {" "}
+
+
+def _link(m: re.Match) -> str:
+    slashed = m.group("slashed")
+    return m.group(0) if slashed is not None and is_pronunciation(slashed) else m.group(1)
 
 
 def _own_sentence(line: str) -> str:
@@ -100,10 +134,21 @@ def _read_tags(text: str) -> str:
         return text
     text = _BREAK.sub(_pause_tag, text)
     text = _SUB.sub(_alias, text)
-    text = _TAG.sub(lambda m: "\n" if m.group(2).lower() in _BLOCK_TAGS else "", text)
+    text = _TAG.sub(lambda m: _tag(m, text), text)
     if _ENTITY.search(text):
         text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
     return text
+
+
+def _tag(m: re.Match, text: str) -> str:
+    """A tag's replacement: a line break for a block tag, nothing for an inline one. An opening tag
+    with a bare attribute is a tag only if its closing tag follows (`<td nowrap>x</td>`); else it is
+    text (`a <b and c> d`: a comparison)."""
+    closing, name, attributes = m.group(1), m.group(2).lower(), m.group(3)
+    valueless = any(a.group(2) is None for a in _ATTRIBUTE.finditer(attributes))
+    if not closing and valueless and not re.search(rf"</{re.escape(name)}\s*>", text[m.end():], re.IGNORECASE):
+        return m.group(0)
+    return "\n" if name in _BLOCK_TAGS else ""
 
 
 def _pause_tag(m: re.Match) -> str:
