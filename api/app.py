@@ -37,6 +37,7 @@ from api.state import AppState, encode_pool
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
 from worker.speech import ReplicaStats
+from worker.text import lexicon_status
 
 log = logging.getLogger("kokoro_fleet.api")
 
@@ -173,6 +174,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         """Liveness: the process answers. Readiness is /ready."""
         return {"status": "ok", "ready": state.ready, "admitted": state.admission.admitted, **_engine(settings),
                 **(state.service.health() if state.service is not None else {}),  # the fleet: mode, dispatch
+                **({"lexicon": lexicon_status(settings.lexicon)} if settings.lexicon else {}),
                 **({"error": state.load_error} if state.load_error else {})}
 
     @app.get("/ready")

@@ -162,7 +162,9 @@ class Settings:
         "KOKORO_LEXICON", "",
         "A JSON file of the deployment's own pronunciations, words or phrases -> phonemes in Kokoro's alphabet "
         "(`{\"Kokoro\": \"kˈOkəɹO\"}`; sections per language code optional), applied to every request as if "
-        "written `[Kokoro](/kˈOkəɹO/)`; `serve` refuses a malformed one (worker/text/lexicon.py).")
+        "written `[Kokoro](/kˈOkəɹO/)`; `serve` refuses a malformed one. Edits take effect within a second, "
+        "without a restart; a malformed edit is logged, shown in /health, and the entries before it stay "
+        "(worker/text/lexicon.py).")
 
     # --- fleet and queue ---
     queue_url: str = setting(

@@ -143,6 +143,7 @@ class SpeechService:
         (English lexicons over half a second, Mandarin's dictionary about as long), and loading holds
         the GIL while every request in flight waits for it."""
         await self.replica.warmup()
+        await asyncio.to_thread(load_lexicon, self.settings.lexicon)  # read now: /health shows it from the start
         for lang_code in self.settings.preload_language_codes():
             await asyncio.to_thread(load_language, lang_code)
 

@@ -126,3 +126,74 @@ def test_the_server_reads_every_request_with_it(lexicon):
     body = app.post("/dev/phonemize", json={"text": "Run nginx on the H100."}).json()
     # "the" read as before a vowel, the entry's
     assert body["phonemes"] == "ɹˈʌn ˈɛnʤɪnˌɛks ˌɔn ði ˈAʧ wˈʌn hˈʌndɹəd."
+
+
+# --- edits while serving ---------------------------------------------------------------------------
+
+def _write(path, entries) -> None:
+    path.write_text(entries if isinstance(entries, str) else json.dumps(entries, ensure_ascii=False), encoding="utf-8")
+
+
+def test_an_edit_takes_effect_and_a_broken_one_keeps_the_entries_before(tmp_path, monkeypatch, caplog):
+    from worker.text import lexicon as lexicon_module
+
+    monkeypatch.setattr(lexicon_module, "RECHECK_S", 0.0)
+    path = tmp_path / "lexicon.json"
+    _write(path, {"Kokoro": "kˈOkəɹO"})
+    assert load_lexicon(str(path)).mark("Kokoro on nginx", "a") == "[Kokoro](/kˈOkəɹO/) on nginx"
+    _write(path, {"Kokoro": "kˈOkəɹO", "nginx": "ˈɛnʤɪnˌɛks"})
+    assert load_lexicon(str(path)).mark("Kokoro on nginx", "a") == "[Kokoro](/kˈOkəɹO/) on [nginx](/ˈɛnʤɪnˌɛks/)"
+    status = lexicon_module.lexicon_status(str(path))
+    assert status["entries"] == 2 and status["error"] is None
+
+    _write(path, '{"Kokoro": "kˈOkəɹO", "nginx": ')  # half written, or a typo
+    with caplog.at_level("ERROR", logger="kokoro_fleet.text"):
+        for _ in range(3):
+            assert load_lexicon(str(path)).words("a") == {"Kokoro": "kˈOkəɹO", "nginx": "ˈɛnʤɪnˌɛks"}
+    assert len([r for r in caplog.records if "not JSON" in r.message]) == 1, "logged once per version of the file"
+    assert "not JSON" in lexicon_module.lexicon_status(str(path))["error"]
+    path.unlink()  # removed: still the entries before
+    assert len(load_lexicon(str(path)).words("a")) == 2
+    assert "cannot read it" in lexicon_module.lexicon_status(str(path))["error"]
+
+    _write(path, {"nginx": "ˈɛnʤɪnˌɛks"})  # mended
+    assert load_lexicon(str(path)).words("a") == {"nginx": "ˈɛnʤɪnˌɛks"}
+    assert lexicon_module.lexicon_status(str(path))["error"] is None
+
+
+def test_the_file_is_looked_at_at_most_once_per_recheck_interval(tmp_path, monkeypatch):
+    from worker.text import lexicon as lexicon_module
+
+    monkeypatch.setattr(lexicon_module, "RECHECK_S", 3600.0)
+    path = tmp_path / "lexicon.json"
+    _write(path, {"Kokoro": "kˈOkəɹO"})
+    first = load_lexicon(str(path))
+    _write(path, {"nginx": "ˈɛnʤɪnˌɛks"})
+    assert load_lexicon(str(path)) is first  # not looked at again yet
+    monkeypatch.setattr(lexicon_module, "RECHECK_S", 0.0)
+    assert load_lexicon(str(path)).words("a") == {"nginx": "ˈɛnʤɪnˌɛks"}
+
+
+def test_the_server_speaks_an_edit_without_a_restart_and_health_shows_a_broken_one(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from worker.settings import Settings
+    from worker.text import lexicon as lexicon_module
+
+    monkeypatch.setattr(lexicon_module, "RECHECK_S", 0.0)
+    path = tmp_path / "lexicon.json"
+    _write(path, {"nginx": "ˈɛnʤɪnˌɛks"})
+    app = TestClient(create_app(Settings().replace(lexicon=str(path))))
+
+    def phonemes() -> str:
+        return app.post("/dev/phonemize", json={"text": "Kokoro"}).json()["phonemes"]
+
+    before = phonemes()
+    assert before != "kˈOkəɹO"
+    _write(path, {"nginx": "ˈɛnʤɪnˌɛks", "Kokoro": "kˈOkəɹO"})
+    assert phonemes() == "kˈOkəɹO"
+    _write(path, {"Kokoro": "kokoro$"})
+    assert phonemes() == "kˈOkəɹO"
+    health = app.get("/health").json()["lexicon"]
+    assert health["path"] == str(path) and health["entries"] == 2 and "$" in health["error"]

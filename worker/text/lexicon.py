@@ -16,17 +16,31 @@ not inside a web or mail address, another word (`-`, `_`) or an existing link.
 
     lexicon = load_lexicon("lexicon.json")   # LexiconError (ValueError) naming the bad entry
     lexicon.mark("Kokoro is fast.", "a")     # "[Kokoro](/kˈOkəɹO/) is fast."
+
+The file may change while the server runs (a new brand name, a fixed pronunciation): `load_lexicon`
+looks at the file's size and modification time at most every `RECHECK_S` and reads it again when
+they changed, so every worker process speaks the new entries within a second, without a restart
+that would drain the streams in flight. A malformed edit (or a file half written) does not take:
+the entries read last stay in force, the error is logged once, and `lexicon_status` (in /health)
+shows it until the file is mended.
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import logging
+import os
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+log = logging.getLogger("kokoro_fleet.text")
+
 ALL_LANGUAGES = "*"
+# How often a served lexicon file is looked at (a stat, microseconds) for changes.
+RECHECK_S = 1.0
 _MAX_WORD_CHARS = 100
 
 
@@ -87,13 +101,83 @@ def _pattern(words: dict[str, str]) -> re.Pattern | None:
     return re.compile(rf"(?<![\w@/.\-])(?:{alternatives})(?![\w@\-])(?!\.\w)")
 
 
-@functools.lru_cache(maxsize=8)
 def load_lexicon(path: str | None) -> Lexicon:
-    """The lexicon in the JSON file at `path` (None or empty: none), read once per process;
-    LexiconError if it cannot be read or an entry is malformed: a word that is empty or holds
-    brackets, phonemes outside Kokoro's alphabet, a section that is not a language code."""
+    """The lexicon in the JSON file at `path` (None or empty: none), as the file now stands (see the
+    module docstring). The first read raises LexiconError if the file cannot be read or an entry is
+    malformed; a later change that fails keeps the lexicon read before."""
     if not path:
         return Lexicon()
+    with _watched_lock:
+        watched = _watched.setdefault(str(path), _WatchedFile(str(path)))
+    return watched.current()
+
+
+def lexicon_status(path: str | None) -> dict | None:
+    """What this process serves from `path`: its entries, when it read them, and the error of a
+    change that did not take (None: no lexicon, or not read yet)."""
+    watched = _watched.get(str(path)) if path else None
+    return watched.status() if watched is not None else None
+
+
+class _WatchedFile:
+    def __init__(self, path: str):
+        self.path = path
+        self.lexicon: Lexicon | None = None
+        self.stamp: tuple | None = None   # the file as last read (or last failed to read)
+        self.checked = -float("inf")      # time.monotonic() of the last look
+        self.read_at = 0.0                # time.time() of the last good read
+        self.error: str | None = None     # why the file as it stands now is not in force
+        self.lock = threading.Lock()      # the text-frontend thread and the event loop both plan
+
+    def current(self) -> Lexicon:
+        with self.lock:
+            now = time.monotonic()
+            if self.lexicon is not None and now - self.checked < RECHECK_S:
+                return self.lexicon
+            self.checked = now
+            stamp = _stamp(self.path)
+            if self.lexicon is not None and stamp == self.stamp:
+                return self.lexicon
+            try:
+                lexicon = read_lexicon(self.path)
+            except LexiconError as e:
+                if self.lexicon is None:
+                    raise
+                self.stamp, self.error = stamp, str(e)  # tried once per version of the file
+                log.error("%s; the %d entries read before stay in force until the file is mended",
+                          e, _count(self.lexicon))
+                return self.lexicon
+            if self.lexicon is not None:
+                log.info("pronunciations from %s read again: %d entries", self.path, _count(lexicon))
+            self.lexicon, self.stamp, self.error, self.read_at = lexicon, stamp, None, time.time()
+            return lexicon
+
+    def status(self) -> dict:
+        with self.lock:
+            return {"path": self.path, "entries": _count(self.lexicon) if self.lexicon is not None else 0,
+                    "read_at": round(self.read_at, 3), "error": self.error}
+
+
+_watched: dict[str, _WatchedFile] = {}
+_watched_lock = threading.Lock()
+
+
+def _stamp(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _count(lexicon: Lexicon) -> int:
+    return sum(map(len, lexicon.entries.values()))
+
+
+def read_lexicon(path: str) -> Lexicon:
+    """The lexicon in the JSON file at `path`, read now; LexiconError if it cannot be read or an
+    entry is malformed: a word that is empty or holds brackets, phonemes outside Kokoro's alphabet,
+    a section that is not a language code."""
     where = f"KOKORO_LEXICON {path}"
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
