@@ -12,12 +12,17 @@ word at a time at `--words-per-second` (a model's writing speed), then `end`. Pe
   client cuts the text as the server does, with worker.text.segments) to the piece's audio,
   per chunk of it: the server's own share (text frontend, queue, synthesis, encoding, network);
 - **server stall**: the time a real-time player, started at the first audio, sits waiting for
-  audio whose piece was complete: the silence the server caused (waiting for the model to finish
-  a sentence is the model's, and does not count);
+  audio whose piece was complete: the silence the server caused;
+- **model wait**: the time that player sits waiting while the model still writes the next piece:
+  silence the listener hears all the same, which the server can only shorten by where it cuts;
 - errors: `error` events, a close other than 1000, a refused upgrade (503s counted apart).
 
     python -m loadtest live --url http://127.0.0.1:8880 --concurrency 1,8 --duration 20 \\
         --texts paragraphs --words-per-second 8 --out loadtest-results/live
+
+With `--out`, live.json holds the table's figures and live-timeline.png draws, for each step, the
+session with the most server stall: the audio received and the audio a real-time player has played
+over time, its silences shaded by cause, and a tick where each piece's text was complete.
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ class LiveSession:
     def server_stall_s(self) -> float:
         return server_stall([(f.arrived, f.seconds, f.text_ready) for f in self.frames])
 
+    @property
+    def model_wait_s(self) -> float:
+        course = player_course([(f.arrived, f.seconds, f.text_ready) for f in self.frames])
+        return sum(end - start for start, end, what in course if what == "model")
+
 
 def server_stall(frames: list[tuple[float, float, float]]) -> float:
     """Silence a real-time player hears for lack of audio whose text was already written.
@@ -70,16 +80,27 @@ def server_stall(frames: list[tuple[float, float, float]]) -> float:
     player starts at the first arrival and plays in real time; when it runs dry before a frame
     arrives, the wait counts from the later of the moment it ran dry and the moment the frame's
     text was complete: only the part the server could have avoided."""
-    stalled = 0.0
+    return sum(end - start for start, end, what in player_course(frames) if what == "server")
+
+
+def player_course(frames: list[tuple[float, float, float]]) -> list[tuple[float, float, str]]:
+    """The real-time player's course over `frames` (as `server_stall` takes them), as spans (start,
+    end, what): `"playing"`, `"model"` (dry while the model was still writing the next frame's
+    text) and `"server"` (dry with that text complete)."""
+    spans: list[tuple[float, float, str]] = []
     plays_until: float | None = None
     for arrived, seconds, text_ready in frames:
         if plays_until is None:
             plays_until = arrived
         elif arrived > plays_until:
-            stalled += max(0.0, arrived - max(plays_until, text_ready))
+            model_until = min(max(plays_until, text_ready), arrived)
+            if model_until > plays_until:
+                spans.append((plays_until, model_until, "model"))
+            spans.append((model_until, arrived, "server"))
             plays_until = arrived
+        spans.append((plays_until, plays_until + seconds, "playing"))
         plays_until += seconds
-    return stalled
+    return spans
 
 
 def _key(word: str) -> str:
@@ -183,7 +204,8 @@ async def run_session(url: str, text: str, words_per_second: float, fmt: str, vo
     return session
 
 
-async def run_step(url: str, texts: list[str], concurrency: int, duration: float, args) -> dict:
+async def run_step(url: str, texts: list[str], concurrency: int, duration: float, args) -> tuple[dict, list]:
+    """The step's summary, and its sessions (for the timeline plot)."""
     sessions: list[LiveSession] = []
     started = time.perf_counter()
     counter = 0
@@ -200,7 +222,7 @@ async def run_step(url: str, texts: list[str], concurrency: int, duration: float
 
     await asyncio.gather(*(user(k) for k in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return summarize_step(concurrency, sessions, elapsed)
+    return summarize_step(concurrency, sessions, elapsed), sessions
 
 
 def summarize_step(concurrency: int, sessions: list[LiveSession], elapsed: float) -> dict:
@@ -209,6 +231,7 @@ def summarize_step(concurrency: int, sessions: list[LiveSession], elapsed: float
     latencies = [x for s in done for x in s.word_latencies]
     piece_latencies = [x for s in done for x in s.piece_latencies]
     stalls = [s.server_stall_s for s in done]
+    waits = [s.model_wait_s for s in done]
     pct = metrics.percentile
     return {
         "concurrency": concurrency, "sessions": len(sessions), "completed": len(done),
@@ -218,6 +241,7 @@ def summarize_step(concurrency: int, sessions: list[LiveSession], elapsed: float
         "word_latency_p50_ms": _ms(pct(latencies, 50)), "word_latency_p95_ms": _ms(pct(latencies, 95)),
         "piece_latency_p50_ms": _ms(pct(piece_latencies, 50)), "piece_latency_p95_ms": _ms(pct(piece_latencies, 95)),
         "server_stall_p95_ms": _ms(pct(stalls, 95)), "server_stall_max_ms": _ms(max(stalls, default=None)),
+        "model_wait_p95_ms": _ms(pct(waits, 95)), "model_wait_max_ms": _ms(max(waits, default=None)),
         "audio_s_per_s": round(sum(s.audio_s for s in done) / elapsed, 2) if elapsed > 0 else None,
         "elapsed_s": round(elapsed, 1),
     }
@@ -232,6 +256,7 @@ COLUMNS = (("c", "concurrency"), ("sessions", "completed"), ("503", "refused_503
            ("word latency p50/p95 ms", ("word_latency_p50_ms", "word_latency_p95_ms")),
            ("piece latency p50/p95 ms", ("piece_latency_p50_ms", "piece_latency_p95_ms")),
            ("server stall p95/max ms", ("server_stall_p95_ms", "server_stall_max_ms")),
+           ("model wait p95/max ms", ("model_wait_p95_ms", "model_wait_max_ms")),
            ("audio-s/s", "audio_s_per_s"))
 
 
@@ -246,6 +271,49 @@ def format_table(steps: list[dict]) -> str:
     return "\n".join([header, "|" + "---|" * len(COLUMNS), *rows])
 
 
+def plot_timelines(steps: list[tuple[int, LiveSession]], path: Path) -> Path:
+    """One panel per (concurrency, session): the audio received and the audio heard by a real-time
+    player over the session, its silences shaded by cause (the server's red, the model's grey), and
+    a tick where each piece's text was complete. Where the two lines meet, the listener hears
+    nothing; the gap between them is the audio buffered."""
+    from loadtest.report import _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(len(steps), 1, figsize=(10, 2.8 * len(steps)), squeeze=False)
+    for ax, (concurrency, session) in zip(axes[:, 0], steps):
+        t0 = session.words_sent[0][1] if session.words_sent else session.frames[0].arrived
+        frames = [(f.arrived - t0, f.seconds, f.text_ready - t0) for f in session.frames]
+        received_x, received_y, total = [0.0], [0.0], 0.0
+        for arrived, seconds, _ in frames:
+            received_x += [arrived, arrived]
+            received_y += [total, total + seconds]
+            total += seconds
+        heard_x, heard_y, heard = [], [], 0.0
+        stalls = {"model": 0.0, "server": 0.0}
+        for start, end, what in player_course(frames):
+            if what == "playing":
+                heard_x += [start, end]
+                heard_y += [heard, heard + end - start]
+                heard += end - start
+            else:
+                ax.axvspan(start, end, color="tab:red" if what == "server" else "0.8", alpha=0.4, lw=0)
+                stalls[what] += end - start
+        ax.plot(received_x, received_y, color="tab:blue", label="audio received")
+        ax.plot(heard_x, heard_y, color="tab:green", label="audio heard (real-time player)")
+        ready = sorted({r - t0 for r in session.word_ready})
+        ax.plot(ready, [0.0] * len(ready), "|", color="black", markersize=12, label="a piece's text complete")
+        ax.set_title(f"{concurrency} session(s) at once: server stall {stalls['server']:.2f} s (red), "
+                     f"waiting for the model {stalls['model']:.2f} s (grey)", fontsize=10)
+        ax.set_ylabel("seconds of audio")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds since the first word was sent")
+    axes[0, 0].legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="the server, http://HOST:PORT (the socket path is added)")
     p.add_argument("--concurrency", default="1,8", help="comma-separated numbers of simultaneous sessions")
@@ -258,16 +326,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the session's raw audio format (its length counted from bytes)")
     p.add_argument("--voice", default="af_heart")
     p.add_argument("--api-key", default="")
-    p.add_argument("--out", default="", help="directory for live.json (the table is printed either way)")
+    p.add_argument("--out", default="", help="directory for live.json and live-timeline.png (the table is "
+                                             "printed either way)")
 
 
 def run(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/v1/audio/speech/live"
     texts = load_texts(args.texts)
-    steps = []
+    steps, worst = [], []
     for c in (int(x) for x in args.concurrency.split(",") if x.strip()):
         print(f"live: {c} session(s) at once for {args.duration:g} s ...", flush=True)
-        steps.append(asyncio.run(run_step(url, texts, c, args.duration, args)))
+        step, sessions = asyncio.run(run_step(url, texts, c, args.duration, args))
+        steps.append(step)
+        done = [s for s in sessions if not s.refused and not s.errors and s.frames]
+        if done:  # the step's session with the most silence the server caused
+            worst.append((c, max(done, key=lambda s: s.server_stall_s)))
     print(format_table(steps))
     if args.out:
         out = Path(args.out)
@@ -276,4 +349,6 @@ def run(args: argparse.Namespace) -> int:
                                                    "words_per_second": args.words_per_second, "texts": args.texts,
                                                    "format": args.response_format, "steps": steps}, indent=2))
         print(out / "live.json")
+        if worst:
+            print(plot_timelines(worst, out / "live-timeline.png"))
     return 1 if any(s["errors"] for s in steps) else 0

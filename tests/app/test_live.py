@@ -292,3 +292,31 @@ def test_clear_after_end_still_ends_the_session(server):
         session.receive_until("cleared")
         session.receive_until("done")
     assert len(session.audio) < 10 * PIECE_BYTES
+
+
+def test_player_course_splits_each_silence_by_cause():
+    from loadtest.live import player_course, server_stall
+
+    frames = [(0.0, 1.0, 0.0), (1.5, 1.0, 1.2), (2.0, 0.5, 1.9), (4.0, 1.0, 3.0)]
+    assert player_course(frames) == [
+        (0.0, 1.0, "playing"),
+        (1.0, 1.2, "model"), (1.2, 1.5, "server"), (1.5, 2.5, "playing"),
+        (2.5, 3.0, "playing"),                       # arrived at 2.0, while the player still had audio
+        (3.0, 4.0, "server"), (4.0, 5.0, "playing"),  # text complete at 3.0, when the player ran dry
+    ]
+    assert server_stall(frames) == pytest.approx(0.3 + 1.0)
+
+
+def test_loadtest_live_draws_the_sessions_timeline(server, tmp_path):
+    import asyncio
+
+    from PIL import Image
+
+    from loadtest.live import plot_timelines, run_session
+
+    session = asyncio.run(run_session(live_url(server), "One two three. Four five six.", 40.0, "pcm", "af_heart"))
+    assert session.errors == [] and len(session.frames) >= 2
+    path = plot_timelines([(1, session), (2, session)], tmp_path / "live-timeline.png")
+    with Image.open(path) as image:
+        width, height = image.size
+    assert width > 800 and height > 2 * 250  # one panel per step
