@@ -6,11 +6,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.text.segments import MAX_PIECE_CHARS, TextSegmenter
+from worker.text.segments import MAX_PIECE_CHARS, OPENING_CHARS, TextSegmenter
 
 
-def pieces_of(*tokens: str, flush: bool = True) -> list[str]:
-    segmenter = TextSegmenter()
+def pieces_of(*tokens: str, flush: bool = True, opening_chars: int = OPENING_CHARS) -> list[str]:
+    segmenter = TextSegmenter(opening_chars=opening_chars)
     out = [p for t in tokens for p in segmenter.push(t)]
     rest = segmenter.flush() if flush else ""
     return out + ([rest] if rest else [])
@@ -27,7 +27,7 @@ def test_a_sentence_ends_once_a_space_follows_its_period():
 
 def test_abbreviations_initials_and_list_numbers_do_not_end_a_sentence():
     text = "Mr. Smith met Dr. Jones at 9 a.m. sharp. J. R. R. Tolkien, e.g. the author, wrote it. Done. "
-    assert pieces_of(text, flush=False) == [
+    assert pieces_of(text, flush=False, opening_chars=0) == [  # sentence ends only
         "Mr. Smith met Dr. Jones at 9 a.m. sharp.", "J. R. R. Tolkien, e.g. the author, wrote it.", "Done."]
     assert pieces_of("1. Eggs\n2. Milk\n") == ["1. Eggs", "2. Milk"]
 
@@ -48,15 +48,20 @@ def test_unspaced_languages_end_at_their_full_stop():
     assert segmenter.push("」次") == ["明日も晴れ！」"]
 
 
-def test_only_the_first_piece_of_a_turn_ends_at_a_clause():
-    long_clause = "Here is what I found in the documents you sent, "
+def test_the_opening_pieces_of_a_turn_end_at_clauses():
+    clause = "here is what I found in the documents, "  # 39 characters
     segmenter = TextSegmenter()
     assert segmenter.push("Well, the ") == []  # too short to speak alone
     assert segmenter.push("short answer to your question is this: ") == [
         "Well, the short answer to your question is this:"]
-    assert segmenter.push(long_clause) == []  # no longer the first piece
-    assert segmenter.flush() == long_clause.strip()
-    assert segmenter.push(long_clause) == [long_clause.strip().rstrip(",") + ","]  # a flush starts a new turn
+    opening = []
+    while segmenter.turn_chars < OPENING_CHARS:  # the turn's opening: a piece per clause
+        opening += segmenter.push(clause)
+    assert opening and set(opening) == {clause.strip()}
+    assert segmenter.push(clause + clause) == []  # past the opening: the sentence's end decides
+    assert segmenter.push("and more. Then") == [(clause * 2).strip() + " and more."]
+    assert segmenter.flush() == "Then"
+    assert segmenter.push(clause) == [clause.strip()]  # a flush starts a new turn
 
 
 def test_a_run_without_marks_is_cut_at_spaces_within_the_bound():

@@ -10,9 +10,13 @@ pauses anyway.
   abbreviation ("Mr.", "e.g.") or an initial ("J."). After `。`, `！` or `？` (Chinese, Japanese)
   nothing needs to follow: those languages put no space between sentences.
 - A line break ends a piece: a model's Markdown lists, headings and table rows are lines.
-- The first piece (of the session, or after a flush) also ends at a clause mark (`,` `;` `:` `—`)
-  followed by a space, once it is `FIRST_PIECE_MIN_CHARS` long: the first audio should not wait
-  for the end of a long first sentence.
+- The opening pieces of a turn (of the session, or after a flush: those that start within its
+  first `OPENING_CHARS`) also end at a clause mark (`,` `;` `:` `—`) followed by a space, once they
+  are `CLAUSE_PIECE_MIN_CHARS` long. The first audio should not wait for the end of a long first
+  sentence, and nor should the second piece: a model writes a sentence of 30 words in about 4 s
+  (8 words a second), far longer than a 6-word first piece takes to say, so the listener would hear
+  that wait as silence. Once a turn has run `OPENING_CHARS`, the audio already said keeps ahead of
+  the writing, and pieces end at sentence ends only (Kokoro's intonation is a whole sentence's).
 - Text with no such mark is cut at its last space (a clause mark first) before `MAX_PIECE_CHARS`,
   so a run-on text still streams.
 
@@ -29,7 +33,8 @@ import re
 
 from worker.text.normalize import ABBREVIATIONS
 
-FIRST_PIECE_MIN_CHARS = 30
+CLAUSE_PIECE_MIN_CHARS = 30
+OPENING_CHARS = 200
 MAX_PIECE_CHARS = 300
 
 _SENTENCE_ENDS = ".!?…"
@@ -44,11 +49,13 @@ _LIST_NUMBER = re.compile(r"^\s*\d{1,3}\.$")  # "2." opening a numbered list ite
 
 
 class TextSegmenter:
-    def __init__(self, first_piece_min_chars: int = FIRST_PIECE_MIN_CHARS, max_piece_chars: int = MAX_PIECE_CHARS):
-        self.first_piece_min_chars = first_piece_min_chars
+    def __init__(self, clause_piece_min_chars: int = CLAUSE_PIECE_MIN_CHARS, opening_chars: int = OPENING_CHARS,
+                 max_piece_chars: int = MAX_PIECE_CHARS):
+        self.clause_piece_min_chars = clause_piece_min_chars
+        self.opening_chars = opening_chars
         self.max_piece_chars = max_piece_chars
         self.buffer = ""
-        self.first = True  # the next piece is the first of the session or of a turn
+        self.turn_chars = 0  # cut into pieces since the session's start or the last flush
 
     def push(self, text: str) -> list[str]:
         """Add text; return the pieces it completed, in order (stripped, never blank)."""
@@ -56,20 +63,20 @@ class TextSegmenter:
         pieces = []
         while (end := self._piece_end()) is not None:
             piece, self.buffer = self.buffer[:end].strip(), self.buffer[end:]
+            self.turn_chars += end
             if piece:
                 pieces.append(piece)
-                self.first = False
         return pieces
 
     def flush(self) -> str:
         """Everything buffered, as one piece ("" when there is nothing to say)."""
         piece, self.buffer = self.buffer.strip(), ""
-        self.first = True
+        self.turn_chars = 0
         return piece
 
     def clear(self) -> None:
         self.buffer = ""
-        self.first = True
+        self.turn_chars = 0
 
     def _piece_end(self) -> int | None:
         """Where the buffer's first complete piece ends, or None while it is not complete yet."""
@@ -84,8 +91,8 @@ class TextSegmenter:
                     return None  # what follows decides: wait for it
                 if ch in _UNSPACED_SENTENCE_ENDS or (text[end].isspace() and not _is_abbreviation(text[:i + 1])):
                     return end
-            elif (ch in _CLAUSE_MARKS and self.first and i + 1 >= self.first_piece_min_chars
-                  and i + 1 < len(text) and text[i + 1].isspace()):
+            elif (ch in _CLAUSE_MARKS and self.turn_chars < self.opening_chars
+                  and i + 1 >= self.clause_piece_min_chars and i + 1 < len(text) and text[i + 1].isspace()):
                 return i + 1
             if i + 1 >= self.max_piece_chars:
                 return _last_break(text[:i + 1])
