@@ -200,6 +200,8 @@ MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write i
     ("a<x and y>b", "a less than x and y greater than b"),
     ("if a <b and c> d", "if a less than b and c greater than d"),  # b is a tag name; no </b> follows
     ("<td nowrap>cell</td> end", "cell end"),                      # a valueless attribute, then its close
+    ("It was <s>free</s> cheap.", "It was free cheap."),             # HTML's strike-through: inline
+    ("<speak><s>One</s><s>Two</s></speak>", "One\nTwo"),             # SSML's sentences: one a line
     # a link to a site path has a pronunciation's shape; its text is read
     ("See [the docs](/docs/) now.", "See the docs now."),
     ("Call [models](/v1/models/) or [Docs](/Docs/)", "Call models or Docs"),

@@ -60,9 +60,12 @@ _SSML_TAGS = ("speak", "break", "prosody", "emphasis", "say-as", "sub", "phoneme
 _HTML_TAGS = ("a", "abbr", "b", "blockquote", "br", "cite", "code", "dd", "del", "div", "dl", "dt", "em", "h1",
               "h2", "h3", "h4", "h5", "h6", "hr", "i", "img", "ins", "kbd", "li", "mark", "ol", "p", "pre", "q", "s",
               "small", "span", "strong", "sub", "sup", "table", "tbody", "td", "th", "thead", "tr", "u", "ul")
-# Tags that end a line of text on a page: a line break where they stand.
+# Tags that end a line of text on a page: a line break where they stand. `<s>` is a sentence in
+# SSML (inside `<speak>`) but struck-through text, inline, in HTML.
 _BLOCK_TAGS = ("blockquote", "br", "dd", "div", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "li", "p", "pre",
-               "tr", "speak", "s")
+               "tr", "speak")
+_SSML_BLOCK_TAGS = ("s",)
+_SPEAK = re.compile(r"<speak\b", re.IGNORECASE)
 _TAG_NAMES = "|".join(sorted({re.escape(t) for t in (*_SSML_TAGS, *_HTML_TAGS)}, key=len, reverse=True))
 _ATTRIBUTE = re.compile(r"\s+([\w:.-]+)(\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?")  # name, =value
 _ATTRIBUTES = r"(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?)*"
@@ -134,13 +137,14 @@ def _read_tags(text: str) -> str:
         return text
     text = _BREAK.sub(_pause_tag, text)
     text = _SUB.sub(_alias, text)
-    text = _TAG.sub(lambda m: _tag(m, text), text)
+    ssml = bool(_SPEAK.search(text))
+    text = _TAG.sub(lambda m: _tag(m, text, ssml), text)
     if _ENTITY.search(text):
         text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
     return text
 
 
-def _tag(m: re.Match, text: str) -> str:
+def _tag(m: re.Match, text: str, ssml: bool) -> str:
     """A tag's replacement: a line break for a block tag, nothing for an inline one. An opening tag
     with a bare attribute is a tag only if its closing tag follows (`<td nowrap>x</td>`); else it is
     text (`a <b and c> d`: a comparison)."""
@@ -148,7 +152,7 @@ def _tag(m: re.Match, text: str) -> str:
     valueless = any(a.group(2) is None for a in _ATTRIBUTE.finditer(attributes))
     if not closing and valueless and not re.search(rf"</{re.escape(name)}\s*>", text[m.end():], re.IGNORECASE):
         return m.group(0)
-    return "\n" if name in _BLOCK_TAGS else ""
+    return "\n" if name in _BLOCK_TAGS or (ssml and name in _SSML_BLOCK_TAGS) else ""
 
 
 def _pause_tag(m: re.Match) -> str:
