@@ -34,6 +34,7 @@ from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResp
 from api.service import SpeechBackend
 from api.serving import captioned_response, combined_voice_response, phonemize_response, speech_response
 from api.state import AppState, encode_pool
+from api.swagger import docs_router
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
 from worker.speech import ReplicaStats
@@ -75,7 +76,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
             state.encoders.shutdown(wait=False)
 
     app = FastAPI(
-        title="kokoro-fleet", version="0.1.0", lifespan=lifespan,
+        title="kokoro-fleet", version="0.1.0", lifespan=lifespan, docs_url=None,  # /docs: api.swagger, no CDN
         description="Kokoro-82M text to speech behind OpenAI's audio API.",
         responses={400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )
@@ -192,6 +193,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    app.include_router(docs_router(app.openapi_url, app.title))
     if settings.playground:
         app.include_router(playground_router(state))
     _document_request_bodies(app, (SpeechRequest, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest))
