@@ -126,6 +126,7 @@ class LiveSession:
         await self._send_json(LiveStarted(session_id=self.id, response_format=fmt,
                                           sample_rate=self.start.sample_rate or default_sample_rate(fmt)))
         self.speaker = asyncio.create_task(self._speak())
+        self.state.metrics.live_sessions += 1
         try:
             while True:
                 receive = asyncio.ensure_future(self.ws.receive())
@@ -145,6 +146,7 @@ class LiveSession:
             self.outcome = "disconnected"
             raise
         finally:
+            self.state.metrics.live_sessions -= 1
             await self._stop_speaker()
             self.encoder.close()
             self._record()
@@ -228,14 +230,18 @@ class LiveSession:
             await _close(self.ws, SessionOver(internal_error(), INTERNAL_ERROR))
 
     async def _speak_piece(self, text: str, ready_at: float) -> None:
+        taken = time.perf_counter()
         slot, plan = await self._admit(text)
         if plan is None:
             return
         spoken = 0
+        heard = False
         try:
             async with contextlib.aclosing(self.service.stream(plan)) as pieces:
                 async for piece in pieces:
-                    await self._send_piece(piece, ready_at)
+                    if await self._send_piece(piece, ready_at) and not heard:
+                        heard = True
+                        self.state.metrics.live_piece_ttfa.observe(time.perf_counter() - taken)
                     spoken += len(piece.pcm)
             self.pieces += 1
             self.phonemes += plan.phoneme_count
@@ -269,7 +275,8 @@ class LiveSession:
                 await self._send_json(StreamError(error=skipped.detail()))
                 return None, None
 
-    async def _send_piece(self, piece: AudioPiece, ready_at: float) -> None:
+    async def _send_piece(self, piece: AudioPiece, ready_at: float) -> bool:
+        """Encode and send one piece of audio (and its words); whether any audio bytes went out."""
         offset = self.samples / SAMPLE_RATE
         data = await self.encoder.encode(piece.pcm)
         self.samples += len(piece.pcm)
@@ -280,6 +287,7 @@ class LiveSession:
             await self._send_json(LiveWords(words=[
                 WordTimestampModel(word=w.word, start_time=round(offset + float(w.start), 3),
                                    end_time=round(offset + float(w.end), 3)) for w in piece.words]))
+        return bool(data)
 
     async def _stop_speaker(self) -> None:
         """Cancel the speaker (the chunk in flight is its last) and keep the audio stream whole:

@@ -59,6 +59,8 @@ class Metrics:
         self.e2e = Histogram()
         self.audio_seconds = 0.0
         self.disconnects = 0
+        self.live_sessions = 0             # open WS /v1/audio/speech/live sessions in this process
+        self.live_piece_ttfa = Histogram()  # a live piece: from the speaker taking it to its first audio
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
         self.collectors: list[Callable[[], list[str]]] = []  # whole families, e.g. labelled per replica
@@ -92,6 +94,12 @@ class Metrics:
                   "# TYPE kokoro_audio_seconds_total counter", f"kokoro_audio_seconds_total {_fmt(self.audio_seconds)}"]
         lines += ["# HELP kokoro_client_disconnects_total Speech responses abandoned by their client before the end.",
                   "# TYPE kokoro_client_disconnects_total counter", f"kokoro_client_disconnects_total {self.disconnects}"]
+        lines += ["# HELP kokoro_live_sessions Live speech sessions (WS /v1/audio/speech/live) open now.",
+                  "# TYPE kokoro_live_sessions gauge", f"kokoro_live_sessions {self.live_sessions}"]
+        lines += ["# HELP kokoro_live_piece_ttfa_seconds Live sessions: from the speaker taking a piece of text to "
+                  "its first audio sent (admission, text, queue, synthesis, encoding).",
+                  "# TYPE kokoro_live_piece_ttfa_seconds histogram",
+                  *self.live_piece_ttfa.lines("kokoro_live_piece_ttfa_seconds")]
         for kind, table in (("counter", self.counters), ("gauge", self.gauges)):
             for name, (help_text, read) in sorted(table.items()):
                 try:

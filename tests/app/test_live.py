@@ -320,3 +320,24 @@ def test_loadtest_live_draws_the_sessions_timeline(server, tmp_path):
     with Image.open(path) as image:
         width, height = image.size
     assert width > 800 and height > 2 * 250  # one panel per step
+
+
+def test_metrics_count_open_sessions_and_each_pieces_first_audio(server):
+    def scrape(name: str) -> float:
+        return metric(httpx.Client(base_url=server.url), name)
+
+    pieces_before = scrape("kokoro_live_piece_ttfa_seconds_count")
+    seconds_before = scrape("kokoro_live_piece_ttfa_seconds_sum")
+    with open_session(server, response_format="pcm") as session:
+        session.receive_until("started")
+        assert scrape("kokoro_live_sessions") == 1
+        session.send(type="text", text="One two. Three four. Five")
+        session.send(type="end")
+        session.receive_until("done")
+    deadline = time.monotonic() + 5
+    while scrape("kokoro_live_sessions") and time.monotonic() < deadline:  # the server's side of the close
+        time.sleep(0.02)
+    assert scrape("kokoro_live_sessions") == 0
+    assert scrape("kokoro_live_piece_ttfa_seconds_count") - pieces_before == 3
+    # each piece's first audio comes at least one scripted synthesis after the speaker took it
+    assert scrape("kokoro_live_piece_ttfa_seconds_sum") - seconds_before >= 3 * 0.9 * PIECE_SECONDS
