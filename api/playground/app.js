@@ -7,6 +7,14 @@
 // the segment table maps the context's clock back to audio time, so word highlighting stays
 // right across such gaps. Download sends the same request to POST /v1/audio/speech in the
 // chosen format.
+//
+// Live mode opens the WebSocket /v1/audio/speech/live (protocol in api/live.py), sends `start`
+// (voice, speed, pcm, timestamps, sample rate), then the text a word at a time at the chosen
+// writing speed, as a language model writes it, then `end`. Its binary frames (s16le PCM at the
+// `started` event's rate) go through the same scheduling and segment table as Play's pieces; its
+// `words` events (seconds from the session's first sample) feed the same highlighting. Interrupt
+// sends `clear` and stops the scheduled sources at once; audio that still arrives before the
+// server's `cleared` belongs to the dropped text and is counted on the clock, never played.
 'use strict';
 
 (() => {
@@ -15,13 +23,21 @@
   const START_LEAD_S = 0.05;   // schedule slightly ahead of the clock so a piece never starts late
   const TICK_MS = 50;          // how often the position and the highlighted word are updated
   const DEFAULT_VOICE = 'af_heart';
+  const LIVE_PATH = '/v1/audio/speech/live';
+  // WebSocket close codes the live endpoint uses (RFC 6455 section 7.4.1; 1013 from IANA's registry).
+  const CLOSE_CODES = {
+    1006: 'connection lost', 1008: 'policy violation', 1011: 'server error', 1013: 'try again later',
+  };
 
   const $ = (id) => document.getElementById(id);
   const els = {
     form: $('speech-form'), text: $('text'), count: $('char-count'), mixer: $('mixer'),
     addVoice: $('add-voice'), spec: $('voice-spec'), speed: $('speed'), speedValue: $('speed-value'),
     format: $('format'), rate: $('rate'), keyField: $('api-key-field'), key: $('api-key'), play: $('play'),
-    stop: $('stop'),
+    stop: $('stop'), modes: [...document.querySelectorAll('input[name="mode"]')], textHelp: $('text-help'),
+    wps: $('wps'), wpsValue: $('wps-value'), speakLive: $('speak-live'), interrupt: $('interrupt'),
+    liveStop: $('live-stop'), next: $('next-text'), addNext: $('add-next'), keyNote: $('live-key-note'),
+    figures: $('figures'), latency: $('latency'), ahead: $('ahead'),
     download: $('download'), downloadLink: $('download-link'), error: $('error'), ttfa: $('ttfa'), rtf: $('rtf'),
     position: $('position'), progress: $('progress'), status: $('status'), transcript: $('transcript'),
     fleet: {
@@ -34,7 +50,8 @@
   let config = { max_input_chars: 4096, api_key_required: false };
   let voices = [];          // [{id, language, gender}] from GET /v1/audio/voices
   let audio = null;         // the one AudioContext, made on the first Play
-  let session = null;       // the playback in progress (or last finished)
+  let session = null;       // the playback in progress (or last finished): a Play request or a live session
+  let mode = 'request';     // which of the form's two modes is shown: 'request' or 'live'
   let downloadUrl = null;
 
   // --- small helpers --------------------------------------------------------------------------
@@ -85,9 +102,9 @@
     for (const el of [els.text, els.spec, els.speed, els.key]) el.removeAttribute('aria-invalid');
   }
 
-  function showError(error, status, retryAfter) {
+  function showError(error, status, retryAfter, heading) {
     const title = document.createElement('strong');
-    const parts = [status ? `Error ${status}` : 'Error'];
+    const parts = [heading || (status ? `Error ${status}` : 'Error')];
     if (error.code) parts.push(error.code);
     title.textContent = parts.join(' · ');
     const message = document.createElement('span');
@@ -102,6 +119,13 @@
   }
 
   async function showResponseError(response) {
+    const { error, retryAfter } = await responseError(response);
+    if (response.status === 401) els.keyField.hidden = false;
+    showError(error, response.status, retryAfter);
+  }
+
+  // A failed response's OpenAI error (or its status line) and, for a 503, when to retry.
+  async function responseError(response) {
     let error = { message: `${response.status} ${response.statusText}`.trim() };
     try {
       const body = await response.json();
@@ -114,8 +138,7 @@
       if (ms > 0) retryAfter = `${(ms / 1000).toFixed(1)} s`;
       else if (s > 0) retryAfter = `${s} s`;
     }
-    if (response.status === 401) els.keyField.hidden = false;
-    showError(error, response.status, retryAfter);
+    return { error, retryAfter };
   }
 
   // --- text ---------------------------------------------------------------------------------------
@@ -236,7 +259,7 @@
     setStatus(`Ready: ${voices.length} voices.`);
   }
 
-  // --- Play: streamed PCM through Web Audio ---------------------------------------------------
+  // --- playback, shared by Play and Live: streamed PCM through Web Audio ----------------------
 
   function audioContext() {
     if (!audio) {
@@ -283,6 +306,10 @@
     const at = Math.max(s.nextTime, ctx.currentTime + START_LEAD_S);
     source.start(at);
     s.sources.push(source);
+    source.onended = () => {  // played out or stopped: nothing left to stop
+      const i = s.sources.indexOf(source);
+      if (i >= 0) s.sources.splice(i, 1);
+    };
     s.segments.push({ ctxStart: at, audioStart: s.audioSeconds, duration: buffer.duration });
     s.audioSeconds += buffer.duration;
     s.nextTime = at + buffer.duration;
@@ -292,6 +319,21 @@
       els.ttfa.dataset.seconds = String(s.ttfa);
       setStatus('Playing…');
     }
+  }
+
+  // Stop every scheduled source now, started or not, and end the clock's map where the listener is:
+  // the position stays there, and the next audio (after an interrupt) starts right away.
+  function silence(s) {
+    const now = audioContext().currentTime;
+    for (const source of s.sources) {
+      try { source.stop(); } catch (e) { /* never started */ }
+      source.disconnect();
+    }
+    s.sources = [];
+    s.segments = s.segments.filter((seg) => seg.ctxStart < now);
+    const last = s.segments.at(-1);
+    if (last) last.duration = Math.min(last.duration, now - last.ctxStart);
+    s.nextTime = 0;
   }
 
   // Audio seconds heard so far: the context's clock mapped through the scheduled segments.
@@ -305,27 +347,41 @@
     return played;
   }
 
-  // Each timed word is found in the text as typed, so the transcript keeps its punctuation and
-  // spacing; a word the text does not show nearby (a spelled-out number) is shown as spoken.
+  // Each timed word is found in the text as typed (Live: as written so far), so the transcript keeps
+  // its punctuation and spacing; a word the text does not show nearby (a spelled-out number) is
+  // shown as spoken. Live keeps the text written but not yet voiced in `s.tail`, after the words.
   const WORD_SEARCH_CHARS = 40;
 
+  function put(s, ...nodes) {
+    if (s.tail) s.tail.before(...nodes);
+    else els.transcript.append(...nodes);
+  }
+
+  // The words added, each with where it was found in the text (`offset`, `length`).
   function addWords(s, words) {
+    const added = [];
     for (const w of words) {
       const span = document.createElement('span');
       span.className = 'word';
       span.dataset.start = String(w.start_time);
       span.dataset.end = String(w.end_time);
       const at = s.text.indexOf(w.word, s.cursor);
+      let offset = s.cursor;
+      let length = 0;
       if (w.word && at >= 0 && at - s.cursor <= WORD_SEARCH_CHARS) {
-        els.transcript.append(s.text.slice(s.cursor, at));
+        put(s, s.text.slice(s.cursor, at));
+        [offset, length] = [at, w.word.length];
         s.cursor = at + w.word.length;
       } else if (s.words.length) {
-        els.transcript.append(' ');
+        put(s, ' ');
       }
       span.textContent = w.word;
-      els.transcript.append(span);
-      s.words.push({ start: w.start_time, end: w.end_time, el: span });
+      put(s, span);
+      const word = { start: w.start_time, end: w.end_time, el: span, offset, length };
+      s.words.push(word);
+      added.push(word);
     }
+    return added;
   }
 
   function addTextTail(s) {
@@ -363,28 +419,56 @@
     els.progress.max = Math.max(s.audioSeconds, 0.001);
     els.progress.value = played;
     highlight(s, played);
+    if (s.kind === 'live') showAhead(s);
     if (s.done && audioContext().currentTime >= s.nextTime) finish(s, s.failed ? null : 'Done.');
+  }
+
+  // A new playback of either kind ('request' or 'live'): the previous one stopped, the figures reset.
+  function newSession(kind, fields) {
+    stop();
+    clearError();
+    const s = {
+      kind, sources: [], segments: [], words: [], current: -1, carry: null, text: '', cursor: 0, tail: null,
+      rate: chosenRate() || SAMPLE_RATE, audioSeconds: 0, nextTime: 0, ttfa: null, done: false, failed: false,
+      ticker: null, startedAt: performance.now(), cancel() {}, ...fields,
+    };
+    session = s;
+    els.transcript.replaceChildren();
+    els.transcript.dataset.currentWord = '-1';
+    els.ttfa.textContent = '…';
+    delete els.ttfa.dataset.seconds;
+    setRunning(kind);
+    const ctx = audioContext();
+    if (ctx.state !== 'running') ctx.resume();  // within the click, so autoplay rules allow it
+    s.ticker = setInterval(() => tick(s), TICK_MS);
+    return s;
+  }
+
+  // The buttons of both modes while `kind` runs ('request', 'live'), or nothing does (null).
+  function setRunning(kind) {
+    els.play.disabled = els.speakLive.disabled = kind !== null;
+    els.stop.disabled = kind !== 'request';
+    els.liveStop.disabled = els.interrupt.disabled = kind !== 'live';
+    els.next.disabled = els.addNext.disabled = kind !== 'live';
   }
 
   function finish(s, message) {
     clearInterval(s.ticker);
     s.ticker = null;
+    s.cancel();
     if (message) setStatus(message);
-    if (s === session) {
-      els.play.disabled = false;
-      els.stop.disabled = true;
-    }
+    if (s === session) setRunning(null);
   }
 
   function stop(message) {
     const s = session;
     if (!s) return;
-    s.controller.abort();
-    for (const source of s.sources) {
-      try { source.stop(); } catch (e) { /* not started yet */ }
-    }
+    s.cancel();
+    silence(s);
     finish(s, message);
   }
+
+  // --- Play: one request, its captioned stream -------------------------------------------------
 
   function handleLine(s, line) {
     if (line.error) {                      // synthesis failed midway: the server says so in-band
@@ -399,28 +483,11 @@
 
   async function play(event) {
     if (event) event.preventDefault();
-    stop();
-    clearError();
-    const s = {
-      controller: new AbortController(), sources: [], segments: [], words: [], current: -1, carry: null,
-      text: els.text.value, cursor: 0,
-      rate: chosenRate() || SAMPLE_RATE, audioSeconds: 0, nextTime: 0, ttfa: null, done: false, failed: false,
-      ticker: null,
-      startedAt: performance.now(),
-    };
-    session = s;
-    els.transcript.replaceChildren();
-    els.transcript.dataset.currentWord = '-1';
-    els.ttfa.textContent = '…';
+    const controller = new AbortController();
+    const s = newSession('request', { controller, text: els.text.value, cancel: () => controller.abort() });
     els.rtf.textContent = '…';
-    delete els.ttfa.dataset.seconds;
     delete els.rtf.dataset.value;
-    els.play.disabled = true;
-    els.stop.disabled = false;
     setStatus('Synthesizing…');
-    const ctx = audioContext();
-    if (ctx.state !== 'running') ctx.resume();  // within the click, so autoplay rules allow it
-    s.ticker = setInterval(() => tick(s), TICK_MS);
 
     let response;
     try {
@@ -475,6 +542,374 @@
       if (!s.failed) showError({ message: 'The server sent no audio.' });
       s.failed = true;
     }
+  }
+
+  // --- Live: the text written a word at a time over WS /v1/audio/speech/live --------------------
+
+  // Where the server cuts the text into pieces (worker/text/segments.py, mirrored here; its numbers
+  // and abbreviations come from /playground/config), so the page knows when each sentence's text
+  // was complete: a sentence's latency runs from then to its first audio.
+  const SENTENCE_ENDS = '.!?…';
+  const UNSPACED_SENTENCE_ENDS = '。！？';
+  const CLOSERS = '"\'”’)]」』）*_';
+  const CLAUSE_MARKS = ',;:—';
+  const WORD = /[\p{L}\p{N}]+(?:['’-][\p{L}\p{N}]+)*/gu;
+  const isSpace = (ch) => /\s/.test(ch);
+
+  function pieceRules() {
+    return config.live_segments || { first_piece_min_chars: 30, max_piece_chars: 300, not_ends: [] };
+  }
+
+  function isAbbreviation(text, rules) {
+    if (!text.endsWith('.')) return false;
+    const word = text.split(/\s+/).at(-1).replace(/^[("'“‘]+/, '');
+    return rules.not_ends.includes(word) || /(?:\b|^)[A-Z]\.$/.test(word) || /^\s*\d{1,3}\.$/.test(text);
+  }
+
+  function lastBreak(text) {
+    let clause = 0;
+    for (let i = 0; i < text.length - 1; i++) {
+      if (CLAUSE_MARKS.includes(text[i]) && isSpace(text[i + 1])) clause = i + 1;
+    }
+    if (clause) return clause;
+    const space = Math.max(text.lastIndexOf(' '), text.lastIndexOf('\t'), text.lastIndexOf('\u3000'));
+    return space > 0 ? space + 1 : text.length;
+  }
+
+  // Where the first complete piece of `text` ends, or null while it is not complete yet.
+  function pieceEnd(text, first) {
+    const rules = pieceRules();
+    for (let i = 0; i < text.length; i++) {
+      const ch = text[i];
+      if (ch === '\n') {
+        if (text.slice(0, i).trim()) return i + 1;
+      } else if (SENTENCE_ENDS.includes(ch) || UNSPACED_SENTENCE_ENDS.includes(ch)) {
+        let end = i + 1;
+        while (end < text.length && (CLOSERS.includes(text[end]) || SENTENCE_ENDS.includes(text[end]))) end++;
+        if (end === text.length) return null;  // what follows decides: wait for it
+        if (UNSPACED_SENTENCE_ENDS.includes(ch) ||
+            (isSpace(text[end]) && !isAbbreviation(text.slice(0, i + 1), rules))) return end;
+      } else if (CLAUSE_MARKS.includes(ch) && first && i + 1 >= rules.first_piece_min_chars &&
+                 i + 1 < text.length && isSpace(text[i + 1])) {
+        return i + 1;
+      }
+      if (i + 1 >= rules.max_piece_chars) return lastBreak(text.slice(0, i + 1));
+    }
+    return null;
+  }
+
+  // Record the pieces the text written so far completes (all of it with `flush`: `end` was sent).
+  function cutPieces(s, now, flush) {
+    for (;;) {
+      const buffer = s.text.slice(s.pieceFrom);
+      const end = flush ? buffer.length : pieceEnd(buffer, s.firstPiece);
+      if (!end) return;
+      if (buffer.slice(0, end).trim()) {
+        s.pieces.push({ start: s.pieceFrom, end: s.pieceFrom + end, readyAt: now, heard: false });
+        s.firstPiece = false;
+      }
+      s.pieceFrom += end;
+      if (flush) s.firstPiece = true;
+    }
+  }
+
+  // The text as a model would send it: each word with the spaces (or line breaks) after it.
+  function tokensOf(text) {
+    return text.trim().match(/\S+\s*/g) || [];
+  }
+
+  function liveOpen(s) {
+    return s.ws !== null && s.ws.readyState === WebSocket.OPEN;
+  }
+
+  function speakLive(event) {
+    if (event) event.preventDefault();
+    const tokens = tokensOf(els.text.value);
+    const s = newSession('live', {
+      ws: null, opened: false, started: false, queue: tokens, sent: 0, writer: null, ending: false,
+      clearing: false, interrupted: false, closedByPage: false, lastError: null, chunkArrival: null,
+      pieces: [], pieceFrom: 0, firstPiece: true, droppedTo: 0, latencies: [],
+    });
+    s.cancel = () => closeLive(s);
+    s.tail = document.createElement('span');
+    s.tail.className = 'unvoiced';
+    els.transcript.append(s.tail);
+    for (const el of [els.latency, els.ahead]) {
+      el.textContent = '–';
+      for (const key of Object.keys(el.dataset)) delete el.dataset[key];
+    }
+    if (!tokens.length) {
+      showError({ message: 'There is no text to speak: type some first.', param: 'input' });
+      finish(s);
+      return;
+    }
+    setStatus('Connecting…');
+    const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
+    try {
+      s.ws = new WebSocket(`${scheme}//${location.host}${LIVE_PATH}`);
+    } catch (e) {
+      showError({ message: `Cannot open the live connection: ${e.message}` });
+      finish(s);
+      return;
+    }
+    s.ws.binaryType = 'arraybuffer';
+    s.ws.addEventListener('open', () => {
+      s.opened = true;
+      const start = {
+        type: 'start', voice: els.spec.value.trim(), speed: Number(els.speed.value), response_format: 'pcm',
+        timestamps: true,
+      };
+      const rate = chosenRate();
+      if (rate) start.sample_rate = rate;
+      s.ws.send(JSON.stringify(start));
+    });
+    s.ws.addEventListener('message', (e) => { if (s === session && !s.closedByPage) liveMessage(s, e.data); });
+    s.ws.addEventListener('close', (e) => liveClosed(s, e));
+  }
+
+  function liveMessage(s, data) {
+    if (typeof data !== 'string') {
+      liveAudio(s, new Uint8Array(data));
+      return;
+    }
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch (e) {
+      return;
+    }
+    if (event.type === 'started') {
+      s.rate = event.sample_rate;
+      s.started = true;
+      write(s);
+    } else if (event.type === 'words') {
+      liveWords(s, event.words || []);
+    } else if (event.type === 'cleared') {
+      cleared(s);
+    } else if (event.type === 'done') {
+      s.done = true;
+      s.tail.className = '';  // what is left (a closing quote, the last full stop) was spoken with its words
+    } else if (event.type === 'error' && event.error) {
+      s.lastError = event.error;  // the session goes on, unless a close follows
+      showError(event.error);
+    }
+  }
+
+  function liveAudio(s, bytes) {
+    const samples = pcmSamples(s, bytes);
+    if (!samples.length) return;
+    if (s.clearing) {  // the dropped text's last audio, sent before `cleared`: on the session's clock, never heard
+      s.audioSeconds += samples.length / s.rate;
+      return;
+    }
+    if (s.chunkArrival === null) s.chunkArrival = performance.now();
+    schedule(s, samples);
+  }
+
+  function liveWords(s, words) {
+    const arrival = s.chunkArrival;  // the first audio of the chunk these words speak
+    s.chunkArrival = null;
+    const added = addWords(s, words);
+    if (s.clearing) {
+      drop(s, added);
+    } else if (added.length && arrival !== null) {
+      pieceHeard(s, added[0].offset, arrival);
+    }
+    s.tail.textContent = s.text.slice(s.cursor);
+  }
+
+  // A chunk's first word falls in a piece not heard yet: that piece's first audio has arrived.
+  function pieceHeard(s, offset, arrival) {
+    const piece = s.pieces.find((p) => offset >= p.start && offset < p.end);
+    if (!piece || piece.heard) return;
+    piece.heard = true;
+    const latency = (arrival - piece.readyAt) / 1000;
+    if (latency < 0) return;  // the page's cut and the server's disagreed: no figure rather than a wrong one
+    s.latencies.push(latency);
+    const max = Math.max(...s.latencies);
+    const detail = document.createElement('small');
+    const n = s.latencies.length;
+    detail.textContent = `last; max ${max.toFixed(2)} s over ${n} sentence${n === 1 ? '' : 's'}`;
+    els.latency.replaceChildren(`${latency.toFixed(2)} s`, detail);
+    Object.assign(els.latency.dataset, { last: String(latency), max: String(max), count: String(n) });
+  }
+
+  // Words written and not yet heard (the text a model has written ahead of the speech).
+  function showAhead(s) {
+    const heard = s.current >= 0 ? s.words[s.current] : null;
+    const from = Math.max(heard ? heard.offset + heard.length : 0, s.droppedTo);
+    const ahead = (s.text.slice(from).match(WORD) || []).length;
+    if (String(ahead) === els.ahead.dataset.words) return;
+    els.ahead.dataset.words = String(ahead);
+    const note = document.createElement('small');
+    note.textContent = 'written, not yet heard';
+    els.ahead.replaceChildren(`${ahead} word${ahead === 1 ? '' : 's'}`, note);
+  }
+
+  // The writer: the next word every 1/speed seconds (the speed may change as it writes), then `end`.
+  function write(s) {
+    if (s.writer !== null || !s.started || s.clearing || !liveOpen(s) || s !== session) return;
+    const token = s.queue.shift();
+    if (token === undefined) {
+      if (!s.interrupted) endLive(s);
+      return;
+    }
+    const now = performance.now();
+    if (!s.sent) s.startedAt = now;  // first audio counts from the first word written
+    s.ws.send(JSON.stringify({ type: 'text', text: token }));
+    s.text += token;
+    s.sent += 1;
+    cutPieces(s, now, false);
+    s.tail.textContent = s.text.slice(s.cursor);
+    setStatus(`Writing: ${s.sent} words sent, ${s.queue.length} to go…`);
+    if (!s.queue.length) {
+      endLive(s);
+      return;
+    }
+    s.writer = setTimeout(() => {
+      s.writer = null;
+      write(s);
+    }, 1000 / Number(els.wps.value));
+  }
+
+  function endLive(s) {
+    if (s.ending || !liveOpen(s)) return;
+    s.ending = true;
+    s.ws.send(JSON.stringify({ type: 'end' }));
+    cutPieces(s, performance.now(), true);
+    els.next.disabled = els.addNext.disabled = true;
+    setStatus(`Written: ${s.sent} words; speaking the rest…`);
+  }
+
+  // Words spoken (or about to be) that the listener will not hear: struck through, out of the highlighting.
+  function drop(s, words) {
+    for (const w of words) w.el.classList.add('dropped');
+    s.words = s.words.filter((w) => !words.includes(w));
+  }
+
+  // Barge-in: `clear`, and the audio not yet heard stops now rather than when the server answers.
+  function interrupt() {
+    const s = session;
+    if (!s || s.kind !== 'live' || s.clearing || !liveOpen(s)) return;
+    s.ws.send(JSON.stringify({ type: 'clear' }));
+    clearTimeout(s.writer);
+    s.writer = null;
+    s.queue = [];
+    s.interrupted = true;
+    s.clearing = true;
+    s.chunkArrival = null;
+    silence(s);
+    highlight(s, playedSeconds(s));
+    drop(s, s.words.slice(s.current + 1));
+    els.interrupt.disabled = true;
+    setStatus('Interrupted: the server is clearing…');
+  }
+
+  function cleared(s) {
+    s.clearing = false;
+    s.chunkArrival = null;
+    const rest = s.text.slice(s.cursor);
+    if (rest.trim()) {
+      const span = document.createElement('span');
+      span.className = 'dropped';
+      span.textContent = rest;
+      s.tail.before(span);
+    }
+    s.cursor = s.pieceFrom = s.droppedTo = s.text.length;
+    s.firstPiece = true;
+    s.tail.textContent = '';
+    s.clears = (s.clears || 0) + 1;
+    els.status.dataset.cleared = String(s.clears);
+    els.interrupt.disabled = false;
+    if (s.ending) {
+      setStatus('Interrupted: the session ends.');
+    } else if (s.queue.length) {  // "say next" came while the server cleared
+      s.interrupted = false;
+      write(s);
+    } else {
+      setStatus('Interrupted: the server dropped the text not yet spoken. Say what comes next, or Stop.');
+    }
+  }
+
+  function sayNext() {
+    const s = session;
+    const tokens = tokensOf(els.next.value);
+    if (!s || s.kind !== 'live' || s.ending || !tokens.length || !liveOpen(s)) return;
+    const before = s.queue.length ? s.queue[s.queue.length - 1] : s.text;
+    if (before && !isSpace(before.at(-1))) {  // a space between what is written and what comes next
+      if (s.queue.length) s.queue[s.queue.length - 1] += ' ';
+      else tokens[0] = ` ${tokens[0]}`;
+    }
+    s.queue.push(...tokens);
+    els.next.value = '';
+    s.interrupted = false;
+    write(s);  // nothing while the writer runs or the server clears: they go on with it
+  }
+
+  function closeLive(s) {
+    clearTimeout(s.writer);
+    s.writer = null;
+    if (s.ws && s.ws.readyState <= WebSocket.OPEN) {
+      s.closedByPage = true;
+      s.ws.close(1000);
+    }
+  }
+
+  function liveClosed(s, event) {
+    clearTimeout(s.writer);
+    s.writer = null;
+    if (s.closedByPage || s !== session) return;
+    s.done = true;  // what was scheduled plays out, then the run finishes
+    if (event.code === 1000) return;
+    s.failed = true;
+    if (!s.opened) {
+      refused(s);
+      return;
+    }
+    const name = CLOSE_CODES[event.code];
+    const heading = `Closed ${event.code}${name ? ` · ${name}` : ''}`;
+    const error = event.code !== 1006 && s.lastError ? s.lastError
+      : { message: event.reason || 'The connection to the server was lost.' };
+    showError(error, null, null, heading);
+  }
+
+  // The upgrade was refused (401 or 503 before the socket opened): a browser only sees a failed
+  // connection, so say what the server would answer an HTTP request now.
+  async function refused(s) {
+    const refusal = 'The server refused the live connection';
+    if (config.api_key_required) {
+      showError({ message: `${refusal}: it needs an API key, and a browser cannot send one to a WebSocket ` +
+        '(a page cannot set its Authorization header). Request mode works with the key.', code: 'invalid_api_key' },
+      null, null, 'Refused');
+      return;
+    }
+    let response;
+    try {
+      response = await fetch('/v1/audio/voices', { headers: authHeaders(), cache: 'no-store' });
+    } catch (e) {
+      showError({ message: `${refusal}, and cannot be reached: ${e.message}` }, null, null, 'Refused');
+      return;
+    }
+    if (s !== session) return;
+    if (!response.ok) {
+      const { error, retryAfter } = await responseError(response);
+      showError({ ...error, message: `${refusal}: ${error.message}` }, response.status, retryAfter);
+      return;
+    }
+    showError({ message: `${refusal} before it opened (a browser is not told why). It answers other requests, ` +
+      'so it is probably full: retry in a few seconds, and see the fleet panel.' }, null, null, 'Refused');
+  }
+
+  // --- the two modes ------------------------------------------------------------------------------
+
+  function setMode(next) {
+    if (next === mode) return;
+    if (session && session.ticker) stop('Stopped.');
+    mode = next;
+    for (const el of document.querySelectorAll('[data-mode]')) el.hidden = el.dataset.mode !== mode;
+    els.figures.classList.toggle('live', mode === 'live');
+    els.textHelp.textContent = mode === 'live' ? 'Ctrl+Enter speaks live, Escape stops.'
+      : 'Ctrl+Enter plays, Escape stops.';
   }
 
   // --- Download: the same request, in the chosen format ----------------------------------------
@@ -556,11 +991,24 @@
       if (response.ok) config = await response.json();
     } catch (e) { /* keep the defaults; voices and requests report the real trouble */ }
     els.keyField.hidden = !config.api_key_required;
+    els.keyNote.hidden = !config.api_key_required;  // a browser cannot send the key to the live socket
     updateCount();
     els.text.addEventListener('input', updateCount);
     els.speed.addEventListener('input', () => { els.speedValue.textContent = `${Number(els.speed.value).toFixed(2)}×`; });
-    els.form.addEventListener('submit', play);
+    els.form.addEventListener('submit', (e) => (mode === 'live' ? speakLive(e) : play(e)));
     els.stop.addEventListener('click', () => stop('Stopped.'));
+    for (const radio of els.modes) radio.addEventListener('change', () => { if (radio.checked) setMode(radio.value); });
+    els.wps.addEventListener('input', () => { els.wpsValue.textContent = `${els.wps.value} words/s`; });
+    els.speakLive.addEventListener('click', speakLive);
+    els.interrupt.addEventListener('click', interrupt);
+    els.liveStop.addEventListener('click', () => stop('Stopped.'));
+    els.addNext.addEventListener('click', sayNext);
+    els.next.addEventListener('keydown', (e) => {
+      if (e.key === 'Enter') {
+        e.preventDefault();  // not the form's submit: add the text to the running session
+        sayNext();
+      }
+    });
     els.download.addEventListener('click', download);
     els.addVoice.addEventListener('click', () => {
       const used = new Set(mixRows().map((row) => row.querySelector('select').value));
@@ -576,7 +1024,7 @@
       }
     });
     document.addEventListener('keydown', (e) => {
-      if (e.key === 'Escape' && session && !els.stop.disabled) stop('Stopped.');
+      if (e.key === 'Escape' && session && session.ticker) stop('Stopped.');
     });
     refreshFleet();
     if (!config.api_key_required || els.key.value) {
