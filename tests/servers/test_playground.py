@@ -8,7 +8,11 @@ console errors and every URL it requested. Screenshots land in test-artifacts/ (
 
 The page's own figures are what the tests read: the playback position it derives from its
 AudioContext's clock (`#position[data-seconds]`), the index of the highlighted word
-(`#transcript[data-current-word]`), the measured first audio (`#ttfa[data-seconds]`).
+(`#transcript[data-current-word]`), the measured first audio (`#ttfa[data-seconds]`); in Live mode
+also the sentence latency (`#latency[data-last][data-max][data-count]`) and the words written but not
+yet heard (`#ahead[data-words]`). For Live, a script the page loads first (LIVE_PROBES) records what
+the page's WebSocket sent, when its first audio frame came, and which AudioBufferSourceNodes are
+still to play, so a test can tell audio stopped from audio merely no longer counted.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import io
+import json
 import re
 import socket
 import time
@@ -27,7 +32,9 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, WebSocket, expect, sync_playwright
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from api.app import create_app
 from loadtest.dispatch import FleetProcess
@@ -86,11 +93,32 @@ def browser():
 
 
 @dataclass
+class Socket:
+    """A WebSocket the page opened: the frames it received, text as text, binary as its length."""
+
+    url: str
+    received: list[str | int] = field(default_factory=list)
+    closed: bool = False
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        events = [json.loads(f) for f in self.received if isinstance(f, str)]
+        return [e for e in events if kind is None or e["type"] == kind]
+
+
+@dataclass
 class Tab:
     page: Page
     url: str
     console_errors: list[str] = field(default_factory=list)
     requested: list[str] = field(default_factory=list)
+    sockets: list[Socket] = field(default_factory=list)
+
+    def on_socket(self, ws: WebSocket) -> None:
+        socket = Socket(ws.url)
+        self.sockets.append(socket)
+        ws.on("framereceived", lambda payload: socket.received.append(
+            payload if isinstance(payload, str) else len(payload)))
+        ws.on("close", lambda _: setattr(socket, "closed", True))
 
     def figures(self) -> dict:
         """The page's own playback figures, read in one round trip."""
@@ -100,7 +128,12 @@ class Tab:
             words: document.querySelectorAll('#transcript .word').length,
             status: document.querySelector('#status').textContent,
             streaming: document.querySelector('#rtf').dataset.value === undefined,
+            ahead: Number(document.querySelector('#ahead').dataset.words ?? -1),
         })""")
+
+    def sent(self) -> list[tuple[float, dict]]:
+        """What the page's live sockets sent, in order: (performance.now() in ms, message)."""
+        return [(t, json.loads(data)) for t, data in self.page.evaluate("() => window.__sent")]
 
 
 @pytest.fixture
@@ -111,6 +144,7 @@ def tab(browser, server):
     page.on("console", lambda m: t.console_errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: t.console_errors.append(f"uncaught: {e}"))
     page.on("request", lambda r: t.requested.append(r.url))
+    page.on("websocket", t.on_socket)
     yield t
     context.close()
 
@@ -122,6 +156,14 @@ def open_playground(tab: Tab):
     tab.page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
     expect(tab.page.locator("#fleet-replicas")).not_to_have_text("–")
     return response
+
+
+def unlabelled_controls(page: Page) -> list[str]:
+    """Visible controls a screen reader would announce without a name."""
+    return page.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
+        .filter(el => !el.closest('[hidden]'))
+        .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.textContent.trim())
+        .map(el => el.id || el.outerHTML)""")
 
 
 def api_error(url: str, body: dict) -> dict:
@@ -167,11 +209,7 @@ def test_page_loads_offline_with_labels_and_no_console_errors(tab, server):
     outside = [u for u in tab.requested if not (u.startswith(server.url + "/") or u.startswith("data:"))]
     assert outside == [], "the page must load nothing from outside its server"
     # every control has a label a screen reader announces
-    unlabelled = tab.page.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
-        .filter(el => !el.closest('[hidden]'))
-        .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.textContent.trim())
-        .map(el => el.id || el.outerHTML)""")
-    assert unlabelled == []
+    assert unlabelled_controls(tab.page) == []
     # voices grouped by language and gender: every voice the API lists, under its gender's group
     voices = {v["id"]: v for v in httpx.get(server.url + "/v1/audio/voices").json()["voices"]}
     options = tab.page.evaluate("""() => [...document.querySelectorAll('#mix-voice-1 option')]
@@ -351,6 +389,223 @@ def test_a_full_fleet_shows_503_with_its_retry_time(browser, tiny_fleet):
         context.close()
 
 
+# --- Live mode: WS /v1/audio/speech/live -----------------------------------------------------------
+
+# Loaded before the page's own script: records every message a WebSocket sends (with its time),
+# the arrival of the first binary frame, and the AudioBufferSourceNodes started and not yet ended
+# (stopped or played out), with the context time each would end at.
+LIVE_PROBES = """
+window.__sent = [];
+window.__firstAudioAt = null;
+const NativeSocket = window.WebSocket;
+window.WebSocket = class extends NativeSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener('message', (e) => {
+      if (typeof e.data !== 'string' && window.__firstAudioAt === null) window.__firstAudioAt = performance.now();
+    });
+  }
+  send(data) {
+    window.__sent.push([performance.now(), data]);
+    return super.send(data);
+  }
+};
+window.__playing = new Set();
+const start = AudioBufferSourceNode.prototype.start;
+AudioBufferSourceNode.prototype.start = function (when, ...rest) {
+  this.__end = Math.max(when || 0, this.context.currentTime) + this.buffer.duration;
+  window.__playing.add(this);
+  this.addEventListener('ended', () => window.__playing.delete(this));
+  return start.call(this, when, ...rest);
+};
+window.__scheduledAhead = () => {
+  let end = 0, ctx = null;
+  for (const node of window.__playing) { end = Math.max(end, node.__end); ctx = node.context; }
+  return ctx ? end - ctx.currentTime : 0;
+};
+"""
+LIVE_PATH = "/v1/audio/speech/live"
+WORDS_PER_SECOND = 8  # the page's default writing speed
+
+
+def live_url(url: str) -> str:
+    return "ws" + url.removeprefix("http") + LIVE_PATH
+
+
+def wait_done(tab: Tab) -> list[dict]:
+    """Sample the page's figures until it says Done. (or time runs out); the samples."""
+    samples = []
+    deadline = time.monotonic() + PLAY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        samples.append(tab.figures())
+        if samples[-1]["status"] == "Done.":
+            break
+        time.sleep(0.1)
+    return samples
+
+
+def test_live_speaks_text_written_word_by_word(tab, server):
+    page = tab.page
+    page.add_init_script(LIVE_PROBES)
+    response = open_playground(tab)
+    assert "connect-src" not in response.headers["content-security-policy"]  # default-src 'self' lets ws:// in
+    page.fill("#text", TEXT)
+    # the mode switch is a radio group: from the keyboard, an arrow key moves to Live
+    page.focus("#mode-request")
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#mode-live")).to_be_checked()
+    expect(page.locator("#live-actions")).to_be_visible()
+    expect(page.locator("#request-actions")).to_be_hidden()
+    expect(page.locator("#live-key-note")).to_be_hidden()  # no API keys on this server
+    assert unlabelled_controls(page) == []
+    expect(page.locator("#wps")).to_have_value(str(WORDS_PER_SECOND))
+    voice = page.locator("#voice-spec").input_value()
+
+    clicked = time.monotonic()
+    page.click("#speak-live")
+    page.wait_for_function("() => document.querySelector('#ttfa').dataset.seconds !== undefined",
+                           timeout=PLAY_TIMEOUT_S * 1000)
+    ttfa = float(page.locator("#ttfa").get_attribute("data-seconds"))
+    assert 0 < ttfa <= time.monotonic() - clicked
+    samples, shot = [], None
+    deadline = time.monotonic() + PLAY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        f = tab.figures()
+        samples.append(f)
+        if shot is None and f["words"] and f["word"] >= f["words"] // 2:
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / f"playground-live-{server.name}.png"
+            page.screenshot(path=str(shot), full_page=True)
+        if f["status"] == "Done.":
+            break
+        time.sleep(0.1)
+    assert samples[-1]["status"] == "Done.", samples[-1]
+    assert tab.console_errors == []
+    outside = [u for u in tab.requested if not (u.startswith(server.url + "/") or u.startswith("data:"))]
+    assert outside == []
+    assert [s.url for s in tab.sockets] == [live_url(server.url)]  # same origin, one session
+
+    # what the page sent: `start`, the text a word at a time at the writing speed, `end`
+    sent = tab.sent()
+    messages = [m for _, m in sent]
+    assert messages[0] == {"type": "start", "voice": voice, "speed": 1, "response_format": "pcm", "timestamps": True}
+    assert messages[-1] == {"type": "end"}
+    texts = messages[1:-1]
+    assert all(m["type"] == "text" and len(m["text"].split()) == 1 for m in texts), texts
+    assert "".join(m["text"] for m in texts) == TEXT and len(texts) == len(TEXT.split())
+    writing = sent[-2][0] - sent[1][0]  # ms from the first word to the last
+    assert writing >= 0.9 * 1000 * (len(texts) - 1) / WORDS_PER_SECOND, writing
+    # first audio counts from the first word written to the first audio frame
+    first_audio_at = page.evaluate("() => window.__firstAudioAt")
+    assert ttfa == pytest.approx((first_audio_at - sent[1][0]) / 1000, abs=0.05)
+
+    # what the server sent: started, audio, the words, done, then a normal close
+    socket = tab.sockets[0]
+    assert socket.events()[0]["type"] == "started" and socket.events()[0]["sample_rate"] == 24000
+    assert socket.events()[-1]["type"] == "done" and socket.closed
+    assert sum(1 for f in socket.received if isinstance(f, int)) >= 2, "audio came as binary frames"
+    spoken = [w["word"] for e in socket.events("words") for w in e["words"]]
+    assert page.locator("#transcript .word").all_inner_texts() == spoken and len(spoken) >= 10
+
+    positions = [f["position"] for f in samples]
+    total = float(re.search(r"/ ([\d.]+) s", page.locator("#position").inner_text()).group(1))
+    assert positions == sorted(positions), "the playback position never goes back"
+    assert positions[-1] >= total - 0.1 > 1.0, (positions[-1], total)
+    assert len(set(round(p, 2) for p in positions if 0 < p < total)) >= 5, "it advanced while playing"
+    words = [f["word"] for f in samples]
+    assert words == sorted(words), "the highlight only moves forward"
+    assert len(set(words) - {-1}) >= 3 and words[-1] == len(spoken) - 1, words
+
+    # the live figures: each of the two sentences timed, and the text ran ahead of the speech
+    latency = page.locator("#latency")
+    assert latency.get_attribute("data-count") == "2"
+    assert 0 < float(latency.get_attribute("data-last")) <= float(latency.get_attribute("data-max"))
+    assert max(f["ahead"] for f in samples) >= 3 and samples[-1]["ahead"] == 0, [f["ahead"] for f in samples]
+    print(f"\n{server.name} live: first audio {ttfa * 1000:.0f} ms after the first word, sentence latency max "
+          f"{float(latency.get_attribute('data-max')) * 1000:.0f} ms; screenshot {shot}")
+    assert shot is not None and shot.stat().st_size > 10_000
+
+
+def test_live_interrupt_stops_the_audio_at_once(tab, server):
+    """Interrupt sends `clear` and stops the scheduled sources then and there (not when they would
+    have played out); the position holds, the writing stops, the server answers `cleared`. The
+    session goes on with "Say next", and a new run works after it."""
+    page = tab.page
+    page.add_init_script(LIVE_PROBES)
+    open_playground(tab)
+    page.fill("#text", " ".join([TEXT] * 4))
+    page.check("#mode-live")
+    page.click("#speak-live")
+    # well over a second of audio scheduled past the clock while some is heard: there is audio to cut
+    page.wait_for_function("""() => window.__scheduledAhead() > 2
+        && Number(document.querySelector('#position').dataset.seconds) > 0.3""", timeout=PLAY_TIMEOUT_S * 1000)
+    page.click("#interrupt")
+    page.wait_for_function("() => window.__playing.size === 0", timeout=1000)  # stopped, not played out
+    expect(page.locator("#status")).to_have_attribute("data-cleared", "1", timeout=10_000)
+    expect(page.locator("#status")).to_contain_text("Interrupted")
+    held = []
+    for _ in range(8):  # a second's worth of the page's ticks
+        time.sleep(0.12)
+        held.append(tab.figures())
+    assert len({f["position"] for f in held}) == 1 and len({f["word"] for f in held}) == 1, held
+    assert held[-1]["ahead"] == 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"playground-live-interrupted-{server.name}.png"), full_page=True)
+    assert page.locator("#transcript .word.dropped").count() > 0, "words of audio never heard are struck out"
+
+    socket = tab.sockets[0]
+    kinds = [m["type"] for _, m in tab.sent()]
+    assert kinds[-1] == "clear" and "end" not in kinds, kinds  # the writing stopped with the interrupt
+    assert "cleared" in [e["type"] for e in socket.events()] and not socket.closed
+
+    # the session is open: what to say next is written and spoken, then it ends
+    page.fill("#next-text", "Sorry, go on.")
+    page.click("#add-next")
+    samples = wait_done(tab)
+    assert samples[-1]["status"] == "Done.", samples[-1]
+    after = [m for _, m in tab.sent()][len(kinds):]
+    assert after == [{"type": "text", "text": t} for t in ("Sorry, ", "go ", "on.")] + [{"type": "end"}], after
+    assert samples[-1]["position"] > held[-1]["position"] and samples[-1]["word"] > held[-1]["word"]
+    assert page.locator("#transcript .word.current").inner_text() == "on"
+
+    # a new run, on a new socket
+    page.fill("#text", "A new run starts here.")
+    page.click("#speak-live")
+    samples = wait_done(tab)
+    assert samples[-1]["status"] == "Done.", samples[-1]
+    assert page.locator("#transcript .word").all_inner_texts()[:3] == ["A", "new", "run"]
+    assert len(tab.sockets) == 2 and all(s.closed for s in tab.sockets)
+    assert tab.console_errors == []
+
+
+def live_error(url: str, start: dict) -> tuple[int, dict]:
+    """The close code and the `error` event the server answers a `start` with."""
+    with connect(live_url(url), open_timeout=30) as ws:
+        ws.send(json.dumps(start))
+        event = json.loads(ws.recv(timeout=30))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert event["type"] == "error", event
+    return closed.value.rcvd.code, event["error"]
+
+
+def test_live_error_shows_the_servers_message(tab, server):
+    page = tab.page
+    open_playground(tab)
+    page.check("#mode-live")
+    page.fill("#voice-spec", "zz_nobody")
+    page.click("#speak-live")
+    code, error = live_error(server.url, {"type": "start", "voice": "zz_nobody", "response_format": "pcm"})
+    assert code == 1008
+    expect(page.locator("#error")).to_contain_text(error["message"])
+    expect(page.locator("#error")).to_contain_text("Closed 1008 · policy violation")
+    expect(page.locator("#voice-spec")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#status")).to_have_text("Failed.")
+    expect(page.locator("#speak-live")).to_be_enabled()
+    expect(page.locator("#live-stop")).to_be_disabled()
+    assert tab.console_errors == []
+
+
 def test_api_key_field_when_keys_are_configured(browser, tmp_path):
     """With KOKORO_API_KEYS set, the page asks for a key, shows the 401's message for a wrong one,
     then loads the voices and plays with the right one."""
@@ -376,6 +631,20 @@ def test_api_key_field_when_keys_are_configured(browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#status').textContent === 'Done.'",
                                timeout=PLAY_TIMEOUT_S * 1000)
         assert float(page.locator("#ttfa").get_attribute("data-seconds")) > 0
+
+        # Live: a page's WebSocket cannot carry the key (no Authorization header), so the server
+        # refuses the upgrade; the page says so before and after trying.
+        page.check("#mode-live")
+        expect(page.locator("#live-key-note")).to_be_visible()
+        page.click("#speak-live")
+        expect(page.locator("#error")).to_contain_text("The server refused the live connection: it needs an API key")
+        expect(page.locator("#speak-live")).to_be_enabled()
+        with pytest.raises(InvalidStatus) as refused:
+            connect(live_url(server.url), open_timeout=30)
+        assert refused.value.response.status_code == 401
+        with connect(live_url(server.url), additional_headers={"Authorization": "Bearer second-key"}) as ws:
+            ws.send(json.dumps({"type": "start", "voice": "af_heart"}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "started"
     finally:
         context.close()
         server.stop()
