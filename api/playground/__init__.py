@@ -3,10 +3,13 @@
 One static page (index.html, app.js, app.css beside this file, shipped as package data) that calls
 the same public API every client calls: `GET /v1/audio/voices`, `POST /v1/audio/speech/captioned`
 streamed as NDJSON of 24 kHz PCM pieces with their words (Play), `POST /v1/audio/speech` in the
-chosen format (Download). Nothing loads from outside the server (no CDN, no web fonts; the page's
-Content-Security-Policy forbids it). Two small JSON routes feed it: `/playground/config` (the input
-limit, whether API keys are needed) and `/playground/fleet` (the fleet panel, polled every few
-seconds; a simulated fleet, KOKORO_ENGINE=sim, shows a banner there). KOKORO_PLAYGROUND=false leaves all of them out.
+chosen format (Download), and in Live mode the WebSocket `/v1/audio/speech/live` (api/live.py), fed
+a word at a time as a language model writes, with Interrupt sending `clear`. Nothing loads from
+outside the server (no CDN, no web fonts; the page's Content-Security-Policy forbids it, and its
+`default-src 'self'` also admits the same-origin ws:// or wss:// socket). Two small JSON routes feed it:
+`/playground/config` (the input limit, whether API keys are needed, the live text cut's rules) and
+`/playground/fleet` (the fleet panel, polled every few seconds; a simulated fleet, KOKORO_ENGINE=sim,
+shows a banner there). KOKORO_PLAYGROUND=false leaves all of them out.
 
     app.include_router(playground_router(state))   # state: api.state.AppState
 """
