@@ -1,7 +1,8 @@
 """Live speech over a WebSocket: the text comes in as a language model writes it, the audio goes
 out as soon as each piece of it can be spoken, and the listener can interrupt.
 
-    WS /v1/audio/speech/live          (with KOKORO_API_KEYS: `Authorization: Bearer KEY`)
+    WS /v1/audio/speech/live          (with KOKORO_API_KEYS: `Authorization: Bearer KEY`, or from a
+                                       browser the subprotocols ["kokoro-live", "openai-insecure-api-key.KEY"])
 
 The client sends JSON text frames (the models are in api.protocol):
 
@@ -13,7 +14,8 @@ The client sends JSON text frames (the models are in api.protocol):
 
 It receives one continuous audio stream in `response_format` as binary frames, and JSON text
 frames between them: `started` (the audio's sample rate), `words` (each piece's word timings in
-seconds from the session's first sample), `flushed` (after the last audio of the text sent before a
+seconds from the session's first sample; on a piece's first words, `piece_latency`: seconds from its
+text being complete to its first audio), `flushed` (after the last audio of the text sent before a
 flush), `cleared`, `error` (OpenAI's error shape: a message or a piece refused; the session goes
 on unless it closes) and `done` (usage) before a normal close.
 
@@ -62,6 +64,9 @@ START_TIMEOUT_S = 10.0
 # WebSocket close codes (RFC 6455 section 7.4.1; 1013 from IANA's registry).
 NORMAL_CLOSURE, POLICY_VIOLATION, INTERNAL_ERROR, TRY_AGAIN_LATER = 1000, 1008, 1011, 1013
 
+# A browser's WebSocket cannot send an Authorization header: it offers the key as a subprotocol
+# instead, beside a plain one for the server to choose: ["kokoro-live", "openai-insecure-api-key.KEY"].
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
 _MESSAGES: dict[str, type[BaseModel]] = {"text": LiveText, "flush": LiveFlush, "clear": LiveClear, "end": LiveEnd}
 _FLUSHED, _END = object(), object()  # marks in the work queue, between the pieces of text
 
@@ -81,7 +86,7 @@ async def live_session(state: AppState, websocket: WebSocket) -> None:
     if refusal is not None:
         await _deny(websocket, refusal)
         return
-    await websocket.accept()
+    await websocket.accept(subprotocol=_chosen_subprotocol(websocket))
     session_id = f"live_{uuid.uuid4().hex[:16]}"
     try:
         start = await _read_start(state, websocket)
@@ -235,11 +240,13 @@ class LiveSession:
         if plan is None:
             return
         spoken = 0
+        start_s = self.samples / SAMPLE_RATE  # the piece's words are timed from its own start
         heard = False
         try:
             async with contextlib.aclosing(self.service.stream(plan)) as pieces:
                 async for piece in pieces:
-                    if await self._send_piece(piece, ready_at) and not heard:
+                    sent = await self._send_piece(piece, start_s, None if heard else ready_at)
+                    if sent and not heard:
                         heard = True
                         self.state.metrics.live_piece_ttfa.observe(time.perf_counter() - taken)
                     spoken += len(piece.pcm)
@@ -275,18 +282,20 @@ class LiveSession:
                 await self._send_json(StreamError(error=skipped.detail()))
                 return None, None
 
-    async def _send_piece(self, piece: AudioPiece, ready_at: float) -> bool:
-        """Encode and send one piece of audio (and its words); whether any audio bytes went out."""
-        offset = self.samples / SAMPLE_RATE
+    async def _send_piece(self, piece: AudioPiece, start_s: float, ready_at: float | None) -> bool:
+        """Encode and send one chunk of a piece's audio (and its words, timed from the piece's start
+        at `start_s` in the session); whether any audio bytes went out. `ready_at`: when the piece's
+        text was complete, until its first audio has gone."""
         data = await self.encoder.encode(piece.pcm)
         self.samples += len(piece.pcm)
-        if data and self.first_audio_s is None:
-            self.first_audio_s = time.perf_counter() - ready_at
+        latency = time.perf_counter() - ready_at if data and ready_at is not None else None
+        if latency is not None and self.first_audio_s is None:
+            self.first_audio_s = latency
         await self._send_audio(data)
         if self.start.timestamps and piece.words:
-            await self._send_json(LiveWords(words=[
-                WordTimestampModel(word=w.word, start_time=round(offset + float(w.start), 3),
-                                   end_time=round(offset + float(w.end), 3)) for w in piece.words]))
+            await self._send_json(LiveWords(piece_latency=None if latency is None else round(latency, 3), words=[
+                WordTimestampModel(word=w.word, start_time=round(start_s + float(w.start), 3),
+                                   end_time=round(start_s + float(w.end), 3)) for w in piece.words]))
         return bool(data)
 
     async def _stop_speaker(self) -> None:
@@ -332,10 +341,30 @@ class LiveSession:
 
 # --- the connection's first steps ---------------------------------------------------------------
 
+def _authorization(websocket: WebSocket) -> str:
+    """The `Authorization` header, or from a browser, which cannot set headers on a WebSocket, the
+    key offered as the subprotocol `openai-insecure-api-key.KEY` (OpenAI's Realtime API convention)."""
+    header = websocket.headers.get("authorization", "")
+    if header:
+        return header
+    for protocol in websocket.scope.get("subprotocols", []):
+        if protocol.startswith(KEY_SUBPROTOCOL):
+            return "Bearer " + protocol[len(KEY_SUBPROTOCOL):]
+    return ""
+
+
+def _chosen_subprotocol(websocket: WebSocket) -> str | None:
+    """The subprotocol to answer with: a client that offers any must get one of them back, or the
+    browser drops the connection. Prefer one that does not carry the key (`kokoro-live`), so the
+    key is not echoed into the response headers."""
+    offered = websocket.scope.get("subprotocols", [])
+    return next((p for p in offered if not p.startswith(KEY_SUBPROTOCOL)), offered[0] if offered else None)
+
+
 def _refusal(state: AppState, websocket: WebSocket) -> ApiError | None:
     """What an HTTP request would be refused with now (API key, readiness, this process full)."""
     try:
-        state.check_api_key(websocket.headers.get("authorization", ""))
+        state.check_api_key(_authorization(websocket))
         state.require_service()
         state.admission.admit("live_upgrade").release()  # full: the 503 with its Retry-After
     except ApiError as e:
@@ -349,7 +378,7 @@ async def _deny(websocket: WebSocket, error: ApiError) -> None:
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
         await websocket.send_denial_response(error.response())
         return
-    await websocket.accept()
+    await websocket.accept(subprotocol=_chosen_subprotocol(websocket))
     await _close(websocket, SessionOver(error, TRY_AGAIN_LATER if error.status == 503 else POLICY_VIOLATION))
 
 

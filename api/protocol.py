@@ -383,6 +383,9 @@ class LiveWords(BaseModel):
 
     type: Literal["words"] = "words"
     words: list[WordTimestampModel]
+    # On a piece's first words only: seconds from the piece's text being complete (the server cut
+    # it) to its first audio sent; the wait behind the pieces before it included.
+    piece_latency: float | None = None
 
 
 class LiveFlushed(BaseModel):

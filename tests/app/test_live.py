@@ -231,6 +231,16 @@ def test_api_keys_guard_the_upgrade(service):
         with connect(live_url(srv), open_timeout=10, additional_headers={"Authorization": "Bearer k1"}) as ws:
             ws.send(json.dumps({"type": "start"}))
             assert json.loads(ws.recv(timeout=10))["type"] == "started"
+        # A browser cannot set headers: it offers the key as a subprotocol, beside a plain one that
+        # the server answers with (so the key is not echoed back).
+        with pytest.raises(InvalidStatus) as wrong:
+            connect(live_url(srv), open_timeout=10, subprotocols=["kokoro-live", "openai-insecure-api-key.k2"])
+        assert wrong.value.response.status_code == 401
+        with connect(live_url(srv), open_timeout=10,
+                     subprotocols=["kokoro-live", "openai-insecure-api-key.k1"]) as ws:
+            assert ws.subprotocol == "kokoro-live"
+            ws.send(json.dumps({"type": "start"}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "started"
 
 
 @pytest.mark.parametrize("fmt", ["opus", "mp3", "wav"])
@@ -341,3 +351,22 @@ def test_metrics_count_open_sessions_and_each_pieces_first_audio(server):
     assert scrape("kokoro_live_piece_ttfa_seconds_count") - pieces_before == 3
     # each piece's first audio comes at least one scripted synthesis after the speaker took it
     assert scrape("kokoro_live_piece_ttfa_seconds_sum") - seconds_before >= 3 * 0.9 * PIECE_SECONDS
+
+
+def test_a_pieces_words_are_timed_from_its_start_across_its_chunks(server):
+    """'Mr. Smith came.' is one piece (Mr. ends no sentence) that the scripted service speaks as two
+    chunks, whose words it times from the piece's start; the session adds where the piece began."""
+    with open_session(server, response_format="pcm", timestamps=True) as session:
+        session.receive_until("started")
+        session.send(type="text", text="Hello there. Mr. Smith came. ")
+        session.send(type="end")
+        session.receive_until("done")
+    events = session.of("words")
+    words = {w["word"]: w["start_time"] for e in events for w in e["words"]}
+    assert words["Hello"] == 0.0
+    assert words["Mr"] == pytest.approx(PIECE_AUDIO_S, abs=1e-3)          # piece 2 starts after piece 1
+    assert words["Smith"] == pytest.approx(2 * PIECE_AUDIO_S, abs=1e-3)   # its second chunk, not a third
+    assert len(session.audio) == 3 * PIECE_BYTES
+    # the server's latency figure comes with each piece's first words only
+    latencies = [e.get("piece_latency") for e in events]
+    assert latencies[0] >= 0.9 * PIECE_SECONDS and latencies[1] >= 0.9 * PIECE_SECONDS and latencies[2] is None
