@@ -7,7 +7,7 @@ chosen format (Download), and in Live mode the WebSocket `/v1/audio/speech/live`
 a word at a time as a language model writes, with Interrupt sending `clear`. Nothing loads from
 outside the server (no CDN, no web fonts; the page's Content-Security-Policy forbids it, and its
 `default-src 'self'` also admits the same-origin ws:// or wss:// socket). Two small JSON routes feed it:
-`/playground/config` (the input limit, whether API keys are needed, the live text cut's rules) and
+`/playground/config` (the input limit, whether API keys are needed) and
 `/playground/fleet` (the fleet panel, polled every few seconds; a simulated fleet, KOKORO_ENGINE=sim,
 shows a banner there). KOKORO_PLAYGROUND=false leaves all of them out.
 
@@ -26,7 +26,6 @@ from api.encoders import CONTENT_TYPES
 from api.state import AppState
 from api.status_cli import parse_metrics, rows_from_metrics
 from worker.audio import SAMPLE_RATE
-from worker.text import segments
 
 # The page may load only what this server sends; blob: URLs carry the Download link.
 CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data:; media-src 'self' blob:; "
@@ -96,11 +95,6 @@ def playground_router(state: AppState) -> APIRouter:
             "api_key_required": bool(state.api_keys),
             "formats": list(CONTENT_TYPES),
             "sample_rate": SAMPLE_RATE,
-            # Live mode cuts the text it writes as the server does (worker/text/segments.py), to time
-            # each sentence from its text being complete to its first audio.
-            "live_segments": {"first_piece_min_chars": segments.FIRST_PIECE_MIN_CHARS,
-                              "max_piece_chars": segments.MAX_PIECE_CHARS,
-                              "not_ends": sorted(segments._NOT_ENDS)},
         }, headers={"Cache-Control": "no-cache"})
 
     @router.get(FLEET_PATH)

@@ -12,7 +12,8 @@
 // (voice, speed, pcm, timestamps, sample rate), then the text a word at a time at the chosen
 // writing speed, as a language model writes it, then `end`. Its binary frames (s16le PCM at the
 // `started` event's rate) go through the same scheduling and segment table as Play's pieces; its
-// `words` events (seconds from the session's first sample) feed the same highlighting. Interrupt
+// `words` events (seconds from the session's first sample) feed the same highlighting, and their
+// `piece_latency` (on a sentence's first words) the sentence-latency figure. Interrupt
 // sends `clear` and stops the scheduled sources at once; audio that still arrives before the
 // server's `cleared` belongs to the dropped text and is counted on the clock, never played.
 'use strict';
@@ -36,7 +37,7 @@
     format: $('format'), rate: $('rate'), keyField: $('api-key-field'), key: $('api-key'), play: $('play'),
     stop: $('stop'), modes: [...document.querySelectorAll('input[name="mode"]')], textHelp: $('text-help'),
     wps: $('wps'), wpsValue: $('wps-value'), speakLive: $('speak-live'), interrupt: $('interrupt'),
-    liveStop: $('live-stop'), next: $('next-text'), addNext: $('add-next'), keyNote: $('live-key-note'),
+    liveStop: $('live-stop'), next: $('next-text'), addNext: $('add-next'),
     figures: $('figures'), latency: $('latency'), ahead: $('ahead'),
     download: $('download'), downloadLink: $('download-link'), error: $('error'), ttfa: $('ttfa'), rtf: $('rtf'),
     position: $('position'), progress: $('progress'), status: $('status'), transcript: $('transcript'),
@@ -546,72 +547,8 @@
 
   // --- Live: the text written a word at a time over WS /v1/audio/speech/live --------------------
 
-  // Where the server cuts the text into pieces (worker/text/segments.py, mirrored here; its numbers
-  // and abbreviations come from /playground/config), so the page knows when each sentence's text
-  // was complete: a sentence's latency runs from then to its first audio.
-  const SENTENCE_ENDS = '.!?…';
-  const UNSPACED_SENTENCE_ENDS = '。！？';
-  const CLOSERS = '"\'”’)]」』）*_';
-  const CLAUSE_MARKS = ',;:—';
   const WORD = /[\p{L}\p{N}]+(?:['’-][\p{L}\p{N}]+)*/gu;
   const isSpace = (ch) => /\s/.test(ch);
-
-  function pieceRules() {
-    return config.live_segments || { first_piece_min_chars: 30, max_piece_chars: 300, not_ends: [] };
-  }
-
-  function isAbbreviation(text, rules) {
-    if (!text.endsWith('.')) return false;
-    const word = text.split(/\s+/).at(-1).replace(/^[("'“‘]+/, '');
-    return rules.not_ends.includes(word) || /(?:\b|^)[A-Z]\.$/.test(word) || /^\s*\d{1,3}\.$/.test(text);
-  }
-
-  function lastBreak(text) {
-    let clause = 0;
-    for (let i = 0; i < text.length - 1; i++) {
-      if (CLAUSE_MARKS.includes(text[i]) && isSpace(text[i + 1])) clause = i + 1;
-    }
-    if (clause) return clause;
-    const space = Math.max(text.lastIndexOf(' '), text.lastIndexOf('\t'), text.lastIndexOf('\u3000'));
-    return space > 0 ? space + 1 : text.length;
-  }
-
-  // Where the first complete piece of `text` ends, or null while it is not complete yet.
-  function pieceEnd(text, first) {
-    const rules = pieceRules();
-    for (let i = 0; i < text.length; i++) {
-      const ch = text[i];
-      if (ch === '\n') {
-        if (text.slice(0, i).trim()) return i + 1;
-      } else if (SENTENCE_ENDS.includes(ch) || UNSPACED_SENTENCE_ENDS.includes(ch)) {
-        let end = i + 1;
-        while (end < text.length && (CLOSERS.includes(text[end]) || SENTENCE_ENDS.includes(text[end]))) end++;
-        if (end === text.length) return null;  // what follows decides: wait for it
-        if (UNSPACED_SENTENCE_ENDS.includes(ch) ||
-            (isSpace(text[end]) && !isAbbreviation(text.slice(0, i + 1), rules))) return end;
-      } else if (CLAUSE_MARKS.includes(ch) && first && i + 1 >= rules.first_piece_min_chars &&
-                 i + 1 < text.length && isSpace(text[i + 1])) {
-        return i + 1;
-      }
-      if (i + 1 >= rules.max_piece_chars) return lastBreak(text.slice(0, i + 1));
-    }
-    return null;
-  }
-
-  // Record the pieces the text written so far completes (all of it with `flush`: `end` was sent).
-  function cutPieces(s, now, flush) {
-    for (;;) {
-      const buffer = s.text.slice(s.pieceFrom);
-      const end = flush ? buffer.length : pieceEnd(buffer, s.firstPiece);
-      if (!end) return;
-      if (buffer.slice(0, end).trim()) {
-        s.pieces.push({ start: s.pieceFrom, end: s.pieceFrom + end, readyAt: now, heard: false });
-        s.firstPiece = false;
-      }
-      s.pieceFrom += end;
-      if (flush) s.firstPiece = true;
-    }
-  }
 
   // The text as a model would send it: each word with the spaces (or line breaks) after it.
   function tokensOf(text) {
@@ -627,8 +564,8 @@
     const tokens = tokensOf(els.text.value);
     const s = newSession('live', {
       ws: null, opened: false, started: false, queue: tokens, sent: 0, writer: null, ending: false,
-      clearing: false, interrupted: false, closedByPage: false, lastError: null, chunkArrival: null,
-      pieces: [], pieceFrom: 0, firstPiece: true, droppedTo: 0, latencies: [],
+      clearing: false, interrupted: false, closedByPage: false, lastError: null,
+      droppedTo: 0, latencies: [],
     });
     s.cancel = () => closeLive(s);
     s.tail = document.createElement('span');
@@ -646,7 +583,11 @@
     setStatus('Connecting…');
     const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
     try {
-      s.ws = new WebSocket(`${scheme}//${location.host}${LIVE_PATH}`);
+      // A page cannot set the Authorization header on a WebSocket: the key goes as a subprotocol,
+      // beside the plain one the server answers with (api/live.py).
+      const key = els.key.value.trim();
+      const protocols = key ? ['kokoro-live', `openai-insecure-api-key.${key}`] : [];
+      s.ws = new WebSocket(`${scheme}//${location.host}${LIVE_PATH}`, protocols);
     } catch (e) {
       showError({ message: `Cannot open the live connection: ${e.message}` });
       finish(s);
@@ -683,7 +624,7 @@
       s.started = true;
       write(s);
     } else if (event.type === 'words') {
-      liveWords(s, event.words || []);
+      liveWords(s, event.words || [], event.piece_latency);
     } else if (event.type === 'cleared') {
       cleared(s);
     } else if (event.type === 'done') {
@@ -702,29 +643,22 @@
       s.audioSeconds += samples.length / s.rate;
       return;
     }
-    if (s.chunkArrival === null) s.chunkArrival = performance.now();
     schedule(s, samples);
   }
 
-  function liveWords(s, words) {
-    const arrival = s.chunkArrival;  // the first audio of the chunk these words speak
-    s.chunkArrival = null;
+  // `latency`: on a sentence's (a piece's) first words, the server's seconds from its text being
+  // complete to its first audio, which the server can time exactly: it is what cut the text.
+  function liveWords(s, words, latency) {
     const added = addWords(s, words);
     if (s.clearing) {
       drop(s, added);
-    } else if (added.length && arrival !== null) {
-      pieceHeard(s, added[0].offset, arrival);
+    } else if (typeof latency === 'number') {
+      showLatency(s, latency);
     }
     s.tail.textContent = s.text.slice(s.cursor);
   }
 
-  // A chunk's first word falls in a piece not heard yet: that piece's first audio has arrived.
-  function pieceHeard(s, offset, arrival) {
-    const piece = s.pieces.find((p) => offset >= p.start && offset < p.end);
-    if (!piece || piece.heard) return;
-    piece.heard = true;
-    const latency = (arrival - piece.readyAt) / 1000;
-    if (latency < 0) return;  // the page's cut and the server's disagreed: no figure rather than a wrong one
+  function showLatency(s, latency) {
     s.latencies.push(latency);
     const max = Math.max(...s.latencies);
     const detail = document.createElement('small');
@@ -759,7 +693,6 @@
     s.ws.send(JSON.stringify({ type: 'text', text: token }));
     s.text += token;
     s.sent += 1;
-    cutPieces(s, now, false);
     s.tail.textContent = s.text.slice(s.cursor);
     setStatus(`Writing: ${s.sent} words sent, ${s.queue.length} to go…`);
     if (!s.queue.length) {
@@ -776,7 +709,6 @@
     if (s.ending || !liveOpen(s)) return;
     s.ending = true;
     s.ws.send(JSON.stringify({ type: 'end' }));
-    cutPieces(s, performance.now(), true);
     els.next.disabled = els.addNext.disabled = true;
     setStatus(`Written: ${s.sent} words; speaking the rest…`);
   }
@@ -797,7 +729,6 @@
     s.queue = [];
     s.interrupted = true;
     s.clearing = true;
-    s.chunkArrival = null;
     silence(s);
     highlight(s, playedSeconds(s));
     drop(s, s.words.slice(s.current + 1));
@@ -807,7 +738,6 @@
 
   function cleared(s) {
     s.clearing = false;
-    s.chunkArrival = null;
     const rest = s.text.slice(s.cursor);
     if (rest.trim()) {
       const span = document.createElement('span');
@@ -815,8 +745,7 @@
       span.textContent = rest;
       s.tail.before(span);
     }
-    s.cursor = s.pieceFrom = s.droppedTo = s.text.length;
-    s.firstPiece = true;
+    s.cursor = s.droppedTo = s.text.length;
     s.tail.textContent = '';
     s.clears = (s.clears || 0) + 1;
     els.status.dataset.cleared = String(s.clears);
@@ -877,12 +806,6 @@
   // connection, so say what the server would answer an HTTP request now.
   async function refused(s) {
     const refusal = 'The server refused the live connection';
-    if (config.api_key_required) {
-      showError({ message: `${refusal}: it needs an API key, and a browser cannot send one to a WebSocket ` +
-        '(a page cannot set its Authorization header). Request mode works with the key.', code: 'invalid_api_key' },
-      null, null, 'Refused');
-      return;
-    }
     let response;
     try {
       response = await fetch('/v1/audio/voices', { headers: authHeaders(), cache: 'no-store' });
@@ -991,7 +914,6 @@
       if (response.ok) config = await response.json();
     } catch (e) { /* keep the defaults; voices and requests report the real trouble */ }
     els.keyField.hidden = !config.api_key_required;
-    els.keyNote.hidden = !config.api_key_required;  // a browser cannot send the key to the live socket
     updateCount();
     els.text.addEventListener('input', updateCount);
     els.speed.addEventListener('input', () => { els.speedValue.textContent = `${Number(els.speed.value).toFixed(2)}×`; });

@@ -456,7 +456,6 @@ def test_live_speaks_text_written_word_by_word(tab, server):
     expect(page.locator("#mode-live")).to_be_checked()
     expect(page.locator("#live-actions")).to_be_visible()
     expect(page.locator("#request-actions")).to_be_hidden()
-    expect(page.locator("#live-key-note")).to_be_hidden()  # no API keys on this server
     assert unlabelled_controls(page) == []
     expect(page.locator("#wps")).to_have_value(str(WORDS_PER_SECOND))
     voice = page.locator("#voice-spec").input_value()
@@ -608,7 +607,7 @@ def test_live_error_shows_the_servers_message(tab, server):
 
 def test_api_key_field_when_keys_are_configured(browser, tmp_path):
     """With KOKORO_API_KEYS set, the page asks for a key, shows the 401's message for a wrong one,
-    then loads the voices and plays with the right one."""
+    then loads the voices and plays with the right one, in Request and in Live mode."""
     server = FleetProcess(1, weights="tiny", log_dir=tmp_path, name="keys",
                           env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key"})
     server.start(ready_timeout=240)
@@ -632,12 +631,18 @@ def test_api_key_field_when_keys_are_configured(browser, tmp_path):
                                timeout=PLAY_TIMEOUT_S * 1000)
         assert float(page.locator("#ttfa").get_attribute("data-seconds")) > 0
 
-        # Live: a page's WebSocket cannot carry the key (no Authorization header), so the server
-        # refuses the upgrade; the page says so before and after trying.
+        # Live: a page's WebSocket cannot set the Authorization header, so the page offers the key as
+        # a subprotocol; a wrong key is refused with the 401's own message.
         page.check("#mode-live")
-        expect(page.locator("#live-key-note")).to_be_visible()
+        page.fill("#wps", "20")
         page.click("#speak-live")
-        expect(page.locator("#error")).to_contain_text("The server refused the live connection: it needs an API key")
+        page.wait_for_function("() => document.querySelector('#ttfa').dataset.seconds !== undefined",
+                               timeout=PLAY_TIMEOUT_S * 1000)
+        page.click("#live-stop")
+        page.fill("#api-key", "wrong-key")
+        page.click("#speak-live")
+        expect(page.locator("#error")).to_contain_text(
+            "The server refused the live connection: " + expected.json()["error"]["message"])
         expect(page.locator("#speak-live")).to_be_enabled()
         with pytest.raises(InvalidStatus) as refused:
             connect(live_url(server.url), open_timeout=30)
