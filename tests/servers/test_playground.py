@@ -172,6 +172,35 @@ def api_error(url: str, body: dict) -> dict:
     return response.json()["error"]
 
 
+def wait_done(tab: Tab, shot: Path | None = None) -> list[dict]:
+    """Sample the page's figures until it says Done. (or time runs out); the samples. With `shot`,
+    a screenshot there once half the words have been spoken."""
+    samples = []
+    deadline = time.monotonic() + PLAY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        f = tab.figures()
+        samples.append(f)
+        if shot is not None and not shot.exists() and f["words"] and f["word"] >= f["words"] // 2:
+            ARTIFACTS.mkdir(exist_ok=True)
+            tab.page.screenshot(path=str(shot), full_page=True)
+        if f["status"] == "Done.":
+            break
+        time.sleep(0.1)
+    return samples
+
+
+def start_and_time(tab: Tab, button: str) -> float:
+    """Click `button` (Play, Speak live) and return the page's own first-audio figure, checked
+    against the time since the click."""
+    clicked = time.monotonic()
+    tab.page.click(button)
+    tab.page.wait_for_function("() => document.querySelector('#ttfa').dataset.seconds !== undefined",
+                               timeout=PLAY_TIMEOUT_S * 1000)
+    ttfa = float(tab.page.locator("#ttfa").get_attribute("data-seconds"))
+    assert 0 < ttfa <= time.monotonic() - clicked
+    return ttfa
+
+
 # --- in process: the route and its setting ----------------------------------------------------------
 
 def test_setting_turns_the_page_off():
@@ -236,26 +265,11 @@ def test_play_streams_and_highlights_the_spoken_words(tab, server, request):
     page.fill("#mix-weight-1", "2")
     expect(page.locator("#voice-spec")).to_have_value("af_bella(2)+af_sky(1)")
 
-    clicked = time.monotonic()
-    page.click("#play")
-    page.wait_for_function("() => document.querySelector('#ttfa').dataset.seconds !== undefined",
-                           timeout=PLAY_TIMEOUT_S * 1000)
-    ttfa = float(page.locator("#ttfa").get_attribute("data-seconds"))
-    assert 0 < ttfa <= time.monotonic() - clicked
+    ttfa = start_and_time(tab, "#play")
     print(f"\n{server.name}: first audio {ttfa * 1000:.0f} ms after Play (the page's own measure)")
-
-    samples, shot = [], None
-    deadline = time.monotonic() + PLAY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        f = tab.figures()
-        samples.append(f)
-        if shot is None and f["words"] and f["word"] >= f["words"] // 2:
-            ARTIFACTS.mkdir(exist_ok=True)
-            shot = ARTIFACTS / f"playground-{server.name}.png"
-            page.screenshot(path=str(shot), full_page=True)
-        if f["status"] == "Done.":
-            break
-        time.sleep(0.1)
+    shot = ARTIFACTS / f"playground-{server.name}.png"
+    shot.unlink(missing_ok=True)
+    samples = wait_done(tab, shot)
     assert samples[-1]["status"] == "Done.", samples[-1]
     assert tab.console_errors == []
 
@@ -432,18 +446,6 @@ def live_url(url: str) -> str:
     return "ws" + url.removeprefix("http") + LIVE_PATH
 
 
-def wait_done(tab: Tab) -> list[dict]:
-    """Sample the page's figures until it says Done. (or time runs out); the samples."""
-    samples = []
-    deadline = time.monotonic() + PLAY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        samples.append(tab.figures())
-        if samples[-1]["status"] == "Done.":
-            break
-        time.sleep(0.1)
-    return samples
-
-
 def test_live_speaks_text_written_word_by_word(tab, server):
     page = tab.page
     page.add_init_script(LIVE_PROBES)
@@ -460,24 +462,10 @@ def test_live_speaks_text_written_word_by_word(tab, server):
     expect(page.locator("#wps")).to_have_value(str(WORDS_PER_SECOND))
     voice = page.locator("#voice-spec").input_value()
 
-    clicked = time.monotonic()
-    page.click("#speak-live")
-    page.wait_for_function("() => document.querySelector('#ttfa').dataset.seconds !== undefined",
-                           timeout=PLAY_TIMEOUT_S * 1000)
-    ttfa = float(page.locator("#ttfa").get_attribute("data-seconds"))
-    assert 0 < ttfa <= time.monotonic() - clicked
-    samples, shot = [], None
-    deadline = time.monotonic() + PLAY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        f = tab.figures()
-        samples.append(f)
-        if shot is None and f["words"] and f["word"] >= f["words"] // 2:
-            ARTIFACTS.mkdir(exist_ok=True)
-            shot = ARTIFACTS / f"playground-live-{server.name}.png"
-            page.screenshot(path=str(shot), full_page=True)
-        if f["status"] == "Done.":
-            break
-        time.sleep(0.1)
+    ttfa = start_and_time(tab, "#speak-live")
+    shot = ARTIFACTS / f"playground-live-{server.name}.png"
+    shot.unlink(missing_ok=True)
+    samples = wait_done(tab, shot)
     assert samples[-1]["status"] == "Done.", samples[-1]
     assert tab.console_errors == []
     outside = [u for u in tab.requested if not (u.startswith(server.url + "/") or u.startswith("data:"))]
