@@ -67,8 +67,9 @@ _BLOCK_TAGS = ("blockquote", "br", "dd", "div", "dt", "h1", "h2", "h3", "h4", "h
 _SSML_BLOCK_TAGS = ("s",)
 _SPEAK = re.compile(r"<speak\b", re.IGNORECASE)
 _TAG_NAMES = "|".join(sorted({re.escape(t) for t in (*_SSML_TAGS, *_HTML_TAGS)}, key=len, reverse=True))
-_ATTRIBUTE = re.compile(r"\s+([\w:.-]+)(\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?")  # name, =value
-_ATTRIBUTES = r"(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+))?)*"
+_VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+)"
+_ATTRIBUTE = re.compile(rf"\s+([\w:.-]+)(\s*=\s*{_VALUE})?")  # groups: its name, its `=value`
+_ATTRIBUTES = rf"(?:\s+[\w:.-]+(?:\s*=\s*{_VALUE})?)*"
 _TAG = re.compile(rf"<(/?)({_TAG_NAMES})({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
 _BREAK = re.compile(rf"<break\b({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
 _TIME = re.compile(r"\btime\s*=\s*[\"']?\s*(\d+(?:\.\d+)?)\s*(m?s)\b", re.IGNORECASE)
