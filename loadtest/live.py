@@ -65,12 +65,14 @@ class LiveSession:
 
     @property
     def server_stall_s(self) -> float:
-        return server_stall([(f.arrived, f.seconds, f.text_ready) for f in self.frames])
+        return silence(self._frames(), "server")
 
     @property
     def model_wait_s(self) -> float:
-        course = player_course([(f.arrived, f.seconds, f.text_ready) for f in self.frames])
-        return sum(end - start for start, end, what in course if what == "model")
+        return silence(self._frames(), "model")
+
+    def _frames(self) -> list[tuple[float, float, float]]:
+        return [(f.arrived, f.seconds, f.text_ready) for f in self.frames]
 
 
 def server_stall(frames: list[tuple[float, float, float]]) -> float:
@@ -80,7 +82,12 @@ def server_stall(frames: list[tuple[float, float, float]]) -> float:
     player starts at the first arrival and plays in real time; when it runs dry before a frame
     arrives, the wait counts from the later of the moment it ran dry and the moment the frame's
     text was complete: only the part the server could have avoided."""
-    return sum(end - start for start, end, what in player_course(frames) if what == "server")
+    return silence(frames, "server")
+
+
+def silence(frames: list[tuple[float, float, float]], cause: str) -> float:
+    """Seconds the real-time player of `player_course` sits dry for `cause` ("server", "model")."""
+    return sum(end - start for start, end, what in player_course(frames) if what == cause)
 
 
 def player_course(frames: list[tuple[float, float, float]]) -> list[tuple[float, float, str]]:
