@@ -7,7 +7,8 @@ out as soon as each piece of it can be spoken, and the listener can interrupt.
 The client sends JSON text frames (the models are in api.protocol):
 
     {"type": "start", "voice": "af_heart", "response_format": "pcm", ...}   first, once (LiveStart)
-    {"type": "text", "text": "Hello, wor"}   the next characters, cut anywhere
+    {"type": "text", "text": "Hello, wor"}   the next characters, cut anywhere; once none come for
+                         the start's `pause_ms` (300), the sentences already ended are spoken
     {"type": "flush"}    speak what is buffered now, even mid-sentence (the end of a turn)
     {"type": "clear"}    drop the text not spoken yet and stop the audio being made (barge-in)
     {"type": "end"}      speak the rest, then `done`, and close
@@ -116,6 +117,7 @@ class LiveSession:
         self.send_lock = asyncio.Lock()
         self.speaker: asyncio.Task | None = None
         self.ending = False  # `end` came: no more text
+        self.unsettled = False  # text came since the writer last paused: a pause may end a sentence
         self.finished = False  # the speaker reached `end`: a disconnect now is the close handshake
         # what the access log and `done` report
         self.opened = time.perf_counter()
@@ -132,14 +134,21 @@ class LiveSession:
                                           sample_rate=self.start.sample_rate or default_sample_rate(fmt)))
         self.speaker = asyncio.create_task(self._speak())
         self.state.metrics.live_sessions += 1
+        receive: asyncio.Future | None = None
         try:
             while True:
-                receive = asyncio.ensure_future(self.ws.receive())
-                done, _ = await asyncio.wait({receive, self.speaker}, return_when=asyncio.FIRST_COMPLETED)
+                if receive is None:
+                    receive = asyncio.ensure_future(self.ws.receive())
+                done, _ = await asyncio.wait({receive, self.speaker}, timeout=self._pause_s(),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # the writer paused: speak what a space would have ended
+                    self.unsettled = False
+                    for piece in self.segmenter.settle():
+                        await self._queue(piece)
+                    continue
                 if receive not in done:  # the speaker ended the session (its end, or a failure)
-                    receive.cancel()
                     return
-                message = receive.result()
+                message, receive = receive.result(), None
                 if message["type"] == "websocket.disconnect":
                     if self.outcome == "ok" and not self.finished:
                         self.outcome = "disconnected"
@@ -151,6 +160,8 @@ class LiveSession:
             self.outcome = "disconnected"
             raise
         finally:
+            if receive is not None:
+                receive.cancel()
             self.state.metrics.live_sessions -= 1
             await self._stop_speaker()
             self.encoder.close()
@@ -169,6 +180,7 @@ class LiveSession:
             return
         if isinstance(event, LiveText):
             self.chars += len(event.text)
+            self.unsettled = True
             for piece in self.segmenter.push(event.text):
                 await self._queue(piece)
         elif isinstance(event, LiveFlush):
@@ -188,8 +200,15 @@ class LiveSession:
             await self._queue(self.segmenter.flush())
             self.work.put_nowait(_END)
 
+    def _pause_s(self) -> float | None:
+        """How long the receiving loop waits for text before the writer counts as paused (None: no
+        pause can end anything now)."""
+        if self.start.pause_ms is None or not self.unsettled or self.ending or not self.segmenter.buffer.strip():
+            return None
+        return self.start.pause_ms / 1000
+
     async def _queue(self, piece: str) -> None:
-        if not piece:
+        if not any(ch.isalnum() for ch in piece):  # "", or a lone quote or emoji line: nothing to say
             return
         limit = self.state.settings.max_input_chars
         if self.waiting_chars + len(piece) > limit:  # the client writes far faster than we speak

@@ -21,6 +21,9 @@ MODEL_ID = "kokoro"
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
 MODEL_IDS = (MODEL_ID, *MODEL_ALIASES)
 DEFAULT_MAX_INPUT_CHARS = 4096
+# A live session's writer has paused once no text came for this long: a model's tokens come tens
+# of milliseconds apart (125 ms a word even at 8 words a second), a tool call takes seconds.
+DEFAULT_LIVE_PAUSE_MS = 300
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "mulaw", "alaw"]
 StreamFormat = Literal["audio", "sse"]
@@ -334,6 +337,11 @@ class LiveStart(_SpeechOptions):
     volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
     sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
     timestamps: bool = Field(True, description="Send a `words` message with each piece's word timings.")
+    pause_ms: int | None = Field(
+        DEFAULT_LIVE_PAUSE_MS, ge=0, le=60_000,
+        description="When no text comes for this long, speak the sentences already ended without waiting for the "
+                    "text after them (a model pausing for a tool call after \"Let me check.\"). `null`: only "
+                    "more text, `flush` or `end` completes them.")
 
 
 

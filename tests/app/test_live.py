@@ -370,3 +370,46 @@ def test_a_pieces_words_are_timed_from_its_start_across_its_chunks(server):
     # the server's latency figure comes with each piece's first words only
     latencies = [e.get("piece_latency") for e in events]
     assert latencies[0] >= 0.9 * PIECE_SECONDS and latencies[1] >= 0.9 * PIECE_SECONDS and latencies[2] is None
+
+
+def test_a_pause_in_the_text_speaks_the_sentence_before_it(server):
+    """A model that says "Let me check." and then calls a tool for seconds: the sentence is heard
+    during the call, not after it, with no `flush` (an unfinished one still waits)."""
+    with open_session(server, response_format="pcm", pause_ms=200) as session:
+        session.receive_until("started")
+        session.send(type="text", text="Let me check that for you.")
+        paused = time.monotonic()
+        session.receive_audio(timeout=5)
+        heard_after = time.monotonic() - paused
+        assert len(session.audio) == PIECE_BYTES and heard_after >= 0.2
+        assert [w["word"] for w in session.receive_until("words")["words"]][:2] == ["Let", "me"]
+        session.send(type="text", text="It is sunny and twenty deg")  # unfinished: the pause ends nothing
+        with pytest.raises(TimeoutError):
+            session.receive_audio(timeout=0.6)
+        session.send(type="text", text="rees.")
+        session.send(type="end")
+        session.receive_until("done")
+    assert len(session.audio) == 2 * PIECE_BYTES and not session.of("error")
+
+
+def test_without_pause_ms_an_ended_sentence_waits_for_the_text_after_it(server):
+    with open_session(server, response_format="pcm", pause_ms=None) as session:
+        session.receive_until("started")
+        session.send(type="text", text="Let me check that for you.")
+        with pytest.raises(TimeoutError):
+            session.receive_audio(timeout=0.6)
+        session.send(type="flush")
+        session.receive_until("flushed")
+    assert len(session.audio) == PIECE_BYTES
+
+
+def test_text_with_nothing_to_say_is_skipped_without_an_error(server):
+    with open_session(server, response_format="pcm") as session:
+        session.receive_until("started")
+        session.send(type="text", text="🎉\n")  # a model's emoji line, then a stray closing quote
+        session.send(type="text", text="Done.")
+        session.send(type="flush")
+        session.send(type="text", text='"')
+        session.send(type="end")
+        session.receive_until("done")
+    assert len(session.audio) == PIECE_BYTES and not session.of("error")

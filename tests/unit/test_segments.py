@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from worker.text.segments import MAX_PIECE_CHARS, OPENING_CHARS, TextSegmenter
 
 
-def pieces_of(*tokens: str, flush: bool = True, opening_chars: int = OPENING_CHARS) -> list[str]:
+def pieces_of(*tokens: str, flush: bool = True, opening_chars: int = OPENING_CHARS, pauses: bool = False) -> list[str]:
+    """The pieces of the text sent as `tokens` (with `pauses`: the writer pauses after each)."""
     segmenter = TextSegmenter(opening_chars=opening_chars)
-    out = [p for t in tokens for p in segmenter.push(t)]
+    out = [p for t in tokens for p in segmenter.push(t) + (segmenter.settle() if pauses else [])]
     rest = segmenter.flush() if flush else ""
     return out + ([rest] if rest else [])
 
@@ -74,10 +75,32 @@ def test_a_run_without_marks_is_cut_at_spaces_within_the_bound():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(list("ab .,!?\n\"')3J。") + ["Mr. ", "a.m. ", "word "]), max_size=200).map("".join),
-       st.lists(st.integers(min_value=0, max_value=400), max_size=12))
-def test_nothing_is_lost_or_doubled_however_the_text_is_cut(text, cuts):
+       st.lists(st.integers(min_value=0, max_value=400), max_size=12), st.booleans())
+def test_nothing_is_lost_or_doubled_however_the_text_is_cut(text, cuts, pauses):
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     tokens = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    pieces = pieces_of(*tokens)
+    pieces = pieces_of(*tokens, pauses=pauses)
     assert all(p and p == p.strip() for p in pieces)
     assert "".join(pieces).replace(" ", "") == "".join(text.split())
+
+
+
+def test_a_pause_ends_the_sentences_a_space_would_end():
+    segmenter = TextSegmenter()
+    assert segmenter.push("Sure. Let me check that for you.") == ["Sure."]
+    assert segmenter.settle() == ["Let me check that for you."]  # heard during the tool call
+    assert segmenter.push("The weath") == [] and segmenter.settle() == []  # an unfinished word waits
+    assert segmenter.push('er is "fine."') == [] and segmenter.settle() == ['The weather is "fine."']
+    assert segmenter.push("Ask Mr.") == [] and segmenter.settle() == []  # an abbreviation is no end
+    assert segmenter.push(" Smith") == [] and segmenter.flush() == "Ask Mr. Smith"
+    assert segmenter.push("晴れ。") == []  # a closing bracket may follow
+    assert segmenter.settle() == ["晴れ。"]
+
+
+def test_after_a_pause_the_turns_opening_ends_at_clauses_again():
+    segmenter = TextSegmenter()
+    assert segmenter.push("filler " * 40 + "end. ") == ["filler " * 40 + "end."]
+    assert segmenter.turn_chars >= OPENING_CHARS
+    assert segmenter.push("Here is what I found in the notes, and") == []  # past the opening
+    assert segmenter.settle() == []  # no sentence ended
+    assert segmenter.push(" then") == ["Here is what I found in the notes,"]  # the clause ends a piece again

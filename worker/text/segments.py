@@ -10,7 +10,7 @@ pauses anyway.
   abbreviation ("Mr.", "e.g.") or an initial ("J."). After `。`, `！` or `？` (Chinese, Japanese)
   nothing needs to follow: those languages put no space between sentences.
 - A line break ends a piece: a model's Markdown lists, headings and table rows are lines.
-- The opening pieces of a turn (of the session, or after a flush: those that start within its
+- The opening pieces of a turn (of the session, after a flush or a pause: those that start within its
   first `OPENING_CHARS`) also end at a clause mark (`,` `;` `:` `—`) followed by a space, once they
   are `CLAUSE_PIECE_MIN_CHARS` long. The first audio should not wait for the end of a long first
   sentence, and nor should the second piece: a model writes a sentence of 30 words in about 4 s
@@ -19,12 +19,18 @@ pauses anyway.
   the writing, and pieces end at sentence ends only (Kokoro's intonation is a whole sentence's).
 - Text with no such mark is cut at its last space (a clause mark first) before `MAX_PIECE_CHARS`,
   so a run-on text still streams.
+- When the writer pauses (a model calling a tool after "Let me check that."), `settle()` ends the
+  pieces that the next characters would have ended, as if a space came: the listener hears "Let me
+  check that." during the pause, not after it. A word or sentence still unfinished waits. After a
+  pause the listener has caught up with the audio, so the next pieces are a turn's opening again.
 
     segmenter = TextSegmenter()
     segmenter.push("Hello there. How")   # ["Hello there."]
     segmenter.push(" are you?")          # []: "?" may still take a closing quote
     segmenter.push(" Fine")              # ["How are you?"]
-    segmenter.flush()                    # "Fine" (and the next piece is a first piece again)
+    segmenter.push(". Let me check.")    # ["Fine."]
+    segmenter.settle()                   # ["Let me check."]: the writer paused after it
+    segmenter.flush()                    # "" (a flush also starts a new turn)
 """
 
 from __future__ import annotations
@@ -55,13 +61,23 @@ class TextSegmenter:
         self.opening_chars = opening_chars
         self.max_piece_chars = max_piece_chars
         self.buffer = ""
-        self.turn_chars = 0  # cut into pieces since the session's start or the last flush
+        self.turn_chars = 0  # cut into pieces since the session's start, the last flush or pause
 
     def push(self, text: str) -> list[str]:
         """Add text; return the pieces it completed, in order (stripped, never blank)."""
         self.buffer += text
+        return self._cut()
+
+    def settle(self) -> list[str]:
+        """The writer paused: the pieces that a space after the buffered text would complete
+        (stripped, never blank). What stays buffered is an unfinished sentence (or word)."""
+        pieces = self._cut(settled=True)
+        self.turn_chars = 0
+        return pieces
+
+    def _cut(self, settled: bool = False) -> list[str]:
         pieces = []
-        while (end := self._piece_end()) is not None:
+        while (end := self._piece_end(settled)) is not None:
             piece, self.buffer = self.buffer[:end].strip(), self.buffer[end:]
             self.turn_chars += end
             if piece:
@@ -78,8 +94,9 @@ class TextSegmenter:
         self.buffer = ""
         self.turn_chars = 0
 
-    def _piece_end(self) -> int | None:
-        """Where the buffer's first complete piece ends, or None while it is not complete yet."""
+    def _piece_end(self, settled: bool = False) -> int | None:
+        """Where the buffer's first complete piece ends, or None while it is not complete yet.
+        `settled`: no more text is coming for now, so the buffer's end counts as a space."""
         text = self.buffer
         for i, ch in enumerate(text):
             if ch == "\n":
@@ -87,12 +104,13 @@ class TextSegmenter:
                     return i + 1
             elif ch in _SENTENCE_ENDS or ch in _UNSPACED_SENTENCE_ENDS:
                 end = _after_closers(text, i + 1)
-                if end == len(text):
+                if end == len(text) and not settled:
                     return None  # what follows decides: wait for it
-                if ch in _UNSPACED_SENTENCE_ENDS or (text[end].isspace() and not _is_abbreviation(text[:i + 1])):
+                spaced = end == len(text) or text[end].isspace()
+                if ch in _UNSPACED_SENTENCE_ENDS or (spaced and not _is_abbreviation(text[:i + 1])):
                     return end
-            elif (ch in _CLAUSE_MARKS and self.turn_chars < self.opening_chars
-                  and i + 1 >= self.clause_piece_min_chars and i + 1 < len(text) and text[i + 1].isspace()):
+            elif (ch in _CLAUSE_MARKS and self.turn_chars < self.opening_chars and i + 1 >= self.clause_piece_min_chars
+                  and (text[i + 1].isspace() if i + 1 < len(text) else settled)):
                 return i + 1
             if i + 1 >= self.max_piece_chars:
                 return _last_break(text[:i + 1])
