@@ -17,6 +17,8 @@ computed once and kept in a bounded in-memory LRU.
 
 from __future__ import annotations
 
+import difflib
+
 import io
 import re
 import threading
@@ -203,7 +205,9 @@ class VoiceBank:
             if target in self._packs:
                 return target
             raise VoiceError(f"voice {name!r} maps to {target}, which the loaded weights lack; {self._how_to_list()}")
-        raise VoiceError(f"unknown voice {name!r} in {spec!r}; {self._how_to_list()}")
+        close = difflib.get_close_matches(name.lower(), [*self._packs, *OPENAI_VOICES], n=1, cutoff=0.75)
+        guess = f"did you mean {close[0]!r}? " if close else ""
+        raise VoiceError(f"unknown voice {name!r} in {spec!r}; {guess}{self._how_to_list()}")
 
     def _how_to_list(self) -> str:
         examples = ", ".join(self.names[:4])

@@ -111,8 +111,15 @@ def test_malformed_specs_raise_voice_error_naming_the_problem(bank, spec, proble
 
 
 def test_unknown_voice_message_lists_how_to_find_names(bank):
-    with pytest.raises(VoiceError, match=r"GET /v1/audio/voices lists the 22 valid names"):
+    with pytest.raises(VoiceError, match=r"GET /v1/audio/voices lists the 22 valid names") as err:
         bank.resolve("nobody")
+    assert "did you mean" not in str(err.value)
+
+
+@pytest.mark.parametrize("typo, meant", [("af_hart", "af_heart"), ("af_bela", "af_bella"), ("alloi", "alloy")])
+def test_a_misspelt_voice_is_answered_with_the_likely_name(bank, typo, meant):
+    with pytest.raises(VoiceError, match=rf"unknown voice '{typo}' in '{typo}'; did you mean '{meant}'\?"):
+        bank.resolve(typo)
 
 
 def test_style_row_follows_phoneme_count_and_is_clamped(bank):
