@@ -149,6 +149,8 @@ CASES = [
     ("It ended.Then we left", "It ended.Then we left"),
     ("Version 2.4.1 fixes it", "Version two point four point one fixes it"),
     ("Upgrade to v1.0 today", "Upgrade to version one point zero today"),
+    ("Released version v2.1.3", "Released version two point one point three"),
+    ("Kokoro-82M runs on 3M hardware", "Kokoro-eighty-two M runs on three M hardware"),
     ("Issue #42 is fixed", "Issue number forty-two is fixed"),
     ("Use and/or here", "Use and or here"),
     ("Gate B12", "Gate B twelve"),
@@ -163,6 +165,8 @@ CASES = [
     ("Wait approx. 5 minutes", "Wait approximately five minutes"),
     # --- headlines and chat ---
     ("BREAKING: Fed raises rates 0.25%", "BREAKING: Fed raises rates zero point two five percent"),
+    ("The clip hit 1.5M views and 2.3bn impressions", "The clip hit one point five million views and two point three billion impressions"),
+    ("A 0.5T budget, 5MB files", "A zero point five trillion budget, five MB files"),
     ("Stocks up 12.5% to $48.2 million", "Stocks up twelve point five percent to forty-eight point two million dollars"),
     ("Battery at 15 percent; plug in.", "Battery at fifteen percent; plug in."),
     ("Item(s) shipped", "Items shipped"),

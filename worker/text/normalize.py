@@ -500,6 +500,10 @@ _rule("temperature", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?°\s?(?P<scale>[CFK]
 _rule("version", r"(?:\b(?P<v>[vV])(?=\d)|(?<![\w.]))(?P<ver>\d+(?:\.\d+){2,})(?![\w.]\d)|\b(?P<v2>[vV])(?P<ver2>\d+\.\d+)\b",
       lambda m, b: _version_any(m, b))
 _rule("decade", r"(?<![\w'])'?(?P<n>\d{2}|1\d{3}|20\d{2})'?s\b", lambda m, b: _decade(m, b))
+# "1.5M views", "2.3bn": a decimal before M, B or T is a count. A whole number keeps its letter:
+# "Room 3B", "3M" (the company), "a 7B model" (said "seven B"); so does a name's "-82M" and "5MB".
+_rule("scale", r"(?<![\w.,-])(?:(?P<n>" + _NUM + r")\s?(?P<scale>bn)|(?P<n2>\d+\.\d+)(?P<scale2>[MBT]))(?!\w|[.,]\d)",
+      lambda m, b: f"{num.number(m.group('n') or m.group('n2'), b)} {_SCALES[m.group('scale') or m.group('scale2')]}")
 _rule("multiplier", r"\b(?P<n>\d+(?:\.\d+)?)x\b", lambda m, b: f"{num.number(m.group('n'), b)} times")
 _rule("ordinal", r"\b(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?:st|nd|rd|th)\b", _ordinal)
 _rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
@@ -556,9 +560,13 @@ def _money_after(m: re.Match, british: bool) -> str:
 
 
 def _version_any(m: re.Match, british: bool) -> str:
-    if m.group("ver2"):
-        return _version(_Groups(v=m.group("v2"), ver=m.group("ver2")), british)
-    return _version(m, british)
+    v, ver = (m.group("v2"), m.group("ver2")) if m.group("ver2") else (m.group("v"), m.group("ver"))
+    if v and _AFTER_VERSION.search(m.string, 0, m.start()):  # "version v2.1": the word is said already
+        v = None
+    return _version(_Groups(v=v, ver=ver), british)
+
+
+_AFTER_VERSION = re.compile(r"\bversion\s*$", re.IGNORECASE)
 
 
 class _Groups:
