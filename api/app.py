@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
             state.encoders.shutdown(wait=False)
 
     app = FastAPI(
-        title="kokoro-fleet", version="0.1.0", lifespan=lifespan, docs_url=None,  # /docs: api.swagger, no CDN
+        title="kokoro-fleet", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,  # api.swagger: no CDN
         description="Kokoro-82M text to speech behind OpenAI's audio API.",
         responses={400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )

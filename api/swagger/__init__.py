@@ -8,8 +8,10 @@ their SHA-256, which tests/unit/test_swagger.py checks. A maintainer moves to an
 
     python -m api.swagger --update 5.32.0     # npm pack, copy the files, print the new FILES
 
-    app = FastAPI(docs_url=None, ...)
+    app = FastAPI(docs_url=None, redoc_url=None, ...)
     app.include_router(docs_router("/openapi.json", "kokoro-fleet"))
+
+FastAPI's `/redoc` would load ReDoc from the same CDN: it sends the browser to `/docs` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from importlib.resources import files
 
 from fastapi import APIRouter
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.errors import ApiError
 
@@ -33,6 +35,7 @@ FILES = {
 }
 LICENCE_FILES = ("LICENSE", "NOTICE")
 DOCS_PATH = "/docs"
+REDOC_PATH = "/redoc"
 ASSETS_PATH = "/docs/assets/"
 
 
@@ -52,6 +55,10 @@ def docs_router(openapi_url: str, title: str) -> APIRouter:
             swagger_favicon_url=ASSETS_PATH + "favicon-32x32.png",
             # Swagger UI would otherwise send the schema to validator.swagger.io for a badge.
             swagger_ui_parameters={"validatorUrl": None})
+
+    @router.get(REDOC_PATH)
+    async def redoc() -> RedirectResponse:
+        return RedirectResponse(DOCS_PATH)
 
     @router.get(ASSETS_PATH + "{name}")
     async def docs_asset(name: str) -> Response:

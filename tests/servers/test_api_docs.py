@@ -51,6 +51,8 @@ def test_docs_page_refers_only_to_this_server():
     assert missing.status_code == 404
     assert client.get(ASSETS_PATH + "nothing.js").json()["error"]["code"] == "not_found"
     assert "/docs" not in client.get("/openapi.json").json()["paths"]
+    redoc = client.get("/redoc", follow_redirects=False)  # FastAPI's would load ReDoc from a CDN
+    assert redoc.is_redirect and redoc.headers["location"] == "/docs"
 
 
 def _free_port() -> int:
