@@ -2,7 +2,9 @@
 measured as a listener hears them.
 
 Each of `c` users runs sessions back to back for the step's duration: a text of the set, sent a
-word at a time at `--words-per-second` (a model's writing speed), then `end`. Per session:
+word at a time at `--words-per-second` (a model's writing speed), each word with the space before
+it as a model's tokens come (" word"), then `end`. With `--tool-pause S` the writer stops for S
+seconds after the text's first sentence, as an agent calling a tool after "Let me check.". Per session:
 
 - **first audio**: from the first word sent to the first audio byte received;
 - **word latency**: from the moment a word was sent to the arrival of the audio that speaks it
@@ -15,6 +17,9 @@ word at a time at `--words-per-second` (a model's writing speed), then `end`. Pe
   audio whose piece was complete: the silence the server caused;
 - **model wait**: the time that player sits waiting while the model still writes the next piece:
   silence the listener hears all the same, which the server can only shorten by where it cuts;
+- **after pause**: with `--tool-pause`, from the last word before the pause to its audio: the
+  session's `pause_ms` (sent with `start`, `--pause-ms`) plus the piece's latency, or the whole
+  pause and more when the sentence waits for the text after it (`--pause-ms off`);
 - errors: `error` events, a close other than 1000, a refused upgrade (503s counted apart).
 
     python -m loadtest live --url http://127.0.0.1:8880 --concurrency 1,8 --duration 20 \\
@@ -29,12 +34,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.protocol import DEFAULT_LIVE_PAUSE_MS
 from loadtest import metrics
 from loadtest.client import RAW_FORMATS
 from loadtest.results import machine, now_iso
@@ -62,6 +69,9 @@ class LiveSession:
     audio_s: float = 0.0
     errors: list[str] = field(default_factory=list)
     refused: bool = False  # the upgrade answered 503
+    pause_word: int | None = None  # with a tool pause: the index of the last word before it
+    pause_started: float = 0.0  # when that word was sent
+    after_pause_s: float | None = None  # from then to that word's audio
 
     @property
     def server_stall_s(self) -> float:
@@ -110,6 +120,16 @@ def player_course(frames: list[tuple[float, float, float]]) -> list[tuple[float,
     return spans
 
 
+def _first_sentence_end(words: list[str]) -> int | None:
+    """The index of the word that ends the text's first sentence, if more words follow it."""
+    segmenter = TextSegmenter(opening_chars=0)  # sentence ends only
+    for i, word in enumerate(words[:-1]):
+        segmenter.push((" " if i else "") + word)
+        if copy.copy(segmenter).settle():
+            return i
+    return None
+
+
 def _key(word: str) -> str:
     return re.sub(r"\W", "", word).lower()
 
@@ -132,13 +152,16 @@ class _WordMatcher:
 
 
 async def run_session(url: str, text: str, words_per_second: float, fmt: str, voice: str,
-                      api_key: str = "", timeout: float = 120.0) -> LiveSession:
+                      api_key: str = "", timeout: float = 120.0, tool_pause: float = 0.0,
+                      pause_ms: int | None = DEFAULT_LIVE_PAUSE_MS) -> LiveSession:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
 
     session = LiveSession()
     sample_rate, width = 24000, 2
     words = text.split()
+    if tool_pause > 0:  # after the first sentence that more text follows
+        session.pause_word = _first_sentence_end(words)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     matcher = _WordMatcher(session.words_sent)
     pending: list[Frame] = []  # frames not yet followed by their words event
@@ -151,19 +174,24 @@ async def run_session(url: str, text: str, words_per_second: float, fmt: str, vo
 
     async def write(ws) -> None:
         for i, word in enumerate(words):
-            token = word + (" " if i < len(words) - 1 else "")
+            token = (" " if i else "") + word
             now = time.perf_counter()
             session.words_sent.append((word, now))
             await ws.send(json.dumps({"type": "text", "text": token}))
             pieces_complete(segmenter.push(token), now)
             await asyncio.sleep(1 / words_per_second)
+            if i == session.pause_word:
+                session.pause_started = now
+                if pause_ms is not None:  # the server speaks what a space would have ended, pause_ms after it
+                    pieces_complete(segmenter.settle(), now + pause_ms / 1000)
+                await asyncio.sleep(tool_pause)
         now = time.perf_counter()
         await ws.send(json.dumps({"type": "end"}))
         pieces_complete([segmenter.flush()], now)
 
     try:
         async with connect(url, additional_headers=headers, open_timeout=timeout, max_size=None) as ws:
-            await ws.send(json.dumps({"type": "start", "voice": voice, "response_format": fmt}))
+            await ws.send(json.dumps({"type": "start", "voice": voice, "response_format": fmt, "pause_ms": pause_ms}))
             started = json.loads(await asyncio.wait_for(ws.recv(), timeout))
             if started.get("type") != "started":
                 session.errors.append(json.dumps(started)[:200])
@@ -188,6 +216,8 @@ async def run_session(url: str, text: str, words_per_second: float, fmt: str, vo
                         heard = pending[-1].arrived if pending else now
                         spoken = [matcher.index(w["word"]) for w in event["words"]]
                         session.word_latencies += [heard - session.words_sent[i][1] for i in spoken]
+                        if session.pause_word in spoken:
+                            session.after_pause_s = heard - session.pause_started
                         if spoken and spoken[0] < len(session.word_ready):
                             ready = session.word_ready[spoken[0]]
                             session.piece_latencies.append(heard - ready)
@@ -222,7 +252,8 @@ async def run_step(url: str, texts: list[str], concurrency: int, duration: float
         while time.perf_counter() - started < duration:
             text = texts[counter % len(texts)]
             counter += 1
-            s = await run_session(url, text, args.words_per_second, args.response_format, args.voice, args.api_key)
+            s = await run_session(url, text, args.words_per_second, args.response_format, args.voice, args.api_key,
+                                  tool_pause=args.tool_pause, pause_ms=args.pause_ms)
             sessions.append(s)
             if s.refused:
                 await asyncio.sleep(1.0)
@@ -239,6 +270,7 @@ def summarize_step(concurrency: int, sessions: list[LiveSession], elapsed: float
     piece_latencies = [x for s in done for x in s.piece_latencies]
     stalls = [s.server_stall_s for s in done]
     waits = [s.model_wait_s for s in done]
+    after_pause = [s.after_pause_s for s in done if s.after_pause_s is not None]
     pct = metrics.percentile
     return {
         "concurrency": concurrency, "sessions": len(sessions), "completed": len(done),
@@ -249,6 +281,7 @@ def summarize_step(concurrency: int, sessions: list[LiveSession], elapsed: float
         "piece_latency_p50_ms": _ms(pct(piece_latencies, 50)), "piece_latency_p95_ms": _ms(pct(piece_latencies, 95)),
         "server_stall_p95_ms": _ms(pct(stalls, 95)), "server_stall_max_ms": _ms(max(stalls, default=None)),
         "model_wait_p95_ms": _ms(pct(waits, 95)), "model_wait_max_ms": _ms(max(waits, default=None)),
+        "after_pause_p50_ms": _ms(pct(after_pause, 50)), "after_pause_p95_ms": _ms(pct(after_pause, 95)),
         "audio_s_per_s": round(sum(s.audio_s for s in done) / elapsed, 2) if elapsed > 0 else None,
         "elapsed_s": round(elapsed, 1),
     }
@@ -265,6 +298,7 @@ COLUMNS = (("c", "concurrency"), ("sessions", "completed"), ("503", "refused_503
            ("server stall p95/max ms", ("server_stall_p95_ms", "server_stall_max_ms")),
            ("model wait p95/max ms", ("model_wait_p95_ms", "model_wait_max_ms")),
            ("audio-s/s", "audio_s_per_s"))
+AFTER_PAUSE = ("after pause p50/p95 ms", ("after_pause_p50_ms", "after_pause_p95_ms"))
 
 
 def format_table(steps: list[dict]) -> str:
@@ -273,9 +307,10 @@ def format_table(steps: list[dict]) -> str:
             return " / ".join("-" if step[k] is None else f"{step[k]:g}" for k in key)
         return "-" if step[key] is None else f"{step[key]:g}" if isinstance(step[key], float) else str(step[key])
 
-    header = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
-    rows = ["| " + " | ".join(cell(s, key) for _, key in COLUMNS) + " |" for s in steps]
-    return "\n".join([header, "|" + "---|" * len(COLUMNS), *rows])
+    columns = COLUMNS + ((AFTER_PAUSE,) if any(s.get("after_pause_p50_ms") is not None for s in steps) else ())
+    header = "| " + " | ".join(name for name, _ in columns) + " |"
+    rows = ["| " + " | ".join(cell(s, key) for _, key in columns) + " |" for s in steps]
+    return "\n".join([header, "|" + "---|" * len(columns), *rows])
 
 
 def plot_timelines(steps: list[tuple[int, LiveSession]], path: Path) -> Path:
@@ -332,9 +367,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="pcm", dest="response_format", choices=("pcm", "mulaw", "alaw"),
                    help="the session's raw audio format (its length counted from bytes)")
     p.add_argument("--voice", default="af_heart")
+    p.add_argument("--tool-pause", type=float, default=0.0, metavar="S",
+                   help="seconds the writer stops after each text's first sentence, as an agent calling a tool")
+    p.add_argument("--pause-ms", type=_pause_ms, default=DEFAULT_LIVE_PAUSE_MS,
+                   help=f"the sessions' pause_ms (default {DEFAULT_LIVE_PAUSE_MS}; off: an ended sentence waits for "
+                        "the text after it)")
     p.add_argument("--api-key", default="")
     p.add_argument("--out", default="", help="directory for live.json and live-timeline.png (the table is "
                                              "printed either way)")
+
+
+def _pause_ms(value: str) -> int | None:
+    return None if value == "off" else int(value)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -354,6 +398,7 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "live.json").write_text(json.dumps({"when": now_iso(), "machine": machine(), "url": url,
                                                    "words_per_second": args.words_per_second, "texts": args.texts,
+                                                   "tool_pause_s": args.tool_pause, "pause_ms": args.pause_ms,
                                                    "format": args.response_format, "steps": steps}, indent=2))
         print(out / "live.json")
         if worst:
