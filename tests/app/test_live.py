@@ -292,6 +292,24 @@ def test_loadtest_live_measures_the_servers_share(server):
     assert step["completed"] == 1 and step["errors"] == 0 and step["audio_s_per_s"] == pytest.approx(0.6)
 
 
+def test_loadtest_live_times_the_sentence_before_a_tool_pause(server):
+    """With a tool pause after "One two three.", that sentence's audio comes `pause_ms` plus one
+    synthesis after its last word; with `pause_ms` off, only once the writer resumes."""
+    import asyncio
+
+    from loadtest.live import run_session, summarize_step
+
+    text = "One two three. Four five six."
+    settled = asyncio.run(run_session(live_url(server), text, 40.0, "pcm", "af_heart", tool_pause=1.0, pause_ms=100))
+    waited = asyncio.run(run_session(live_url(server), text, 40.0, "pcm", "af_heart", tool_pause=1.0, pause_ms=None))
+    assert settled.errors == waited.errors == [] and settled.pause_word == waited.pause_word == 2
+    assert 0.1 + 0.9 * PIECE_SECONDS <= settled.after_pause_s < 1.0 <= waited.after_pause_s
+    # the client's cut mirrors the server's: the piece was ready when the server settled it
+    assert min(settled.piece_latencies) >= 0.9 * PIECE_SECONDS
+    assert summarize_step(1, [settled], elapsed=2.0)["after_pause_p50_ms"] == pytest.approx(
+        settled.after_pause_s * 1000, abs=0.1)
+
+
 def test_clear_after_end_still_ends_the_session(server):
     with open_session(server, response_format="pcm") as session:
         session.receive_until("started")
