@@ -110,7 +110,10 @@ class LiveSession:
         self.start = start
         self.id = session_id
         self.service = state.require_service()
-        self.segmenter = TextSegmenter()
+        options = start.normalization()
+        # A code block is dropped line by line where the text is read as Markdown (read_markup).
+        self.segmenter = TextSegmenter(skip_code_blocks=options is None or (options.normalize
+                                                                            and options.markup_normalization))
         self.work: asyncio.Queue = asyncio.Queue()
         self.waiting_chars = 0  # text queued and not yet spoken: bounded by KOKORO_MAX_INPUT_CHARS
         self.encoder = pooled_encoder(state, start.response_format, True, start.volume_multiplier, start.sample_rate)
@@ -208,7 +211,7 @@ class LiveSession:
         return self.start.pause_ms / 1000
 
     async def _queue(self, piece: str) -> None:
-        if not any(ch.isalnum() for ch in piece):  # "", or a lone quote or emoji line: nothing to say
+        if not piece:
             return
         limit = self.state.settings.max_input_chars
         if self.waiting_chars + len(piece) > limit:  # the client writes far faster than we speak
@@ -295,6 +298,8 @@ class LiveSession:
             except ApiError as refused:  # TextError / VoiceError: this piece cannot be spoken
                 if refused.status != 400:
                     raise
+                if refused.code == "nothing_to_say":  # a lone quote, an emoji line: a model wrote it, skip it
+                    return None, None
                 param = "text" if refused.param == "input" else refused.param
                 skipped = bad_request(f"{refused.message} (in the piece {text[:60]!r}; it was skipped)",
                                       param=param, code=f"invalid_{param}")

@@ -115,7 +115,7 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
                                          load_lexicon(state.settings.lexicon))
     except TextError as e:
         param = "language" if e.param == "lang_code" else "text"
-        raise bad_request(str(e), param=param, code=f"invalid_{param}") from None
+        raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
     return PhonemizeResponse(phonemes=" ".join(c.phonemes for c in chunks if c.phonemes),
                              tokens=[i for c in chunks for i in c.ids])
 
@@ -208,7 +208,7 @@ async def admit_speech(service: SpeechBackend, text: str, options, phonemes: boo
         param = getattr(e, "param", None)
         if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug
             raise
-        raise bad_request(str(e), param=param, code=f"invalid_{param}") from None
+        raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
 
 
 def release_slot(slot: ProcessSlot, service: SpeechBackend, audio_s: float) -> None:

@@ -19,8 +19,8 @@ import numpy as np
 
 from worker.audio import SAMPLE_RATE
 from worker.settings import Settings, get_settings
-from worker.text import (Chunk, NormalizationOptions, TextError, language_loaded, load_language, load_lexicon,
-                         phonemes_to_chunks, text_to_chunks)
+from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
+                         load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.timestamps import WordTimestamp, word_timestamps
 from worker.voices import Voice, VoiceBank
 
@@ -167,8 +167,8 @@ class SpeechService:
             raise
         if not any(c.ids for c in chunks):
             if request.phonemes:
-                raise TextError("phonemes hold nothing to speak", param="phonemes")
-            raise TextError("input has nothing to speak: after normalization it holds no pronounceable text")
+                raise NothingToSay("phonemes hold nothing to speak", param="phonemes")
+            raise NothingToSay("input has nothing to speak: after normalization it holds no pronounceable text")
         plan = SpeechPlan(request, voice, lang_code, chunks)
         limit = self.settings.max_request_audio_seconds
         if limit and plan.estimated_seconds > limit:

@@ -29,7 +29,7 @@ import uvicorn
 from api.app import create_app
 from worker.settings import Settings
 from worker.speech import ReplicaStats, SpeechPlan
-from worker.text import Chunk
+from worker.text import Chunk, NothingToSay
 from worker.voices import VoiceBank
 
 SR = 24000
@@ -101,6 +101,8 @@ class ScriptedService:
         if request.voice not in ("af_heart", "bm_george", "alloy"):
             raise ScriptedVoiceError(f"unknown voice {request.voice!r}")
         sentences = [s.strip() for s in request.text.split(".") if s.strip()]
+        if not any(c.isalnum() for c in request.text):  # as the text frontend finds nothing to pronounce
+            raise NothingToSay("input has nothing to speak")
         return SpeechPlan(request, None, "a", [Chunk(s, "", []) for s in sentences])
 
     async def admit(self, request):

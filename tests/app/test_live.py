@@ -431,3 +431,25 @@ def test_text_with_nothing_to_say_is_skipped_without_an_error(server):
         session.send(type="end")
         session.receive_until("done")
     assert len(session.audio) == PIECE_BYTES and not session.of("error")
+
+
+def test_a_code_block_in_the_reply_is_not_spoken(server, service):
+    reply = "Here is the fix:\n\n```python\nfor i in range(3):\n    print(i)\n```\nRun it. It works.\n"
+    with open_session(server, response_format="pcm") as session:
+        session.receive_until("started")
+        for token in reply.split(" "):
+            session.send(type="text", text=token + " ")
+        session.send(type="end")
+        session.receive_until("done")
+    words = [w["word"] for e in session.of("words") for w in e["words"]]
+    assert words == ["Here", "is", "the", "fix:", "Run", "it", "It", "works"] and not session.of("error")
+
+
+def test_with_markdown_off_a_code_block_is_read(server):
+    with open_session(server, response_format="pcm", normalization_options={"markup_normalization": False}) as session:
+        session.receive_until("started")
+        session.send(type="text", text="```sh\nls -la\n```\n")
+        session.send(type="end")
+        session.receive_until("done")
+    words = [w["word"] for e in session.of("words") for w in e["words"]]
+    assert "ls" in words and len(session.audio) == 2 * PIECE_BYTES  # the bare closing fence: nothing to say

@@ -194,7 +194,10 @@ MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write i
     ("<speak>Wait<break time='250ms'/>now.</speak>", "Wait[pause:250ms]now."),
     ('<sub alias="World Wide Web">WWW</sub> pages', "World Wide Web pages"),
     ('<prosody rate="slow">Slowly</prosody> <emphasis>now</emphasis>', "Slowly now"),
-    ("```python\nprint(1)\n```", "print(one)"),
+    # a fenced code block is for the eye: none of it is read (an unclosed one runs to the end)
+    ("Here is the fix:\n```python\nprint(1)\n```\nRun it.", "Here is the fix:\nRun it."),
+    ("Try:\n~~~~\nls -la\n~~~\nstill code\n~~~~~\nDone.", "Try:\nDone."),
+    ("Use ```x``` here\nand `ls` there.\n```sh\nrm -rf /", "Use x here\nand ls there."),
     ("Above\n---\nBelow", "Above\nBelow"),
     # ... and what only looks like markup stays text
     ("5 * 3 = 15 and a < b > c", "five three equals fifteen and a less than b greater than c"),

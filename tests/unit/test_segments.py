@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.text.markup import drop_code_blocks
 from worker.text.segments import MAX_PIECE_CHARS, OPENING_CHARS, TextSegmenter
 
 
@@ -104,3 +105,48 @@ def test_after_a_pause_the_turns_opening_ends_at_clauses_again():
     assert segmenter.push("Here is what I found in the notes, and") == []  # past the opening
     assert segmenter.settle() == []  # no sentence ended
     assert segmenter.push(" then") == ["Here is what I found in the notes,"]  # the clause ends a piece again
+
+
+def test_a_code_block_is_dropped_line_by_line_as_it_comes():
+    segmenter = TextSegmenter()
+    reply = "Here is the fix:\n\n```python\nfor i in range(3):\n    print(i)\n```\nRun it. It prints three lines."
+    pieces = [p for ch in reply for p in segmenter.push(ch)]  # one character at a time
+    assert pieces + [segmenter.flush()] == ["Here is the fix:", "Run it.", "It prints three lines."]
+    assert segmenter.push("Not code: ```x``` inline.\n```") == ["Not code: ```x``` inline."]
+    assert segmenter.push("sh\nrm -rf /tmp/x\n") == [] and segmenter.buffer == ""  # code does not pile up
+    assert segmenter.flush() == ""  # a turn's end closes its code block
+    assert segmenter.push("Back to words. ") == ["Back to words."]
+
+
+def test_a_fence_counts_only_at_a_lines_start_and_closes_only_with_its_own_kind():
+    segmenter = TextSegmenter()
+    assert segmenter.push("Type ``` then") == [] and segmenter.fence is None
+    segmenter.flush()
+    assert segmenter.push("~~~~\ncode\n~~~\nstill code\n```\nstill\n~~~~~\nOut. ") == ["Out."]
+    assert segmenter.push("Show it:\n```") == ["Show it:"]
+    assert segmenter.settle() == []  # the writer paused after the fence: "```" is not said
+    assert segmenter.push("\nx = 1\n```") == [] and segmenter.settle() == [] and segmenter.fence == "```"
+    assert segmenter.push("\nDone. ") == ["Done."] and segmenter.fence is None  # the closing line is complete
+
+
+def test_a_long_code_line_does_not_pile_up():
+    segmenter = TextSegmenter()
+    segmenter.push("```\n")
+    for _ in range(100):
+        segmenter.push("x = 1 + 2 " * 10)  # one line of 10,000 characters, still coming
+    assert len(segmenter.buffer) <= MAX_PIECE_CHARS + 100
+    assert segmenter.push("\n```\nAfter it. ") == ["After it."]
+
+
+def test_with_markdown_off_code_is_text():
+    segmenter = TextSegmenter(skip_code_blocks=False)
+    assert segmenter.push("```sh\nls\n```\n") == ["```sh", "ls", "```"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("ab .\n`~") + ["```", "~~~", "```py\n", "\n```\n", "word. "]), max_size=120)
+       .map("".join), st.lists(st.integers(min_value=0, max_value=300), max_size=10), st.booleans())
+def test_the_pieces_are_the_text_that_read_markup_keeps_of_it(text, cuts, pauses):
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = pieces_of(*(text[a:b] for a, b in zip(bounds, bounds[1:])), pauses=pauses)
+    assert "".join(pieces).replace(" ", "") == "".join(drop_code_blocks(text).split())

@@ -11,7 +11,7 @@ import torch
 from worker.engine import Synthesis
 from worker.speech import EDGE_FADE_SAMPLES, SAMPLE_RATE, SpeechRequest, SpeechService, fade_edges
 from worker.settings import Settings
-from worker.text import TextError
+from worker.text import NothingToSay, TextError
 from worker.voices import VoiceBank, VoiceError
 from worker.weights import VOICE_NAMES
 
@@ -103,6 +103,9 @@ def test_plan_rejects_bad_voice_and_empty_text_before_any_audio(voices):
         svc.plan(SpeechRequest("Hello.", voice="no_such_voice"))
     with pytest.raises(TextError):
         svc.plan(SpeechRequest("   ", voice="af_heart"))
+    with pytest.raises(NothingToSay) as code_only:  # a live session skips such a piece; a request is refused
+        svc.plan(SpeechRequest("```python\nprint(1)\n```", voice="af_heart"))
+    assert code_only.value.code == "nothing_to_say" and code_only.value.param == "input"
     assert replica.calls == []
 
 

@@ -10,8 +10,16 @@ class TextError(ValueError):
     """
 
     param: str = "input"
+    code: str | None = None  # the API error's code, when not `invalid_<param>`
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         if param is not None:
             self.param = param
+
+
+class NothingToSay(TextError):
+    """The text holds nothing to pronounce once normalized (only markup, code or emoji): an error
+    for a request, but a live session just skips such a piece of its text."""
+
+    code = "nothing_to_say"

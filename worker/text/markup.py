@@ -10,6 +10,10 @@ own sentence:
     "## Steps\\n- **Mix** the [flour](https://x.org/flour)\\n- Bake<break time=\\"500ms\\"/> well"
     -> "Steps.\\nMix the flour.\\nBake[pause:500ms] well."
 
+A fenced code block (``` or ~~~) is for the eye: read aloud it is symbols ("for i in range open
+paren three close paren colon"), so a listener hears nothing of it. As in CommonMark, a fence
+that is never closed runs to the end of the text. Inline `code` is read: it is usually a name.
+
 Kept as they are: Kokoro's own pronunciation links `[word](/phonemes/)` and pause tags
 `[pause:0.5s]`; SSML's `<break time="...">` becomes such a pause tag, `<sub alias="...">` its alias.
 A link to a site path, `[the docs](/docs/)`, has the same shape as a pronunciation: its target is
@@ -29,7 +33,7 @@ from worker.text.vocab import vocab
 
 # --- whole lines ------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"^ {0,3}(?:```|~~~).*$", re.MULTILINE)
+_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")  # groups: the fence, the rest of its line
 _RULE_LINE = re.compile(r"^ {0,3}([-*_])(?: *\1){2,} *$", re.MULTILINE)
 _TABLE_DIVIDER = re.compile(r"^ *\|? *:?-{2,}:? *(?:\| *:?-{2,}:? *)*\|? *$", re.MULTILINE)
 _TABLE_ROW = re.compile(r"^ *\|(.*)\| *$", re.MULTILINE)
@@ -81,8 +85,7 @@ _ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
 def read_markup(text: str) -> str:
     """Markdown, HTML and SSML in `text` -> the text a listener should hear (see the module
     docstring). Lines keep their breaks, so the splitter still sees paragraphs."""
-    text = _read_tags(text)
-    text = _FENCE.sub("", text)
+    text = _read_tags(drop_code_blocks(text))
     text = _RULE_LINE.sub("", text)
     text = _TABLE_DIVIDER.sub("", text)
     text = _TABLE_ROW.sub(lambda m: _own_sentence(", ".join(c.strip() for c in m.group(1).split("|") if c.strip())),
@@ -100,6 +103,36 @@ def read_markup(text: str) -> str:
     text = _STAR.sub(r"\1", text)
     text = _UNDERSCORE.sub(r"\1", text)
     return re.sub(r"[^\S\n]*\n\s*", "\n", text).strip()
+
+
+def code_fence(line: str) -> str | None:
+    """The fence (three or more ` or ~) with which `line` opens a fenced code block, or None."""
+    m = _FENCE_LINE.match(line)
+    if m is None or (m.group(1)[0] == "`" and "`" in m.group(2)):  # "```x```" on one line is inline code
+        return None
+    return m.group(1)
+
+
+def closes_code(fence: str, line: str) -> bool:
+    """Whether `line` closes the code block that `fence` opened: the same character, at least as
+    many, and nothing else on the line."""
+    m = _FENCE_LINE.match(line)
+    return m is not None and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip()
+
+
+def drop_code_blocks(text: str) -> str:
+    """`text` without its fenced code blocks (fences included); a line break stands for each."""
+    if "```" not in text and "~~~" not in text:
+        return text
+    kept: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        if fence is None:
+            fence = code_fence(line)
+            kept.append(line if fence is None else "")
+        elif closes_code(fence, line):
+            fence = None
+    return "\n".join(kept)
 
 
 def is_pronunciation(target: str) -> bool:

@@ -19,6 +19,9 @@ pauses anyway.
   the writing, and pieces end at sentence ends only (Kokoro's intonation is a whole sentence's).
 - Text with no such mark is cut at its last space (a clause mark first) before `MAX_PIECE_CHARS`,
   so a run-on text still streams.
+- A fenced code block (``` or ~~~ lines) is dropped as it comes, line by line, when
+  `skip_code_blocks` (the session reads Markdown): read_markup would drop it from a whole text, but
+  a piece is a line, and a code line alone no longer shows that it is code.
 - When the writer pauses (a model calling a tool after "Let me check that."), `settle()` ends the
   pieces that the next characters would have ended, as if a space came: the listener hears "Let me
   check that." during the pause, not after it. A word or sentence still unfinished waits. After a
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import re
 
+from worker.text.markup import closes_code, code_fence
 from worker.text.normalize import ABBREVIATIONS
 
 CLAUSE_PIECE_MIN_CHARS = 30
@@ -52,16 +56,20 @@ _CLAUSE_MARKS = ",;:—"
 _NOT_ENDS = frozenset(k for k in ABBREVIATIONS if k.endswith(".")) | {"Dr.", "St.", "No.", "Mx.", "a.m.", "p.m."}
 _INITIAL = re.compile(r"(?:\b|^)[A-Z]\.$")  # "J." in "J. R. R. Tolkien"
 _LIST_NUMBER = re.compile(r"^\s*\d{1,3}\.$")  # "2." opening a numbered list item
+_CODE_LINE_GOES_ON = "x"  # stands for the start of a long code line: no closing fence starts so
 
 
 class TextSegmenter:
     def __init__(self, clause_piece_min_chars: int = CLAUSE_PIECE_MIN_CHARS, opening_chars: int = OPENING_CHARS,
-                 max_piece_chars: int = MAX_PIECE_CHARS):
+                 max_piece_chars: int = MAX_PIECE_CHARS, skip_code_blocks: bool = True):
         self.clause_piece_min_chars = clause_piece_min_chars
         self.opening_chars = opening_chars
         self.max_piece_chars = max_piece_chars
+        self.skip_code_blocks = skip_code_blocks
         self.buffer = ""
         self.turn_chars = 0  # cut into pieces since the session's start, the last flush or pause
+        self.line_start = True  # the buffer starts a line
+        self.fence: str | None = None  # inside a code block: the fence that opened it
 
     def push(self, text: str) -> list[str]:
         """Add text; return the pieces it completed, in order (stripped, never blank)."""
@@ -77,22 +85,76 @@ class TextSegmenter:
 
     def _cut(self, settled: bool = False) -> list[str]:
         pieces = []
-        while (end := self._piece_end(settled)) is not None:
-            piece, self.buffer = self.buffer[:end].strip(), self.buffer[end:]
+        while True:
+            if self.skip_code_blocks and self._skip_code():
+                continue
+            if self.fence is not None or (self.skip_code_blocks and self._fence_line_coming()):
+                break  # code whose line is not complete yet, or a line that may open a code block
+            end = self._piece_end(settled)
+            if end is None:
+                break
+            piece, self.buffer = self.buffer[:end], self.buffer[end:]
             self.turn_chars += end
-            if piece:
-                pieces.append(piece)
+            self.line_start = piece.endswith("\n")
+            if piece.strip():
+                pieces.append(piece.strip())
         return pieces
 
     def flush(self) -> str:
-        """Everything buffered, as one piece ("" when there is nothing to say)."""
-        piece, self.buffer = self.buffer.strip(), ""
-        self.turn_chars = 0
+        """Everything buffered, as one piece ("" when there is nothing to say: an unclosed code
+        block ends with the turn)."""
+        while self.skip_code_blocks and self._skip_code():
+            pass
+        code = self.fence is not None or (self.skip_code_blocks and self._fence_line_coming(final=True))
+        piece = "" if code else self.buffer.strip()
+        self.clear()
         return piece
 
     def clear(self) -> None:
         self.buffer = ""
         self.turn_chars = 0
+        self.line_start = True
+        self.fence = None
+
+    def _fence_line_coming(self, final: bool = False) -> bool:
+        """Whether the buffer starts a line that opens a code block, or may once more comes ("``";
+        not when the text is `final`), with its line break still to come: "```word. " must not be
+        cut as a sentence."""
+        head = self.buffer.lstrip(" \t")
+        if not (self.line_start or head.startswith("\n")):
+            return False
+        text = head.lstrip(" \t\n")  # blank lines before it
+        line = text.partition("\n")[0]
+        if "\n" in text or not line or len(line) > self.max_piece_chars:  # no fence line is that long
+            return False
+        return code_fence(line) is not None or (not final and line[0] in "`~" and len(line) < 3
+                                                and set(line) == {line[0]})
+
+    def _skip_code(self) -> bool:
+        """Drop a code block's opening fence line, or inside one its complete lines (and the
+        closing fence, which ends it); whether it dropped anything. A line counts once its line
+        break has come, even after a pause: "```" may still become "```py" or "````"."""
+        if self.fence is None:
+            line, rest = _first_line(self.buffer)
+            first = True
+            while rest is not None and not line.strip():  # blank lines before it: it starts a line
+                line, rest = _first_line(rest)
+                first = False
+            if rest is None or (first and not self.line_start) or (fence := code_fence(line)) is None:
+                return False
+            self.fence, self.buffer, self.line_start = fence, rest, True
+            return True
+        dropped = False
+        while self.fence is not None:
+            line, rest = _first_line(self.buffer)
+            if rest is None:
+                if len(line) > self.max_piece_chars:  # too long to close the block: keep a mark of it, not it
+                    self.buffer, dropped = _CODE_LINE_GOES_ON, True
+                return dropped
+            if closes_code(self.fence, line):
+                self.fence = None
+            self.buffer, dropped = rest, True
+        return dropped
 
     def _piece_end(self, settled: bool = False) -> int | None:
         """Where the buffer's first complete piece ends, or None while it is not complete yet.
@@ -115,6 +177,12 @@ class TextSegmenter:
             if i + 1 >= self.max_piece_chars:
                 return _last_break(text[:i + 1])
         return None
+
+
+def _first_line(text: str) -> tuple[str, str | None]:
+    """The first line of `text` and what follows its line break (None: the line has none yet)."""
+    line, newline, rest = text.partition("\n")
+    return line, rest if newline else None
 
 
 def _after_closers(text: str, i: int) -> int:
