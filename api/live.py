@@ -52,6 +52,7 @@ from api.state import AppState
 from api.transport import access_log
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.speech import AudioPiece, SpeechPlan
+from worker.text import NormalizationOptions
 from worker.text.segments import TextSegmenter
 
 log = logging.getLogger("kokoro_fleet.api")
@@ -110,10 +111,8 @@ class LiveSession:
         self.start = start
         self.id = session_id
         self.service = state.require_service()
-        options = start.normalization()
-        # A code block is dropped line by line where the text is read as Markdown (read_markup).
-        self.segmenter = TextSegmenter(skip_code_blocks=options is None or (options.normalize
-                                                                            and options.markup_normalization))
+        # Where the text is read as markup: code blocks dropped, <voice> followed from piece to piece.
+        self.segmenter = TextSegmenter(reads_markup=(start.normalization() or NormalizationOptions()).reads_markup)
         self.work: asyncio.Queue = asyncio.Queue()
         self.waiting_chars = 0  # text queued and not yet spoken: bounded by KOKORO_MAX_INPUT_CHARS
         self.encoder = pooled_encoder(state, start.response_format, True, start.volume_multiplier, start.sample_rate)

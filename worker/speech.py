@@ -11,6 +11,7 @@ implements the same contract over the shared queue.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ from worker.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
                          load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.timestamps import WordTimestamp, word_timestamps
-from worker.voices import Voice, VoiceBank
+from worker.text.markup import split_voices
+from worker.voices import Voice, VoiceBank, VoiceError
 
 # Chunks are synthesized independently, so their edges need not meet at zero. A short raised-cosine
 # fade at each edge makes every join continuous (no click) without audibly touching speech: Kokoro
@@ -61,6 +63,14 @@ class SpeechPlan:
     voice: Voice
     lang_code: str
     chunks: list[Chunk]
+    voices: dict[str, Voice] = field(default_factory=dict)  # those SSML's <voice name> gave parts of the text
+
+    def voice_of(self, chunk: Chunk) -> Voice:
+        """The voice that reads `chunk`: the request's, or the one a <voice> element named."""
+        return self.voices[chunk.voice] if chunk.voice else self.voice
+
+    def voice_spec_of(self, chunk: Chunk) -> str:
+        return chunk.voice or self.request.voice
 
     @property
     def phoneme_count(self) -> int:
@@ -153,13 +163,12 @@ class SpeechService:
         lang_code = request.lang_code or voice.lang_code
         sizes = {"first_chunk_phonemes": self.settings.first_chunk_phonemes,
                  "chunk_phonemes": self.settings.chunk_phonemes}
+        voices: dict[str, Voice] = {}
         try:
             if request.phonemes:
                 chunks = phonemes_to_chunks(request.text, **sizes)
             else:
-                load_language(lang_code)  # once per process; plans_inline sends a first one here off the loop
-                chunks = text_to_chunks(request.text, lang_code, request.normalization, **sizes,
-                                        lexicon=load_lexicon(self.settings.lexicon))
+                chunks = self._text_chunks(request, lang_code, voices, **sizes)
         except TextError as exc:
             if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
                 raise TextError(f"voice {voice.name}: {exc}; pick another voice or set lang_code",
@@ -169,7 +178,7 @@ class SpeechService:
             if request.phonemes:
                 raise NothingToSay("phonemes hold nothing to speak", param="phonemes")
             raise NothingToSay("input has nothing to speak: after normalization it holds no pronounceable text")
-        plan = SpeechPlan(request, voice, lang_code, chunks)
+        plan = SpeechPlan(request, voice, lang_code, chunks, voices)
         limit = self.settings.max_request_audio_seconds
         if limit and plan.estimated_seconds > limit:
             raise TextError(
@@ -177,10 +186,33 @@ class SpeechService:
                 "this server allows in one request: split the text into several requests")
         return plan
 
+    def _text_chunks(self, request: SpeechRequest, lang_code: str, voices: dict[str, Voice],
+                     first_chunk_phonemes: int, chunk_phonemes: int) -> list[Chunk]:
+        """The text's chunks. A part that SSML's `<voice name>` gives another speaker is read in
+        that voice's language, and its chunks name the voice (resolved into `voices`)."""
+        options = request.normalization or NormalizationOptions()
+        parts = split_voices(request.text) if options.reads_markup else [(None, request.text)]
+        lexicon = load_lexicon(self.settings.lexicon)
+        chunks: list[Chunk] = []
+        for spec, text in parts:
+            part_lang = lang_code
+            if spec is not None:
+                if spec not in voices:
+                    try:
+                        voices[spec] = self.voices.resolve(spec)
+                    except VoiceError as exc:
+                        raise TextError(f"<voice name={spec!r}> in the input: {exc}") from None
+                part_lang = voices[spec].lang_code
+            load_language(part_lang)  # once per process; plans_inline sends a first one here off the loop
+            part = text_to_chunks(text, part_lang, options, first_chunk_phonemes if not chunks else chunk_phonemes,
+                                  chunk_phonemes, lexicon=lexicon)
+            chunks += [dataclasses.replace(c, voice=spec) for c in part] if spec else part
+        return chunks
+
     def plans_inline(self, request: SpeechRequest) -> bool:
         """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread,
         once its language's reader is loaded: loading one (up to 0.7 s) would stall the event loop."""
-        if len(request.text) > INLINE_PLAN_CHARS:
+        if len(request.text) > INLINE_PLAN_CHARS or "<voice" in request.text.lower():  # may load other readers
             return False
         if request.phonemes:
             return True
@@ -225,7 +257,7 @@ class SpeechService:
             words: list[WordTimestamp] = []
             pcm = np.zeros(0, dtype=np.float32)
             if chunk.ids:
-                style = self.voices.style(plan.voice, len(chunk.ids))
+                style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
                 result = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
                 pcm = fade_edges(result.audio)
                 words = word_timestamps(chunk, result.durations, offset_s)

@@ -80,7 +80,7 @@ class FleetPlan(SpeechPlan):
 
     @classmethod
     def admitted(cls, plan: SpeechPlan, ticket: Ticket | None) -> "FleetPlan":
-        return cls(plan.request, plan.voice, plan.lang_code, plan.chunks, ticket=ticket)
+        return cls(plan.request, plan.voice, plan.lang_code, plan.chunks, plan.voices, ticket=ticket)
 
 
 @dataclass
@@ -273,7 +273,7 @@ class FleetSpeechService:
             raise
         if rid is not None:
             speed = plan.request.speed
-            jobs = [ChunkJob(encode_job(c.ids, plan.request.voice, speed), len(c.ids)) for c in plan.chunks if c.ids]
+            jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), speed), len(c.ids)) for c in plan.chunks if c.ids]
             # This worker's replica waiting for work: the admission leases for it in the same call
             # (the earliest deadline first, as ever; usually this request's first chunk, which then
             # never crosses processes or waits for a wake-up).
@@ -383,7 +383,7 @@ class FleetSpeechService:
                             failed = True  # the owner has read the error: release, not cancel
                             raise
                     if audio is None:
-                        style = self.voices.style(plan.voice, len(chunk.ids))
+                        style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
                         synthesis = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
                         audio, durations = synthesis.audio, synthesis.durations
                     pcm = fade_edges(audio)

@@ -25,6 +25,8 @@ from worker.speech import SpeechRequest, SpeechService
 
 TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good while longer, so that the "
               "text needs more than one chunk of phonemes, and the fleet has several jobs to share out.")
+# The same, its second sentence in another voice (SSML): each job carries its own.
+TWO_VOICES = TWO_CHUNKS.replace("The second", '<voice name="bm_george">The second') + "</voice>"
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +78,9 @@ def test_job_payload_round_trips():
     assert decode_job(payload) == ([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
 
 
-@pytest.mark.parametrize("runner", ["own replica", "another worker's replica"])
-def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server, runner):
+@pytest.mark.parametrize("runner, text", [("own replica", TWO_CHUNKS), ("another worker's replica", TWO_CHUNKS),
+                                          ("another worker's replica", TWO_VOICES)])
+def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server, runner, text):
     """The same audio whichever replica runs the jobs: this worker's own (the PCM is handed over in
     memory and never stored in Redis) or another worker's (16-bit PCM through Redis)."""
     async def go():
@@ -87,8 +90,9 @@ def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service
             await fleet.dispatcher.close()  # this worker's replica leaves: only `other` runs jobs
             other = await fleet_for(local_service, redis_server.url, name="other").start()
         try:
-            plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
+            plan = local_service.plan(SpeechRequest(text, "af_heart"))
             assert sum(1 for c in plan.chunks if c.ids) >= 2, "the test needs several chunk jobs"
+            assert (text == TWO_VOICES) == any(c.voice == "bm_george" for c in plan.chunks)
             local = await collect(local_service, plan)
             admitted = await fleet.admit(plan.request)
             assert isinstance(admitted, FleetPlan) and admitted.ticket is not None

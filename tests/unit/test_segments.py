@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.text.markup import drop_code_blocks
+from worker.text.markup import drop_code_blocks, split_voices
 from worker.text.segments import MAX_PIECE_CHARS, OPENING_CHARS, TextSegmenter
 
 
@@ -139,7 +139,7 @@ def test_a_long_code_line_does_not_pile_up():
 
 
 def test_with_markdown_off_code_is_text():
-    segmenter = TextSegmenter(skip_code_blocks=False)
+    segmenter = TextSegmenter(reads_markup=False)
     assert segmenter.push("```sh\nls\n```\n") == ["```sh", "ls", "```"]
 
 
@@ -150,3 +150,15 @@ def test_the_pieces_are_the_text_that_read_markup_keeps_of_it(text, cuts, pauses
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     pieces = pieces_of(*(text[a:b] for a, b in zip(bounds, bounds[1:])), pauses=pauses)
     assert "".join(pieces).replace(" ", "") == "".join(drop_code_blocks(text).split())
+
+
+def test_a_piece_inside_a_voice_element_opens_with_its_tag_again():
+    segmenter = TextSegmenter()
+    assert segmenter.push('Welcome back. <voice name="bm_george">Thank you. It is good') == [
+        "Welcome back.", '<voice name="bm_george">Thank you.']
+    assert segmenter.push(" to be here.</voice> Now, the news. ") == [
+        '<voice name="bm_george">It is good to be here.</voice>', "Now, the news."]
+    assert split_voices(segmenter.push('<voice name="ff_siwis">Bonjour. Oui.')[0]) == [("ff_siwis", "Bonjour.")]
+    assert segmenter.flush() == '<voice name="ff_siwis">Oui.'  # a turn's end closes what it left open
+    assert segmenter.push("Hello. ") == ["Hello."]
+    assert TextSegmenter(reads_markup=False).push('<voice name="x">Yes. Fine. ') == ['<voice name="x">Yes.', "Fine."]

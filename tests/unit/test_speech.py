@@ -11,7 +11,7 @@ import torch
 from worker.engine import Synthesis
 from worker.speech import EDGE_FADE_SAMPLES, SAMPLE_RATE, SpeechRequest, SpeechService, fade_edges
 from worker.settings import Settings
-from worker.text import NothingToSay, TextError
+from worker.text import NormalizationOptions, NothingToSay, TextError, text_to_chunks
 from worker.voices import VoiceBank, VoiceError
 from worker.weights import VOICE_NAMES
 
@@ -23,10 +23,12 @@ class RecordingReplica:
 
     def __init__(self, delay: float = 0.0):
         self.calls: list[list[int]] = []
+        self.styles: list[torch.Tensor] = []
         self.delay = delay
 
     async def synthesize(self, ids, style, speed=1.0):
         self.calls.append(list(ids))
+        self.styles.append(style)
         await asyncio.sleep(self.delay)
         durations = np.full(len(ids) + 2, 2, dtype=np.int64)
         n = int(durations.sum()) * FRAME
@@ -107,6 +109,31 @@ def test_plan_rejects_bad_voice_and_empty_text_before_any_audio(voices):
         svc.plan(SpeechRequest("```python\nprint(1)\n```", voice="af_heart"))
     assert code_only.value.code == "nothing_to_say" and code_only.value.param == "input"
     assert replica.calls == []
+
+
+def test_ssml_voice_elements_read_their_parts_in_their_voices_and_languages(voices):
+    replica = RecordingReplica()
+    svc = service(voices, replica)
+    plan = svc.plan(SpeechRequest('<speak>Hello there. <voice name="bm_george">Good morning.</voice> '
+                                  '<voice name="ff_siwis">Bonjour à tous.</voice> Bye.</speak>', voice="af_heart"))
+    spoken = [c for c in plan.chunks if c.ids]
+    assert [c.voice for c in spoken] == [None, "bm_george", "ff_siwis", None]
+    assert [plan.voice_spec_of(c) for c in spoken] == ["af_heart", "bm_george", "ff_siwis", "af_heart"]
+    french = text_to_chunks("Bonjour à tous.", "f")[0]  # read by the French reader, not the English one
+    assert spoken[2].phonemes == french.phonemes != text_to_chunks("Bonjour à tous.", "a")[0].phonemes
+    asyncio.run(collect(svc, plan))
+    for chunk, style in zip(spoken, replica.styles, strict=True):
+        assert torch.equal(style, voices.style(plan.voice_of(chunk), len(chunk.ids)))
+
+
+def test_a_voice_element_with_an_unknown_name_is_an_input_error_and_markup_off_reads_it(voices):
+    svc = service(voices, RecordingReplica())
+    with pytest.raises(TextError, match=r"<voice name='am_nobody'> in the input: unknown voice") as err:
+        svc.plan(SpeechRequest('Hi <voice name="am_nobody">there</voice>.'))
+    assert err.value.param == "input"
+    literal = svc.plan(SpeechRequest('Hi <voice name="bm_george">there</voice>.',
+                                     normalization=NormalizationOptions(markup_normalization=False)))
+    assert all(c.voice is None for c in literal.chunks) and literal.voices == {}
 
 
 def test_cancelling_the_consumer_stops_after_the_chunk_in_flight(voices):

@@ -46,6 +46,7 @@ class Chunk:
     ids: list[int]
     words: list[WordSpan] = field(default_factory=list)
     pause_after: float = 0.0  # seconds of silence after this chunk
+    voice: str | None = None  # the voice SSML's <voice name> gave this chunk's text (None: the request's)
 
 
 def text_to_chunks(

@@ -10,6 +10,9 @@ own sentence:
     "## Steps\\n- **Mix** the [flour](https://x.org/flour)\\n- Bake<break time=\\"500ms\\"/> well"
     -> "Steps.\\nMix the flour.\\nBake[pause:500ms] well."
 
+SSML's `<voice name="am_adam">...</voice>` changes the speaker for what it encloses: the speech
+planner cuts the text there first (`split_voices`), and each part is read with its own voice.
+
 A fenced code block (``` or ~~~) is for the eye: read aloud it is symbols ("for i in range open
 paren three close paren colon"), so a listener hears nothing of it. As in CommonMark, a fence
 that is never closed runs to the end of the text. Inline `code` is read: it is usually a name.
@@ -80,6 +83,8 @@ _TIME = re.compile(r"\btime\s*=\s*[\"']?\s*(\d+(?:\.\d+)?)\s*(m?s)\b", re.IGNORE
 _SUB = re.compile(rf"<sub\b({_ATTRIBUTES})\s*>(.*?)</sub\s*>", re.IGNORECASE | re.DOTALL)
 _ALIAS = re.compile(r"\balias\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", re.IGNORECASE)
 _ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
+_VOICE_TAG = re.compile(rf"<voice\b({_ATTRIBUTES})\s*>|</voice\s*>", re.IGNORECASE)
+_NAME = re.compile(r"\bname\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'<>=]+))", re.IGNORECASE)
 
 
 def read_markup(text: str) -> str:
@@ -103,6 +108,49 @@ def read_markup(text: str) -> str:
     text = _STAR.sub(r"\1", text)
     text = _UNDERSCORE.sub(r"\1", text)
     return re.sub(r"[^\S\n]*\n\s*", "\n", text).strip()
+
+
+def split_voices(text: str) -> list[tuple[str | None, str]]:
+    """`text` cut where SSML's `<voice name="...">` changes the speaker: (the voice named, or None
+    for the request's own, the text), in order, without the voice tags and without blank parts.
+    Voice elements nest; one never closed runs to the end, a stray `</voice>` is dropped, and one
+    without a name keeps the voice around it.
+
+        split_voices('Hi. <voice name="am_adam">Hello.</voice> Bye.')
+        -> [(None, "Hi. "), ("am_adam", "Hello."), (None, " Bye.")]
+    """
+    if "</voice" not in text.lower() and "<voice" not in text.lower():
+        return [(None, text)]
+    parts: list[tuple[str | None, str]] = []
+    speakers: list[str | None] = [None]
+    start = 0
+    for tag in _VOICE_TAG.finditer(text):
+        parts.append((speakers[-1], text[start:tag.start()]))
+        start = tag.end()
+        _follow(tag, speakers)
+    parts.append((speakers[-1], text[start:]))
+    return [(voice, part) for voice, part in parts if part.strip()]
+
+
+def follow_voices(text: str, speakers: list[str | None]) -> None:
+    """Update `speakers` (a stack, [None] at first: the request's voice) past the `<voice>` tags of
+    `text`: how a live session knows whose voice its next piece of text is in."""
+    for tag in _VOICE_TAG.finditer(text):
+        _follow(tag, speakers)
+
+
+def voice_tag(name: str) -> str:
+    return f'<voice name="{name}">'
+
+
+def _follow(tag: re.Match, speakers: list[str | None]) -> None:
+    if tag.group(0).startswith("</"):
+        if len(speakers) > 1:
+            speakers.pop()
+        return
+    name = _NAME.search(tag.group(1) or "")
+    spoken = next((g for g in name.groups() if g is not None), "").strip() if name else ""
+    speakers.append(spoken or speakers[-1])
 
 
 def code_fence(line: str) -> str | None:

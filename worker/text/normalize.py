@@ -37,6 +37,11 @@ class NormalizationOptions:
     replace_remaining_symbols: bool = True              # & @ + = # % ... -> words
     markup_normalization: bool = True                   # **bold**, # Heading, [text](url), <b>, &amp; -> the words
 
+    @property
+    def reads_markup(self) -> bool:
+        """Whether Markdown, HTML and SSML are read as rendered (code blocks dropped, <voice> obeyed)."""
+        return self.normalize and self.markup_normalization
+
     @classmethod
     def from_dict(cls, data: dict | None) -> "NormalizationOptions":
         if not data:

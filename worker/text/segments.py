@@ -19,9 +19,10 @@ pauses anyway.
   the writing, and pieces end at sentence ends only (Kokoro's intonation is a whole sentence's).
 - Text with no such mark is cut at its last space (a clause mark first) before `MAX_PIECE_CHARS`,
   so a run-on text still streams.
-- A fenced code block (``` or ~~~ lines) is dropped as it comes, line by line, when
-  `skip_code_blocks` (the session reads Markdown): read_markup would drop it from a whole text, but
-  a piece is a line, and a code line alone no longer shows that it is code.
+- Where the session reads markup (`reads_markup`), a fenced code block (``` or ~~~ lines) is
+  dropped as it comes, line by line: read_markup would drop it from a whole text, but a piece is a
+  line, and a code line alone no longer shows that it is code. Likewise a piece inside SSML's
+  `<voice name="...">` element, cut from its opening tag, starts with that tag again.
 - When the writer pauses (a model calling a tool after "Let me check that."), `settle()` ends the
   pieces that the next characters would have ended, as if a space came: the listener hears "Let me
   check that." during the pause, not after it. A word or sentence still unfinished waits. After a
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import re
 
-from worker.text.markup import closes_code, code_fence
+from worker.text.markup import closes_code, code_fence, follow_voices, voice_tag
 from worker.text.normalize import ABBREVIATIONS
 
 CLAUSE_PIECE_MIN_CHARS = 30
@@ -56,16 +57,18 @@ _CLAUSE_MARKS = ",;:—"
 _NOT_ENDS = frozenset(k for k in ABBREVIATIONS if k.endswith(".")) | {"Dr.", "St.", "No.", "Mx.", "a.m.", "p.m."}
 _INITIAL = re.compile(r"(?:\b|^)[A-Z]\.$")  # "J." in "J. R. R. Tolkien"
 _LIST_NUMBER = re.compile(r"^\s*\d{1,3}\.$")  # "2." opening a numbered list item
+_CLOSING_TAG = re.compile(r"</(?:[\w:-]+\s*>?)?$|</[\w:-]+\s*>")  # a closing tag, or what may become one
 _CODE_LINE_GOES_ON = "x"  # stands for the start of a long code line: no closing fence starts so
 
 
 class TextSegmenter:
     def __init__(self, clause_piece_min_chars: int = CLAUSE_PIECE_MIN_CHARS, opening_chars: int = OPENING_CHARS,
-                 max_piece_chars: int = MAX_PIECE_CHARS, skip_code_blocks: bool = True):
+                 max_piece_chars: int = MAX_PIECE_CHARS, reads_markup: bool = True):
         self.clause_piece_min_chars = clause_piece_min_chars
         self.opening_chars = opening_chars
         self.max_piece_chars = max_piece_chars
-        self.skip_code_blocks = skip_code_blocks
+        self.reads_markup = reads_markup
+        self.speakers: list[str | None] = [None]  # the <voice> elements open (None: the session's voice)
         self.buffer = ""
         self.turn_chars = 0  # cut into pieces since the session's start, the last flush or pause
         self.line_start = True  # the buffer starts a line
@@ -86,9 +89,9 @@ class TextSegmenter:
     def _cut(self, settled: bool = False) -> list[str]:
         pieces = []
         while True:
-            if self.skip_code_blocks and self._skip_code():
+            if self.reads_markup and self._skip_code():
                 continue
-            if self.fence is not None or (self.skip_code_blocks and self._fence_line_coming()):
+            if self.fence is not None or (self.reads_markup and self._fence_line_coming()):
                 break  # code whose line is not complete yet, or a line that may open a code block
             end = self._piece_end(settled)
             if end is None:
@@ -97,16 +100,16 @@ class TextSegmenter:
             self.turn_chars += end
             self.line_start = piece.endswith("\n")
             if piece.strip():
-                pieces.append(piece.strip())
+                pieces.append(self._in_its_voice(piece.strip()))
         return pieces
 
     def flush(self) -> str:
         """Everything buffered, as one piece ("" when there is nothing to say: an unclosed code
         block ends with the turn)."""
-        while self.skip_code_blocks and self._skip_code():
+        while self.reads_markup and self._skip_code():
             pass
-        code = self.fence is not None or (self.skip_code_blocks and self._fence_line_coming(final=True))
-        piece = "" if code else self.buffer.strip()
+        code = self.fence is not None or (self.reads_markup and self._fence_line_coming(final=True))
+        piece = "" if code or not self.buffer.strip() else self._in_its_voice(self.buffer.strip())
         self.clear()
         return piece
 
@@ -115,6 +118,15 @@ class TextSegmenter:
         self.turn_chars = 0
         self.line_start = True
         self.fence = None
+        self.speakers = [None]
+
+    def _in_its_voice(self, piece: str) -> str:
+        """`piece`, opened with the `<voice>` tag it is inside of, if any; the voices it opens and
+        closes are followed for the next piece."""
+        speaker = self.speakers[-1]
+        if self.reads_markup:
+            follow_voices(piece, self.speakers)
+        return voice_tag(speaker) + piece if self.reads_markup and speaker is not None else piece
 
     def _fence_line_coming(self, final: bool = False) -> bool:
         """Whether the buffer starts a line that opens a code block, or may once more comes ("``";
@@ -186,8 +198,17 @@ def _first_line(text: str) -> tuple[str, str | None]:
 
 
 def _after_closers(text: str, i: int) -> int:
-    while i < len(text) and (text[i] in _CLOSERS or text[i] in _SENTENCE_ENDS):
-        i += 1
+    """Past the closing marks after a sentence's end at `i`: quotes, brackets, emphasis, and
+    closing tags ("here.</voice> Now"); the text's end while a tag may still be closing one."""
+    while i < len(text):
+        if text[i] in _CLOSERS or text[i] in _SENTENCE_ENDS:
+            i += 1
+        elif text[i] == "<" and (tag := _CLOSING_TAG.match(text, i)) is not None:
+            if not tag.group(0).endswith(">"):
+                return len(text)  # "</voi": wait for the rest
+            i = tag.end()
+        else:
+            break
     return i
 
 
