@@ -23,7 +23,7 @@ from worker.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
                          load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.timestamps import WordTimestamp, word_timestamps
-from worker.text.markup import split_voices
+from worker.text.markup import Delivery, split_speech
 from worker.voices import Voice, VoiceBank, VoiceError
 
 # Chunks are synthesized independently, so their edges need not meet at zero. A short raised-cosine
@@ -38,6 +38,8 @@ SECONDS_PER_PHONEME = 0.075
 # 40-character sentence on a 2-core AMD EPYC), less than the hop to the text-frontend thread and
 # back costs the loop. Longer texts (a 4,096-character input takes tens of ms) go to the thread.
 INLINE_PLAN_CHARS = 200
+# The speaking rates a request may ask for (the API's bounds); a <prosody rate> stays within them.
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 def _raised_cosine(n: int) -> np.ndarray:
@@ -72,6 +74,10 @@ class SpeechPlan:
     def voice_spec_of(self, chunk: Chunk) -> str:
         return chunk.voice or self.request.voice
 
+    def speed_of(self, chunk: Chunk) -> float:
+        """The request's speed, times a <prosody rate> around the chunk, within the model's range."""
+        return min(MAX_SPEED, max(MIN_SPEED, self.request.speed * chunk.rate))
+
     @property
     def phoneme_count(self) -> int:
         return sum(len(c.ids) for c in self.chunks)
@@ -79,7 +85,7 @@ class SpeechPlan:
     @property
     def estimated_seconds(self) -> float:
         """Audio length expected before any synthesis: phonemes at the usual rate, plus pauses."""
-        speech = self.phoneme_count * SECONDS_PER_PHONEME / self.request.speed
+        speech = sum(len(c.ids) * SECONDS_PER_PHONEME / self.speed_of(c) for c in self.chunks)
         return speech + sum(c.pause_after for c in self.chunks)
 
 
@@ -189,13 +195,14 @@ class SpeechService:
     def _text_chunks(self, request: SpeechRequest, lang_code: str, voices: dict[str, Voice],
                      first_chunk_phonemes: int, chunk_phonemes: int) -> list[Chunk]:
         """The text's chunks. A part that SSML's `<voice name>` gives another speaker is read in
-        that voice's language, and its chunks name the voice (resolved into `voices`)."""
+        that voice's language, and its chunks name the voice (resolved into `voices`); those of a
+        part inside `<prosody rate>` carry its rate."""
         options = request.normalization or NormalizationOptions()
-        parts = split_voices(request.text) if options.reads_markup else [(None, request.text)]
+        parts = split_speech(request.text) if options.reads_markup else [(Delivery(), request.text)]
         lexicon = load_lexicon(self.settings.lexicon)
         chunks: list[Chunk] = []
-        for spec, text in parts:
-            part_lang = lang_code
+        for how, text in parts:
+            spec, part_lang = how.voice, lang_code
             if spec is not None:
                 if spec not in voices:
                     try:
@@ -206,7 +213,7 @@ class SpeechService:
             load_language(part_lang)  # once per process; plans_inline sends a first one here off the loop
             part = text_to_chunks(text, part_lang, options, first_chunk_phonemes if not chunks else chunk_phonemes,
                                   chunk_phonemes, lexicon=lexicon)
-            chunks += [dataclasses.replace(c, voice=spec) for c in part] if spec else part
+            chunks += [dataclasses.replace(c, voice=spec, rate=how.rate) for c in part] if how != Delivery() else part
         return chunks
 
     def plans_inline(self, request: SpeechRequest) -> bool:
@@ -258,7 +265,7 @@ class SpeechService:
             pcm = np.zeros(0, dtype=np.float32)
             if chunk.ids:
                 style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
-                result = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
+                result = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
                 pcm = fade_edges(result.audio)
                 words = word_timestamps(chunk, result.durations, offset_s)
             if chunk.pause_after > 0:

@@ -273,7 +273,8 @@ class FleetSpeechService:
             raise
         if rid is not None:
             speed = plan.request.speed
-            jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), speed), len(c.ids)) for c in plan.chunks if c.ids]
+            jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), plan.speed_of(c)), len(c.ids))
+                    for c in plan.chunks if c.ids]
             # This worker's replica waiting for work: the admission leases for it in the same call
             # (the earliest deadline first, as ever; usually this request's first chunk, which then
             # never crosses processes or waits for a wake-up).
@@ -384,7 +385,7 @@ class FleetSpeechService:
                             raise
                     if audio is None:
                         style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
-                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.request.speed)
+                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
                         audio, durations = synthesis.audio, synthesis.durations
                     pcm = fade_edges(audio)
                     words = word_timestamps(chunk, durations, offset_s)

@@ -25,8 +25,9 @@ from worker.speech import SpeechRequest, SpeechService
 
 TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good while longer, so that the "
               "text needs more than one chunk of phonemes, and the fleet has several jobs to share out.")
-# The same, its second sentence in another voice (SSML): each job carries its own.
-TWO_VOICES = TWO_CHUNKS.replace("The second", '<voice name="bm_george">The second') + "</voice>"
+# The same, its second sentence in another voice and faster (SSML): each job carries its own.
+TWO_VOICES = (TWO_CHUNKS.replace("The second", '<voice name="bm_george"><prosody rate="fast">The second')
+              + "</prosody></voice>")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service
         try:
             plan = local_service.plan(SpeechRequest(text, "af_heart"))
             assert sum(1 for c in plan.chunks if c.ids) >= 2, "the test needs several chunk jobs"
-            assert (text == TWO_VOICES) == any(c.voice == "bm_george" for c in plan.chunks)
+            assert (text == TWO_VOICES) == any(c.voice == "bm_george" and c.rate == 1.25 for c in plan.chunks)
             local = await collect(local_service, plan)
             admitted = await fleet.admit(plan.request)
             assert isinstance(admitted, FleetPlan) and admitted.ticket is not None

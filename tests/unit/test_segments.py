@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.text.markup import drop_code_blocks, split_voices
+from worker.text.markup import Delivery, drop_code_blocks, split_speech
 from worker.text.segments import MAX_PIECE_CHARS, OPENING_CHARS, TextSegmenter
 
 
@@ -158,7 +158,12 @@ def test_a_piece_inside_a_voice_element_opens_with_its_tag_again():
         "Welcome back.", '<voice name="bm_george">Thank you.']
     assert segmenter.push(" to be here.</voice> Now, the news. ") == [
         '<voice name="bm_george">It is good to be here.</voice>', "Now, the news."]
-    assert split_voices(segmenter.push('<voice name="ff_siwis">Bonjour. Oui.')[0]) == [("ff_siwis", "Bonjour.")]
+    french = segmenter.push('<voice name="ff_siwis">Bonjour. Oui.')
+    assert [split_speech(p) for p in french] == [[(Delivery("ff_siwis"), "Bonjour.")]]
     assert segmenter.flush() == '<voice name="ff_siwis">Oui.'  # a turn's end closes what it left open
     assert segmenter.push("Hello. ") == ["Hello."]
+    assert segmenter.push('<prosody rate="slow">Slowly <voice name="am_adam">now. Then') == [
+        '<prosody rate="slow">Slowly <voice name="am_adam">now.']
+    assert segmenter.push(" on.</voice> Done.</prosody> After. ") == [
+        '<prosody rate="slow"><voice name="am_adam">Then on.</voice>', '<prosody rate="slow">Done.</prosody>', "After."]
     assert TextSegmenter(reads_markup=False).push('<voice name="x">Yes. Fine. ') == ['<voice name="x">Yes.', "Fine."]

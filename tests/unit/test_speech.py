@@ -24,11 +24,13 @@ class RecordingReplica:
     def __init__(self, delay: float = 0.0):
         self.calls: list[list[int]] = []
         self.styles: list[torch.Tensor] = []
+        self.speeds: list[float] = []
         self.delay = delay
 
     async def synthesize(self, ids, style, speed=1.0):
         self.calls.append(list(ids))
         self.styles.append(style)
+        self.speeds.append(speed)
         await asyncio.sleep(self.delay)
         durations = np.full(len(ids) + 2, 2, dtype=np.int64)
         n = int(durations.sum()) * FRAME
@@ -124,6 +126,21 @@ def test_ssml_voice_elements_read_their_parts_in_their_voices_and_languages(voic
     asyncio.run(collect(svc, plan))
     for chunk, style in zip(spoken, replica.styles, strict=True):
         assert torch.equal(style, voices.style(plan.voice_of(chunk), len(chunk.ids)))
+
+
+def test_ssml_prosody_rate_scales_the_requests_speed_within_its_bounds(voices):
+    replica = RecordingReplica()
+    svc = service(voices, replica)
+    plan = svc.plan(SpeechRequest('Normal pace. <prosody rate="slow">Slowly now.</prosody> '
+                                  '<prosody rate="+300%">Very fast.</prosody> <prosody volume="loud">Loud.</prosody>',
+                                  speed=1.2))
+    spoken = [c for c in plan.chunks if c.ids]
+    assert [c.rate for c in spoken] == [1.0, 0.75, 4.0, 1.0]
+    asyncio.run(collect(svc, plan))
+    assert replica.speeds == pytest.approx([1.2, 0.9, 4.0, 1.2])  # 1.2 x 4 is past the model's 4.0
+    slow = svc.plan(SpeechRequest('<prosody rate="50%">' + "The same words again. " * 3 + "</prosody>"))
+    assert slow.estimated_seconds == pytest.approx(2 * svc.plan(SpeechRequest("The same words again. " * 3))
+                                                   .estimated_seconds, rel=0.05)
 
 
 def test_a_voice_element_with_an_unknown_name_is_an_input_error_and_markup_off_reads_it(voices):

@@ -47,6 +47,7 @@ class Chunk:
     words: list[WordSpan] = field(default_factory=list)
     pause_after: float = 0.0  # seconds of silence after this chunk
     voice: str | None = None  # the voice SSML's <voice name> gave this chunk's text (None: the request's)
+    rate: float = 1.0  # SSML's <prosody rate> for it, times the request's speed
 
 
 def text_to_chunks(

@@ -10,8 +10,9 @@ own sentence:
     "## Steps\\n- **Mix** the [flour](https://x.org/flour)\\n- Bake<break time=\\"500ms\\"/> well"
     -> "Steps.\\nMix the flour.\\nBake[pause:500ms] well."
 
-SSML's `<voice name="am_adam">...</voice>` changes the speaker for what it encloses: the speech
-planner cuts the text there first (`split_voices`), and each part is read with its own voice.
+SSML's `<voice name="am_adam">` and `<prosody rate="slow">` change who reads what they enclose,
+and how fast: the speech planner cuts the text there first (`split_speech`), and reads each part
+with its own voice and speed.
 
 A fenced code block (``` or ~~~) is for the eye: read aloud it is symbols ("for i in range open
 paren three close paren colon"), so a listener hears nothing of it. As in CommonMark, a fence
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 from worker.text.vocab import vocab
@@ -83,8 +85,8 @@ _TIME = re.compile(r"\btime\s*=\s*[\"']?\s*(\d+(?:\.\d+)?)\s*(m?s)\b", re.IGNORE
 _SUB = re.compile(rf"<sub\b({_ATTRIBUTES})\s*>(.*?)</sub\s*>", re.IGNORECASE | re.DOTALL)
 _ALIAS = re.compile(r"\balias\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", re.IGNORECASE)
 _ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
-_VOICE_TAG = re.compile(rf"<voice\b({_ATTRIBUTES})\s*>|</voice\s*>", re.IGNORECASE)
-_NAME = re.compile(r"\bname\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'<>=]+))", re.IGNORECASE)
+_SPEECH_TAG = re.compile(rf"<(?:voice|prosody)\b(?P<attributes>{_ATTRIBUTES})\s*>|</(?:voice|prosody)\s*>",
+                         re.IGNORECASE)
 
 
 def read_markup(text: str) -> str:
@@ -110,47 +112,83 @@ def read_markup(text: str) -> str:
     return re.sub(r"[^\S\n]*\n\s*", "\n", text).strip()
 
 
-def split_voices(text: str) -> list[tuple[str | None, str]]:
-    """`text` cut where SSML's `<voice name="...">` changes the speaker: (the voice named, or None
-    for the request's own, the text), in order, without the voice tags and without blank parts.
-    Voice elements nest; one never closed runs to the end, a stray `</voice>` is dropped, and one
-    without a name keeps the voice around it.
+@dataclass(frozen=True)
+class Delivery:
+    """Who reads a part of the text and how fast, as SSML's `<voice>` and `<prosody rate>` set it."""
 
-        split_voices('Hi. <voice name="am_adam">Hello.</voice> Bye.')
-        -> [(None, "Hi. "), ("am_adam", "Hello."), (None, " Bye.")]
+    voice: str | None = None  # a voice spec (None: the request's voice)
+    rate: float = 1.0         # times the request's speed
+
+
+# SSML's rate words, as speech engines read them (a word or a percentage; 100% = as requested).
+_RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25, "x-fast": 1.5}
+
+
+def split_speech(text: str) -> list[tuple[Delivery, str]]:
+    """`text` cut where SSML's `<voice name="...">` or `<prosody rate="...">` changes who reads it or
+    how fast: (its delivery, the text), in order, without those tags and without blank parts.
+    Elements nest; one never closed runs to the end, a stray closing tag is dropped, and a `<voice>`
+    without a name or a `<prosody>` without a rate keeps the delivery around it.
+
+        split_speech('Hi. <voice name="am_adam">Hello, <prosody rate="slow">friend.</prosody></voice>')
+        -> [(Delivery(), "Hi. "), (Delivery("am_adam"), "Hello, "), (Delivery("am_adam", 0.75), "friend.")]
     """
-    if "</voice" not in text.lower() and "<voice" not in text.lower():
-        return [(None, text)]
-    parts: list[tuple[str | None, str]] = []
-    speakers: list[str | None] = [None]
+    if not _SPEECH_TAG.search(text):
+        return [(Delivery(), text)]
+    parts: list[tuple[Delivery, str]] = []
+    open_tags: list[str] = []
     start = 0
-    for tag in _VOICE_TAG.finditer(text):
-        parts.append((speakers[-1], text[start:tag.start()]))
+    for tag in _SPEECH_TAG.finditer(text):
+        parts.append((delivery(open_tags), text[start:tag.start()]))
         start = tag.end()
-        _follow(tag, speakers)
-    parts.append((speakers[-1], text[start:]))
-    return [(voice, part) for voice, part in parts if part.strip()]
+        _follow(tag, open_tags)
+    parts.append((delivery(open_tags), text[start:]))
+    return [(how, part) for how, part in parts if part.strip()]
 
 
-def follow_voices(text: str, speakers: list[str | None]) -> None:
-    """Update `speakers` (a stack, [None] at first: the request's voice) past the `<voice>` tags of
-    `text`: how a live session knows whose voice its next piece of text is in."""
-    for tag in _VOICE_TAG.finditer(text):
-        _follow(tag, speakers)
+def follow_speech_tags(text: str, open_tags: list[str]) -> None:
+    """Update `open_tags` (the `<voice>` and `<prosody>` tags open, outermost first) past those of
+    `text`: a live session reopens them before its next piece of text, so it is read alike."""
+    for tag in _SPEECH_TAG.finditer(text):
+        _follow(tag, open_tags)
 
 
-def voice_tag(name: str) -> str:
-    return f'<voice name="{name}">'
+def delivery(open_tags: list[str]) -> Delivery:
+    """The delivery inside `open_tags` (outermost first)."""
+    voice, rate = None, 1.0
+    for tag in open_tags:
+        attributes = _SPEECH_TAG.match(tag).group("attributes") or ""
+        if tag[1:].lower().startswith("voice"):
+            voice = _attribute(attributes, "name") or voice
+        else:
+            rate *= _rate(_attribute(attributes, "rate"))
+    return Delivery(voice, rate)
 
 
-def _follow(tag: re.Match, speakers: list[str | None]) -> None:
-    if tag.group(0).startswith("</"):
-        if len(speakers) > 1:
-            speakers.pop()
-        return
-    name = _NAME.search(tag.group(1) or "")
-    spoken = next((g for g in name.groups() if g is not None), "").strip() if name else ""
-    speakers.append(spoken or speakers[-1])
+def _follow(tag: re.Match, open_tags: list[str]) -> None:
+    if not tag.group(0).startswith("</"):
+        open_tags.append(tag.group(0))
+    elif open_tags:
+        open_tags.pop()
+
+
+def _attribute(attributes: str, name: str) -> str:
+    m = re.search(rf"\b{name}\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'<>=]+))", attributes, re.IGNORECASE)
+    return next((g for g in m.groups() if g is not None), "").strip() if m else ""
+
+
+def _rate(value: str) -> float:
+    """A prosody rate as a multiplier: a word (`slow`), a percentage (`80%`, `+20%`), or a number."""
+    value = value.strip().lower()
+    if value in _RATES:
+        return _RATES[value]
+    try:
+        if value.endswith("%"):
+            number = float(value[:-1])
+            return max(0.0, 1 + number / 100) if value[0] in "+-" else number / 100
+        return float(value)
+    except ValueError:
+        return 1.0  # not a rate we read: as requested
 
 
 def code_fence(line: str) -> str | None:

@@ -22,7 +22,7 @@ pauses anyway.
 - Where the session reads markup (`reads_markup`), a fenced code block (``` or ~~~ lines) is
   dropped as it comes, line by line: read_markup would drop it from a whole text, but a piece is a
   line, and a code line alone no longer shows that it is code. Likewise a piece inside SSML's
-  `<voice name="...">` element, cut from its opening tag, starts with that tag again.
+  `<voice>` or `<prosody>` elements, cut from their opening tags, starts with those tags again.
 - When the writer pauses (a model calling a tool after "Let me check that."), `settle()` ends the
   pieces that the next characters would have ended, as if a space came: the listener hears "Let me
   check that." during the pause, not after it. A word or sentence still unfinished waits. After a
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import re
 
-from worker.text.markup import closes_code, code_fence, follow_voices, voice_tag
+from worker.text.markup import closes_code, code_fence, follow_speech_tags
 from worker.text.normalize import ABBREVIATIONS
 
 CLAUSE_PIECE_MIN_CHARS = 30
@@ -68,7 +68,7 @@ class TextSegmenter:
         self.opening_chars = opening_chars
         self.max_piece_chars = max_piece_chars
         self.reads_markup = reads_markup
-        self.speakers: list[str | None] = [None]  # the <voice> elements open (None: the session's voice)
+        self.open_tags: list[str] = []  # the <voice> and <prosody> elements open, outermost first
         self.buffer = ""
         self.turn_chars = 0  # cut into pieces since the session's start, the last flush or pause
         self.line_start = True  # the buffer starts a line
@@ -100,7 +100,7 @@ class TextSegmenter:
             self.turn_chars += end
             self.line_start = piece.endswith("\n")
             if piece.strip():
-                pieces.append(self._in_its_voice(piece.strip()))
+                pieces.append(self._as_read(piece.strip()))
         return pieces
 
     def flush(self) -> str:
@@ -109,7 +109,7 @@ class TextSegmenter:
         while self.reads_markup and self._skip_code():
             pass
         code = self.fence is not None or (self.reads_markup and self._fence_line_coming(final=True))
-        piece = "" if code or not self.buffer.strip() else self._in_its_voice(self.buffer.strip())
+        piece = "" if code or not self.buffer.strip() else self._as_read(self.buffer.strip())
         self.clear()
         return piece
 
@@ -118,15 +118,16 @@ class TextSegmenter:
         self.turn_chars = 0
         self.line_start = True
         self.fence = None
-        self.speakers = [None]
+        self.open_tags = []
 
-    def _in_its_voice(self, piece: str) -> str:
-        """`piece`, opened with the `<voice>` tag it is inside of, if any; the voices it opens and
-        closes are followed for the next piece."""
-        speaker = self.speakers[-1]
-        if self.reads_markup:
-            follow_voices(piece, self.speakers)
-        return voice_tag(speaker) + piece if self.reads_markup and speaker is not None else piece
+    def _as_read(self, piece: str) -> str:
+        """`piece`, opened with the `<voice>` and `<prosody>` tags it is inside of; those it opens
+        and closes are followed for the next piece."""
+        if not self.reads_markup:
+            return piece
+        inside = "".join(self.open_tags)
+        follow_speech_tags(piece, self.open_tags)
+        return inside + piece
 
     def _fence_line_coming(self, final: bool = False) -> bool:
         """Whether the buffer starts a line that opens a code block, or may once more comes ("``";
