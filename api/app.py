@@ -23,7 +23,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel
 
 from api.admission import ProcessAdmission
-from api.downloads import DownloadStore, default_directory
+from api.downloads import DownloadStore, SharedDownloads, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
 from api.live import LIVE_PATH, live_session
@@ -60,7 +60,9 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         api_keys=tuple(k.strip() for k in settings.api_keys.split(",") if k.strip()),
         ready=service is not None,  # a service handed in is built and warmed by its owner
         downloads=DownloadStore(settings.download_dir or default_directory(), settings.download_max_age_seconds,
-                                settings.download_max_mib << 20),
+                                settings.download_max_mib << 20, shared=SharedDownloads.for_fleet(
+                                    "" if settings.baseline else settings.queue_url,
+                                    settings.download_shared_max_mib << 20, settings.download_max_age_seconds)),
     )
 
     @contextlib.asynccontextmanager
@@ -132,10 +134,14 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         """Live speech: text in as it is written, audio out as it is spoken (protocol in api/live.py)."""
         await live_session(state, websocket)
 
-    async def download(filename: str) -> FileResponse:
+    async def download(filename: str) -> Response:
         """A file saved for a `return_download_link` request (the path its X-Download-Path header named)."""
-        path = state.downloads.find(filename)
-        return FileResponse(path, media_type=CONTENT_TYPES[path.suffix[1:]], filename=f"speech{path.suffix}")
+        found = await state.downloads.lookup(filename)
+        suffix = "." + filename.rsplit(".", 1)[-1]
+        if isinstance(found, bytes):  # another machine of the fleet made it
+            return Response(found, media_type=CONTENT_TYPES[suffix[1:]],
+                            headers={"Content-Disposition": f'attachment; filename="speech{suffix}"'})
+        return FileResponse(found, media_type=CONTENT_TYPES[suffix[1:]], filename=f"speech{suffix}")
 
     # Kokoro-FastAPI names the link `/download/NAME`, relative to its `/v1` prefix; both paths serve it.
     for path in ("/v1/download/{filename}", "/download/{filename}"):

@@ -187,7 +187,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     download = None
     try:
         if req.return_download_link:  # off the loop: creating one first clears expired files
-            download = await asyncio.to_thread(state.downloads.create, req.download_format or req.response_format)
+            download = await state.downloads.start(req.download_format or req.response_format)
         plan = await admit_speech(service, req.input, req, phonemes)  # the fleet: a place in the shared queue, or 503
     except BaseException:
         slot.release()
@@ -312,7 +312,7 @@ async def _encoded(state: AppState, job: AdmittedRequest, request: Request | Non
             info.first_audio()
         if copy is not None:  # saved before the response's last bytes leave: once a client has
             saved += await copy.finish()  # the whole body, its link works
-            await asyncio.to_thread(job.download.save, bytes(saved))
+            await job.download.finish(bytes(saved))
         finished = True
         yield tail, None
     except (asyncio.CancelledError, ClientGone, GeneratorExit):

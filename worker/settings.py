@@ -140,6 +140,12 @@ class Settings:
         "KOKORO_DOWNLOAD_MAX_MIB", 1024,
         "Size bound of the download directory: when a new download starts, the oldest files go until the rest fit.",
         minimum=1)
+    download_shared_max_mib: int = setting(
+        "KOKORO_DOWNLOAD_SHARED_MAX_MIB", 16,
+        "Where the fleet's Redis is another machine's (REDIS_URL not on loopback: a fleet of several machines, "
+        "such as Modal's containers), download files up to this size are kept in it too, for "
+        "KOKORO_DOWNLOAD_MAX_AGE_SECONDS, so any machine serves the link; larger ones only the machine that "
+        "made them (0: none shared).", minimum=0)
 
     # --- text ---
     first_chunk_phonemes: int = setting(

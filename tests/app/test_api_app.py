@@ -574,6 +574,35 @@ def test_download_directory_unwritable_is_a_clean_500_before_any_audio(tmp_path)
     assert service.pieces_started == 0 and app.state.kokoro.admission.admitted == 0
 
 
+def test_a_download_link_works_on_another_machine_of_the_fleet(tmp_path, redis_server):
+    """Two servers with their own download directories (two machines) on one Redis: the link one
+    gave is served by the other, with the same bytes and headers."""
+    from api.downloads import SharedDownloads
+    from api.fleet.protocol import connect
+
+    apps = [create_app(Settings().replace(download_dir=str(tmp_path / m)), service=ScriptedService()) for m in "ab"]
+
+    async def go():
+        client = connect(redis_server.url)
+        for app in apps:  # the test's Redis is on loopback, which for_fleet takes for one machine
+            app.state.kokoro.downloads.shared = SharedDownloads(client, 1 << 20, 60, "{test}")
+        try:
+            async with (httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[0]), base_url="http://a") as a,
+                        httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[1]), base_url="http://b") as b):
+                made = await a.post("/v1/audio/speech", json={"input": TEXT, "response_format": "flac",
+                                                              "stream": False, "return_download_link": True})
+                name = download_name(made, "flac")
+                return made, await a.get(f"/v1/download/{name}"), await b.get(f"/download/{name}")
+        finally:
+            await client.aclose()
+
+    made, own, other = asyncio.run(go())
+    assert own.status_code == other.status_code == 200 and other.content == own.content == made.content
+    assert other.headers["content-type"] == own.headers["content-type"] == "audio/flac"
+    assert other.headers["content-disposition"] == own.headers["content-disposition"]
+    assert not list((tmp_path / "b").glob("*.flac"))  # served from Redis, not from a file of its own
+
+
 def test_accepted_extras(http):
     resp = http.post("/v1/audio/speech", json={
         "model": "gpt-4o-mini-tts", "input": "Hello.", "voice": {"id": "af_heart"}, "instructions": "whisper",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from api.downloads import DownloadStore
+from api.downloads import DownloadStore, SharedDownloads
 from api.errors import ApiError
 
 
@@ -67,3 +67,51 @@ def test_unfinished_files_of_a_dead_worker_expire_too(tmp_path):
     with pytest.raises(ApiError) as e:
         store.find(orphan.name)
     assert e.value.status == 404
+
+
+def test_a_fleet_of_several_machines_shares_its_downloads_through_redis(tmp_path, redis_server):
+    """Two machines (two download directories) on one Redis: the link works on either; a file over
+    the shared size only on its own machine; a discarded one nowhere."""
+    import asyncio
+
+    from api.fleet.protocol import connect
+
+    async def go():
+        client = connect(redis_server.url)
+        try:
+            shared = SharedDownloads(client, max_bytes=1000, max_age_s=60, prefix="{test}")
+            maker = DownloadStore(tmp_path / "a", max_age_s=60, max_bytes=1 << 20, shared=shared)
+            other = DownloadStore(tmp_path / "b", max_age_s=60, max_bytes=1 << 20, shared=shared)
+            file = await maker.start("mp3")
+            with pytest.raises(ApiError) as e:
+                await other.lookup(file.name)
+            assert (e.value.status, e.value.code) == (409, "download_not_ready")
+            await file.finish(b"audio bytes")
+            assert (await maker.lookup(file.name)).read_bytes() == b"audio bytes"  # its own file
+            assert await other.lookup(file.name) == b"audio bytes"  # from Redis
+            big = await maker.start("wav")
+            await big.finish(bytes(1001))
+            with pytest.raises(ApiError) as e:
+                await other.lookup(big.name)
+            assert e.value.status == 404 and "KOKORO_DOWNLOAD_SHARED_MAX_MIB" in e.value.message
+            gone = await maker.start("wav")
+            gone.discard()
+            await asyncio.sleep(0.1)  # the shared mark goes in the background
+            with pytest.raises(ApiError) as e:
+                await other.lookup(gone.name)
+            assert e.value.status == 404
+            assert await client.ttl(f"{{test}}:download:{file.name}") > 0  # expires with the files
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("url, shared", [
+    ("", False), ("redis://127.0.0.1:6379/0", False), ("redis://localhost:6379", False),
+    ("unix:///tmp/kokoro-redis/redis.sock?db=0", False), ("redis://[::1]:6379", False),
+    ("rediss://default:secret@my-redis.example.com:6380/0", True), ("redis://10.0.0.5:6379", True),
+])
+def test_downloads_are_shared_only_where_redis_is_another_machines(url, shared):
+    assert (SharedDownloads.for_fleet(url, 1 << 20, 60) is not None) == shared
+    assert SharedDownloads.for_fleet(url, 0, 60) is None
