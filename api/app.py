@@ -294,5 +294,11 @@ def _register_metrics(state: AppState) -> None:
     m.counter("kokoro_replica_busy_seconds_total", "Seconds the replica spent running inferences.", replica(lambda s: s.busy_seconds))
     m.counter("kokoro_replica_jobs_total", "Inferences (chunks) the replica completed.", replica(lambda s: s.jobs_done))
     m.counter("kokoro_replica_audio_seconds_total", "Seconds of audio the replica synthesized.", replica(lambda s: s.audio_seconds))
+    m.counter("kokoro_replica_cache_hits_total", "Chunks the replica served from its synthesis cache instead of "
+              "computing them (KOKORO_SYNTHESIS_CACHE_MIB).", replica(lambda s: s.cache_hits))
+    m.counter("kokoro_replica_cache_audio_seconds_total", "Seconds of audio those chunks held.",
+              replica(lambda s: s.cache_audio_seconds))
+    m.gauge("kokoro_replica_cache_bytes", "Memory the replica's synthesis cache holds.",
+            replica(lambda s: s.cache_bytes))
     m.counter("kokoro_rejected_total", "Speech requests refused with 503 because admission was full.",
               lambda: state.admission.rejected)

@@ -109,10 +109,11 @@ def resolve_workers(settings: Settings) -> int:
 # --- memory on CPU ---------------------------------------------------------------------------------
 
 def replica_cpu_mib(settings: Settings) -> int:
-    """KOKORO_REPLICA_CPU_MIB, or the peak measured for the weights in use (see its setting)."""
+    """KOKORO_REPLICA_CPU_MIB, or the peak measured for the weights in use (see its setting), plus
+    the synthesis cache it may fill (KOKORO_SYNTHESIS_CACHE_MIB)."""
     if settings.replica_cpu_mib > 0:
-        return settings.replica_cpu_mib
-    return 1280 if settings.weights == "tiny" else 2560
+        return settings.replica_cpu_mib + settings.synthesis_cache_mib
+    return (1280 if settings.weights == "tiny" else 2560) + settings.synthesis_cache_mib
 
 
 def fit_cpu_memory(workers: int, per_replica_mib: int, available_mib: int | None,

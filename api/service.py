@@ -72,7 +72,8 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
                         cuda_graphs=settings.cuda_graphs and not settings.baseline)
-        replica = BaselineReplica(engine) if settings.baseline else Replica(engine, settings.inference_nice)
+        replica = (BaselineReplica(engine) if settings.baseline else
+                   Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
         return SpeechService(replica, VoiceBank(weights.voices), settings)
 
     local = await asyncio.to_thread(build)

@@ -6,6 +6,11 @@ chunks at once in threads, as Kokoro-FastAPI does.
 Inference runs in the replica's own thread, at lower priority than the event loop (see
 worker/cpu_runtime.py): the loop must answer admissions and 503s while the replica computes.
 A replica's audio leaves on the 16-bit PCM grid (worker/audio.py): the form it crosses processes in.
+
+A replica keeps its recent syntheses (`SynthesisCache`, KOKORO_SYNTHESIS_CACHE_MIB): a phone bot
+says "Please hold." and an agent "Let me check that for you." thousands of times a day, and the
+engine is deterministic (its noise is seeded), so a chunk it has made before comes back at once,
+bit for bit, without waiting for the replica or costing it anything.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import hashlib
 import time
+from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from worker.audio import on_pcm16_grid
+from worker.audio import SAMPLE_RATE, from_pcm16, on_pcm16_grid, to_pcm16
 from worker.cpu_runtime import inference_executor, return_freed_memory
 from worker.engine import BatchItem, Engine, Synthesis
 
@@ -33,10 +41,56 @@ BASELINE_CONCURRENCY = 4
 IDLE_BEFORE_TRIM_S = 5.0
 
 
+class SynthesisCache:
+    """The most recently used syntheses, by their whole input (ids, style row, speed), within
+    `max_bytes` of 16-bit audio: the least recently used go first."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.hit_audio_seconds = 0.0
+        self._entries: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    @staticmethod
+    def key(ids: Sequence[int], style: torch.Tensor, speed: float) -> bytes:
+        digest = hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=20)
+        digest.update(style.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        digest.update(np.float64(speed).tobytes())
+        return digest.digest()
+
+    def get(self, key: bytes) -> Synthesis | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        pcm, durations = entry
+        self.hits += 1
+        self.hit_audio_seconds += len(pcm) / SAMPLE_RATE
+        return Synthesis(audio=from_pcm16(pcm), durations=durations.copy())
+
+    def put(self, key: bytes, result: Synthesis) -> None:
+        pcm = to_pcm16(result.audio)  # exact: a replica's audio is on the 16-bit grid
+        size = pcm.nbytes + result.durations.nbytes
+        if size > self.max_bytes or key in self._entries:
+            return
+        self._entries[key] = (pcm, result.durations.copy())
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (old_pcm, old_durations) = self._entries.popitem(last=False)
+            self.bytes -= old_pcm.nbytes + old_durations.nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class Replica:
-    def __init__(self, engine: Engine, niceness: int = 0, idle_before_trim_s: float = IDLE_BEFORE_TRIM_S):
-        """niceness: added to the inference thread's (and its OpenMP pool's) scheduling niceness."""
+    def __init__(self, engine: Engine, niceness: int = 0, idle_before_trim_s: float = IDLE_BEFORE_TRIM_S,
+                 cache_bytes: int = 0):
+        """niceness: added to the inference thread's (and its OpenMP pool's) scheduling niceness;
+        cache_bytes: the bound of its SynthesisCache (0: none)."""
         self.engine = engine
+        self.cache = SynthesisCache(cache_bytes) if cache_bytes > 0 else None
         self._executor = inference_executor(niceness)
         self._one_at_a_time = asyncio.Semaphore(1)
         # Only a CPU engine's activations live in the process heap; a GPU's live in its own pool.
@@ -50,19 +104,32 @@ class Replica:
         self.audio_seconds = 0.0
 
     async def synthesize(self, ids: Sequence[int], style: torch.Tensor, speed: float = 1.0) -> Synthesis:
-        """Queue behind the running job (FIFO), then run in a worker thread."""
+        """From the cache at once, else queue behind the running job (FIFO), then run in a worker thread."""
+        key = self.cache.key(ids, style, speed) if self.cache is not None else None
+        if key is not None and (cached := self.cache.get(key)) is not None:
+            return cached
         result = served(await self._exclusive(self.engine.synthesize, ids, style, speed))
         self.jobs_done += 1
         self.audio_seconds += len(result.audio) / self.engine.sample_rate
+        if key is not None:
+            self.cache.put(key, result)
         return result
 
     async def synthesize_batch(self, items: Sequence[BatchItem]) -> list[Synthesis]:
         """Several chunk jobs in one engine call (one forward pass once batching exists), under the
-        same one-at-a-time lock as single jobs."""
-        results = [served(r) for r in await self._exclusive(self.engine.synthesize_batch, items)]
-        self.jobs_done += len(results)
-        self.audio_seconds += sum(len(r.audio) for r in results) / self.engine.sample_rate
-        return results
+        same one-at-a-time lock as single jobs; those in the cache are not computed again."""
+        keys = [self.cache.key(i.ids, i.style, i.speed) for i in items] if self.cache is not None else None
+        results: list[Synthesis | None] = [self.cache.get(k) for k in keys] if keys else [None] * len(items)
+        missing = [k for k, r in enumerate(results) if r is None]
+        if missing:
+            made = [served(r) for r in await self._exclusive(self.engine.synthesize_batch, [items[k] for k in missing])]
+            self.jobs_done += len(made)
+            self.audio_seconds += sum(len(r.audio) for r in made) / self.engine.sample_rate
+            for k, result in zip(missing, made, strict=True):
+                results[k] = result
+                if keys:
+                    self.cache.put(keys[k], result)
+        return results  # type: ignore[return-value]
 
     async def warmup(self) -> None:
         await self._exclusive(self.engine.warmup)

@@ -80,6 +80,12 @@ class Settings:
         "KOKORO_INFERENCE_NICE", 10,
         "Niceness added to each replica's inference thread and its OpenMP pool (Linux), so the event loop "
         "answers admissions and 503s at once while the replicas compute (0: same priority).")
+    synthesis_cache_mib: int = setting(
+        "KOKORO_SYNTHESIS_CACHE_MIB", 64,
+        "Memory each replica keeps its most recently used chunks' audio in (16-bit, about 23 minutes in 64 MiB): "
+        "a chunk it made before (same phonemes, voice, speed) comes back at once, bit for bit, without "
+        "waiting for the replica: a phone bot's repeated prompts. Host memory, which `serve` counts on top of "
+        "KOKORO_REPLICA_CPU_MIB (0: no cache).", minimum=0)
 
     engine: Literal["torch", "sim"] = setting(
         "KOKORO_ENGINE", "torch",

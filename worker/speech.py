@@ -97,6 +97,9 @@ class ReplicaStats:
     jobs_done: int
     busy_seconds: float   # wall seconds spent running inferences
     audio_seconds: float  # audio those inferences made
+    cache_hits: int = 0              # chunks served from the replica's SynthesisCache, not computed
+    cache_audio_seconds: float = 0.0  # their audio
+    cache_bytes: int = 0             # the cache's size now
 
     @property
     def seconds_per_audio_second(self) -> float | None:
@@ -151,7 +154,8 @@ class SpeechService:
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype,
                         seed=settings.seed, cuda_graphs=settings.cuda_graphs)
-        return cls(Replica(engine, settings.inference_nice), VoiceBank(weights.voices), settings)
+        return cls(Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20),
+                   VoiceBank(weights.voices), settings)
 
     async def warmup(self) -> None:
         """Warm the replica, and load the text readers of KOKORO_PRELOAD_LANGUAGES (English by
@@ -246,7 +250,9 @@ class SpeechService:
 
     def stats(self) -> ReplicaStats:
         r = self.replica
-        return ReplicaStats(bool(r.busy), int(r.jobs_done), float(r.busy_seconds), float(r.audio_seconds))
+        cache = getattr(r, "cache", None)  # only the model's Replica keeps one
+        return ReplicaStats(bool(r.busy), int(r.jobs_done), float(r.busy_seconds), float(r.audio_seconds),
+                            *((cache.hits, cache.hit_audio_seconds, cache.bytes) if cache is not None else ()))
 
     async def aclose(self) -> None:
         """Stop the text-frontend thread; the replica's threads end with the process."""

@@ -108,10 +108,11 @@ def test_memory_lowers_the_default_count_and_refuses_a_chosen_one():
     assert fit_cpu_memory(64, 2560, None, chosen=True)[0::2] == (64, False)  # memory unknown: not cut
 
 
-def test_the_per_replica_figure_follows_the_weights():
-    assert replica_cpu_mib(Settings.from_env({})) == 2560
-    assert replica_cpu_mib(Settings.from_env({"KOKORO_WEIGHTS": "tiny"})) == 1280
-    assert replica_cpu_mib(Settings.from_env({"KOKORO_REPLICA_CPU_MIB": "900"})) == 900
+def test_the_per_replica_figure_follows_the_weights_and_counts_the_synthesis_cache():
+    assert replica_cpu_mib(Settings.from_env({})) == 2560 + 64
+    assert replica_cpu_mib(Settings.from_env({"KOKORO_WEIGHTS": "tiny", "KOKORO_SYNTHESIS_CACHE_MIB": "0"})) == 1280
+    chosen = Settings.from_env({"KOKORO_REPLICA_CPU_MIB": "900", "KOKORO_SYNTHESIS_CACHE_MIB": "100"})
+    assert replica_cpu_mib(chosen) == 1000
 
 
 def test_serve_refuses_workers_the_memory_cannot_hold():

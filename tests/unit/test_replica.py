@@ -184,3 +184,103 @@ def test_a_gpu_replica_never_trims_the_heap(monkeypatch):
 
     asyncio.run(main())
     assert trims == []
+
+
+class CountingEngine(SlowEngine):
+    """SlowEngine whose audio depends on its input, with a batch path that records what it ran."""
+
+    def synthesize(self, ids, style, speed=1.0) -> Synthesis:
+        super().synthesize(ids, style, speed)
+        audio = np.full(2400, (sum(ids) % 100) / 200 + float(style[0]) / 10 + speed / 100, dtype=np.float32)
+        return Synthesis(audio=audio, durations=np.full(len(ids) + 2, 2))
+
+    def synthesize_batch(self, items):
+        self.batches = getattr(self, "batches", []) + [[list(i.ids) for i in items]]
+        return [self.synthesize(i.ids, i.style, i.speed) for i in items]
+
+
+def test_a_chunk_made_before_comes_from_the_cache_at_once_bit_for_bit():
+    engine = CountingEngine(0.3)
+    replica = Replica(engine, cache_bytes=1 << 20)
+    style = torch.full((256,), 0.5)
+
+    async def main():
+        first = await replica.synthesize([1, 2, 3], style)
+        busy = asyncio.create_task(replica.synthesize([9, 9], style))  # holds the replica for 0.3 s
+        await asyncio.sleep(0.05)
+        start = time.perf_counter()
+        again = await replica.synthesize([1, 2, 3], style.clone())  # an equal style row, another tensor
+        waited = time.perf_counter() - start
+        await busy
+        other_speed = await replica.synthesize([1, 2, 3], style, speed=1.5)
+        return first, again, waited, other_speed
+
+    first, again, waited, other_speed = asyncio.run(main())
+    np.testing.assert_array_equal(first.audio, again.audio)
+    np.testing.assert_array_equal(first.durations, again.durations)
+    assert waited < 0.1  # not behind the busy job
+    assert not np.array_equal(other_speed.audio, first.audio)  # another speed: computed, not reused
+    assert engine.order == [1, 9, 1] and replica.jobs_done == 3
+    assert (replica.cache.hits, len(replica.cache)) == (1, 3)
+    assert replica.cache.hit_audio_seconds == pytest.approx(0.1)
+
+
+def test_the_cache_keeps_the_most_recently_used_within_its_bound():
+    engine = CountingEngine(0.0)
+    per_entry = 2400 * 2 + 5 * 8  # 16-bit audio and the durations of a 3-id chunk
+    replica = Replica(engine, cache_bytes=2 * per_entry)
+    style = torch.zeros(256)
+
+    async def main():
+        for ids in ([1, 1, 1], [2, 2, 2], [1, 1, 1], [3, 3, 3], [1, 1, 1], [2, 2, 2]):
+            await replica.synthesize(ids, style)
+
+    asyncio.run(main())
+    # [1] stays (used again before [3] came), [2] was pushed out by [3] and made again
+    assert engine.order == [1, 2, 3, 2] and replica.cache.hits == 2
+    assert replica.cache.bytes <= 2 * per_entry and len(replica.cache) == 2
+
+
+def test_a_batch_computes_only_what_the_cache_lacks():
+    from worker.engine import BatchItem
+
+    engine = CountingEngine(0.0)
+    replica = Replica(engine, cache_bytes=1 << 20)
+    style = torch.zeros(256)
+
+    async def main():
+        alone = await replica.synthesize([4, 4], style)
+        batch = await replica.synthesize_batch([BatchItem([5, 5], style), BatchItem([4, 4], style),
+                                                BatchItem([6], style)])
+        return alone, batch
+
+    alone, batch = asyncio.run(main())
+    assert engine.batches == [[[5, 5], [6]]]
+    np.testing.assert_array_equal(batch[1].audio, alone.audio)
+    assert replica.jobs_done == 3 and replica.cache.hits == 1
+
+
+def test_no_cache_without_its_memory():
+    replica = Replica(CountingEngine(0.0))
+    asyncio.run(replica.synthesize([1], torch.zeros(256)))
+    assert replica.cache is None and replica.jobs_done == 1
+
+
+def test_the_engine_is_deterministic_so_its_cached_audio_is_what_it_would_make(tiny_weights):
+    """The cache is exact only because the engine's noise is seeded: a chunk made again, after
+    others, is the same bit for bit."""
+    from worker.engine import Engine
+
+    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    cached, fresh = Replica(engine, cache_bytes=1 << 20), Replica(engine)
+    ids, style = [50, 83, 54, 16, 56], tiny_weights.voices["af_heart"][4]
+
+    async def main():
+        first = await cached.synthesize(ids, style)
+        await fresh.synthesize([43, 16, 61, 57], tiny_weights.voices["am_adam"][3])  # the noise moves on
+        return first, await cached.synthesize(ids, style), await fresh.synthesize(ids, style)
+
+    first, from_cache, made_again = asyncio.run(main())
+    assert cached.cache.hits == 1 and cached.jobs_done == 1
+    np.testing.assert_array_equal(from_cache.audio, made_again.audio)
+    np.testing.assert_array_equal(first.durations, made_again.durations)
