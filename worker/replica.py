@@ -59,6 +59,9 @@ class SynthesisCache:
         digest.update(np.float64(speed).tobytes())
         return digest.digest()
 
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._entries
+
     def get(self, key: bytes) -> Synthesis | None:
         entry = self._entries.get(key)
         if entry is None:

@@ -88,6 +88,7 @@ class FleetCounters:
     admitted: int = 0             # requests this worker put in the shared queue
     refused: int = 0              # 503s from the shared queue's bound
     served_locally: int = 0       # admitted while Redis was unreachable: ran on this replica
+    from_cache: int = 0           # every chunk in this worker's replica's synthesis cache: no queue
     finished_locally: int = 0     # lost Redis mid-stream: remaining chunks ran on this replica
     failed: int = 0               # the queue ended the request with an error
     cancelled: int = 0            # client gone (or response never started): jobs cancelled
@@ -271,6 +272,11 @@ class FleetSpeechService:
             if reserved:
                 await self._drop_quietly(rid)
             raise
+        if self._all_cached(plan):  # nothing to compute: no place in the queue, no wait for a replica
+            if reserved:
+                await self._drop_quietly(rid)
+            self.counters.from_cache += 1
+            return FleetPlan.admitted(plan, None)
         if rid is not None:
             speed = plan.request.speed
             jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), plan.speed_of(c)), len(c.ids))
@@ -306,6 +312,15 @@ class FleetSpeechService:
         self._note_degraded()
         self.counters.served_locally += 1
         return FleetPlan.admitted(plan, None)
+
+    def _all_cached(self, plan: SpeechPlan) -> bool:
+        """Whether this worker's replica holds every chunk of `plan` in its synthesis cache (a
+        repeated prompt): then it answers at once, wherever the queue stands."""
+        cache = getattr(self.replica, "cache", None)
+        if cache is None or not any(c.ids for c in plan.chunks):
+            return False
+        return all(cache.key(c.ids, self.voices.style(plan.voice_of(c), len(c.ids)), plan.speed_of(c)) in cache
+                   for c in plan.chunks if c.ids)
 
     async def _admit_and_lease(self, jobs: list[ChunkJob], speed: float, rid: str) -> Ticket:
         """`admit` with a lease for this worker's claimed replica. The call runs in a task of its
@@ -472,6 +487,9 @@ class FleetSpeechService:
                   lambda: c.refused)
         m.counter("kokoro_fleet_worker_served_locally_total",
                   "Requests this worker served on its own replica because Redis was unreachable.", lambda: c.served_locally)
+        m.counter("kokoro_fleet_worker_from_cache_total",
+                  "Requests whose every chunk this worker's replica had in its synthesis cache: answered at once, "
+                  "without the shared queue.", lambda: c.from_cache)
         m.counter("kokoro_fleet_worker_finished_locally_total",
                   "Streams whose remaining chunks ran on this worker's replica after Redis went away.",
                   lambda: c.finished_locally)

@@ -459,3 +459,32 @@ def test_the_test_redis_restarts_on_the_same_addresses_and_leaves_no_directory_b
         assert server.ping() and server.socket_path == socket_path
         assert asyncio.run(_ping(server.worker_url))
     assert not os.path.exists(os.path.dirname(socket_path))
+
+
+def test_a_repeated_prompt_is_answered_from_the_cache_without_the_queue(tiny_engine, tiny_weights, redis_server):
+    from worker.replica import Replica
+    from worker.settings import Settings
+    from worker.voices import VoiceBank
+
+    settings = Settings.from_env().replace(weights="tiny", first_chunk_phonemes=30, chunk_phonemes=60)
+    cached = SpeechService(Replica(tiny_engine, cache_bytes=1 << 20), VoiceBank(tiny_weights.voices), settings)
+
+    async def go():
+        fleet = await fleet_for(cached, redis_server.url).start()
+        try:
+            first = await fleet.admit(SpeechRequest("Please hold while I connect you.", "af_heart"))
+            heard_first = await collect(fleet, first)
+            again = await fleet.admit(SpeechRequest("Please hold while I connect you.", "af_heart"))
+            heard_again = await collect(fleet, again)
+            other = await fleet.admit(SpeechRequest("Please hold while I connect you.", "am_adam"))  # not cached
+            await collect(fleet, other)
+            return first, heard_first, again, heard_again, other, await idle(redis_server.url), fleet.counters
+        finally:
+            await fleet.aclose()
+
+    first, heard_first, again, heard_again, other, stats, counters = asyncio.run(go())
+    assert first.ticket is not None and again.ticket is None and other.ticket is not None
+    for a, b in zip(heard_first, heard_again, strict=True):
+        np.testing.assert_array_equal(a.pcm, b.pcm)
+    assert counters.from_cache == 1 and counters.served_locally == 0 and not counters.degraded_since
+    assert stats["admitted_total"] == 2 and all(stats[g] == 0 for g in GAUGES)  # the repeat never queued
