@@ -194,6 +194,13 @@ MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write i
     ("<speak>Wait<break time='250ms'/>now.</speak>", "Wait[pause:250ms]now."),
     ('<sub alias="World Wide Web">WWW</sub> pages', "World Wide Web pages"),
     ('<prosody rate="slow">Slowly</prosody> <emphasis>now</emphasis>', "Slowly now"),
+    ('Code <say-as interpret-as="characters">XJ4-b2</say-as>.', "Code X J four, B two."),
+    ('<say-as interpret-as="spell-out">Anna</say-as>', "[A](/ˈA/) N N [A](/ˈA/)"),  # "A" alone: the article
+    ('Pin <say-as interpret-as="digits">2024</say-as>, call <say-as interpret-as="telephone">555-0134</say-as>',
+     "Pin two zero two four, call five five five, zero one three four"),
+    ('The <say-as interpret-as="ordinal">3</say-as> and <say-as interpret-as="ordinal">11</say-as>',
+     "The third and eleventh"),
+    ('On <say-as interpret-as="date" format="mdy">1/2/2025</say-as>', "On January second, twenty twenty-five"),
     # a fenced code block is for the eye: none of it is read (an unclosed one runs to the end)
     ("Here is the fix:\n```python\nprint(1)\n```\nRun it.", "Here is the fix:\nRun it."),
     ("Try:\n~~~~\nls -la\n~~~\nstill code\n~~~~~\nDone.", "Try:\nDone."),

@@ -83,6 +83,9 @@ _TAG = re.compile(rf"<(/?)({_TAG_NAMES})({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
 _BREAK = re.compile(rf"<break\b({_ATTRIBUTES})\s*/?>", re.IGNORECASE)
 _TIME = re.compile(r"\btime\s*=\s*[\"']?\s*(\d+(?:\.\d+)?)\s*(m?s)\b", re.IGNORECASE)
 _SUB = re.compile(rf"<sub\b({_ATTRIBUTES})\s*>(.*?)</sub\s*>", re.IGNORECASE | re.DOTALL)
+# "A" alone reads as the article ("uh"): spelled, it is the letter's name, given as its phonemes.
+_LETTER_A = "[A](/ˈA/)"
+_SAY_AS = re.compile(rf"<say-as\b({_ATTRIBUTES})\s*>(.*?)</say-as\s*>", re.IGNORECASE | re.DOTALL)
 _ALIAS = re.compile(r"\balias\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", re.IGNORECASE)
 _ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
 _SPEECH_TAG = re.compile(rf"<(?:voice|prosody)\b(?P<attributes>{_ATTRIBUTES})\s*>|</(?:voice|prosody)\s*>",
@@ -257,6 +260,7 @@ def _read_tags(text: str) -> str:
         return text
     text = _BREAK.sub(_pause_tag, text)
     text = _SUB.sub(_alias, text)
+    text = _SAY_AS.sub(_say_as, text)
     ssml = bool(_SPEAK.search(text))
     text = _TAG.sub(lambda m: _tag(m, text, ssml), text)
     if _ENTITY.search(text):
@@ -278,6 +282,25 @@ def _tag(m: re.Match, text: str, ssml: bool) -> str:
 def _pause_tag(m: re.Match) -> str:
     time = _TIME.search(m.group(1))
     return f"[pause:{time.group(1)}{time.group(2).lower()}]" if time else " "
+
+
+def _say_as(m: re.Match) -> str:
+    """SSML's `<say-as interpret-as="...">`: `characters` (or `spell-out`, `letters`, `verbatim`)
+    spells its text letter by letter and digit by digit ("XJ4-b2" -> "X J 4, B 2"), `digits` reads
+    digit by digit, `ordinal` a number as a rank ("3" -> "3rd"), `telephone` digit by digit in its
+    groups; any other kind (cardinal, date, time, ...) is the text as the normalizer reads it."""
+    kind = _attribute(m.group(1), "interpret-as").lower()
+    content = m.group(2)
+    if kind in ("characters", "spell-out", "letters", "verbatim"):
+        return ", ".join(" ".join(_LETTER_A if ch in "aA" else ch.upper() for ch in group)
+                         for group in re.findall(r"[^\W_]+", content))
+    if kind in ("digits", "telephone"):
+        return ", ".join(" ".join(group) for group in re.findall(r"\d+", content)) or content
+    if kind == "ordinal" and re.fullmatch(r"\s*\d+\s*", content):
+        n = int(content)
+        suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+        return f"{n}{suffix}"
+    return content
 
 
 def _alias(m: re.Match) -> str:
