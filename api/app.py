@@ -33,7 +33,7 @@ from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResp
                           SpeechRequest, VoiceEntry, VoiceList, model_cards)
 from api.service import SpeechBackend
 from api.serving import captioned_response, combined_voice_response, phonemize_response, speech_response
-from api.state import AppState, encode_pool
+from api.state import AppState, encode_pool, parse_api_keys
 from api.swagger import docs_router
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         service=service,
         admission=ProcessAdmission(settings.max_requests),
         encoders=encode_pool(settings.workers),  # the launcher sets KOKORO_WORKERS for every worker
-        api_keys=tuple(k.strip() for k in settings.api_keys.split(",") if k.strip()),
+        api_keys=parse_api_keys(settings.api_keys),
         ready=service is not None,  # a service handed in is built and warmed by its owner
         downloads=DownloadStore(settings.download_dir or default_directory(), settings.download_max_age_seconds,
                                 settings.download_max_mib << 20, shared=SharedDownloads.for_fleet(
@@ -97,7 +97,10 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and, the first
     # time, the pool's start) for every request, 503s included
     async def require_api_key(request: Request) -> None:
-        state.check_api_key(request.headers.get("authorization", ""))
+        name = state.check_api_key(request.headers.get("authorization", ""))
+        info = request.scope.get("state", {}).get("info")
+        if info is not None:  # the access log and /metrics count the request under its key's name
+            info.key = name
 
     authed = [Depends(require_api_key)]
 

@@ -97,7 +97,7 @@ async def live_session(state: AppState, websocket: WebSocket) -> None:
         return
     if start is None:  # the client left before saying anything
         return
-    session = LiveSession(state, websocket, start, session_id)
+    session = LiveSession(state, websocket, start, session_id, key=state.check_api_key(_authorization(websocket)))
     await session.run()
 
 
@@ -105,8 +105,10 @@ class LiveSession:
     """A started session: the receiving loop (this task) and the speaker (its own task), which
     speaks the queued pieces in order and is the only one to send audio."""
 
-    def __init__(self, state: AppState, websocket: WebSocket, start: LiveStart, session_id: str):
+    def __init__(self, state: AppState, websocket: WebSocket, start: LiveStart, session_id: str,
+                 key: str | None = None):
         self.state = state
+        self.key = key  # the name of its API key (KOKORO_API_KEYS), for the access log and /metrics
         self.ws = websocket
         self.start = start
         self.id = session_id
@@ -353,13 +355,17 @@ class LiveSession:
 
     def _record(self) -> None:
         audio_s = self.samples / SAMPLE_RATE
-        self.state.metrics.count_request(LIVE_PATH, 101 if self.outcome != "disconnected" else "disconnected")
+        status = 101 if self.outcome != "disconnected" else "disconnected"
+        self.state.metrics.count_request(LIVE_PATH, status)
+        if self.key is not None:
+            self.state.metrics.count_key(self.key, status, audio_s)
         access_log.info(json.dumps({
             "id": self.id, "method": "WEBSOCKET", "path": LIVE_PATH, "status": 101, "outcome": self.outcome,
             "voice": self.start.voice_spec, "chars": self.chars, "format": self.start.response_format,
             "pieces": self.pieces,
             "ttfa_ms": None if self.first_audio_s is None else round(self.first_audio_s * 1000, 1),
-            "e2e_ms": round((time.perf_counter() - self.opened) * 1000, 1), "audio_s": round(audio_s, 3)}))
+            "e2e_ms": round((time.perf_counter() - self.opened) * 1000, 1), "audio_s": round(audio_s, 3),
+            **({"key": self.key} if self.key is not None else {})}))
 
 
 # --- the connection's first steps ---------------------------------------------------------------

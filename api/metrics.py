@@ -55,6 +55,8 @@ class Histogram:
 class Metrics:
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str], int] = {}  # (route, status) -> count
+        self.key_requests: dict[tuple[str, str], int] = {}  # (API key's name, status) -> count
+        self.key_audio_seconds: dict[str, float] = {}  # API key's name -> audio sent
         self.ttfa = Histogram()
         self.e2e = Histogram()
         self.audio_seconds = 0.0
@@ -68,6 +70,11 @@ class Metrics:
     def count_request(self, route: str, status: int | str) -> None:
         key = (route, str(status))
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def count_key(self, name: str, status: int | str, audio_s: float) -> None:
+        """A request (or live session) that came with the API key named `name`, and its audio."""
+        self.key_requests[(name, str(status))] = self.key_requests.get((name, str(status)), 0) + 1
+        self.key_audio_seconds[name] = self.key_audio_seconds.get(name, 0.0) + audio_s
 
     def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         self.gauges[name] = (help_text, read)
@@ -86,6 +93,15 @@ class Metrics:
         ]
         for (route, status), n in sorted(self.requests.items()):
             lines.append(f"kokoro_requests_total{_labels({'route': route, 'status': status})} {n}")
+        if self.key_requests:
+            lines += ["# HELP kokoro_key_requests_total Requests by the name of their API key (KOKORO_API_KEYS) "
+                      "and status.", "# TYPE kokoro_key_requests_total counter"]
+            lines += [f"kokoro_key_requests_total{_labels({'key': name, 'status': status})} {n}"
+                      for (name, status), n in sorted(self.key_requests.items())]
+            lines += ["# HELP kokoro_key_audio_seconds_total Seconds of audio sent, by the name of the API key.",
+                      "# TYPE kokoro_key_audio_seconds_total counter"]
+            lines += [f"kokoro_key_audio_seconds_total{_labels({'key': name})} {_fmt(seconds)}"
+                      for name, seconds in sorted(self.key_audio_seconds.items())]
         lines += ["# HELP kokoro_ttfa_seconds Time from request to the first audio byte sent.",
                   "# TYPE kokoro_ttfa_seconds histogram", *self.ttfa.lines("kokoro_ttfa_seconds")]
         lines += ["# HELP kokoro_e2e_seconds Time from request to the last byte of a speech response.",

@@ -3,8 +3,10 @@ metrics, the thread pool its PyAV encoders run in, and the directory of download
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -38,19 +40,25 @@ class AppState:
     encoders: ThreadPoolExecutor = field(default_factory=encode_pool)
     ready: bool = False
     load_error: str | None = None
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[tuple[str, str], ...] = ()  # (name, key): parse_api_keys(KOKORO_API_KEYS)
 
-    def check_api_key(self, authorization: str) -> None:
-        """With KOKORO_API_KEYS set, an `Authorization: Bearer KEY` header naming one of them, or a 401."""
+    def check_api_key(self, authorization: str) -> str | None:
+        """With KOKORO_API_KEYS set, an `Authorization: Bearer KEY` header naming one of them, or a
+        401; the key's name (None when no key is needed)."""
         if not self.api_keys:
-            return
+            return None
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(401, "Missing API key: send it as `Authorization: Bearer YOUR_KEY`.",
                            type="invalid_request_error", code="invalid_api_key")
         given = token.strip().encode()
-        if not any(hmac.compare_digest(given, key.encode()) for key in self.api_keys):
+        matched = None
+        for name, key in self.api_keys:  # every key compared, in constant time each
+            if hmac.compare_digest(given, key.encode()):
+                matched = name
+        if matched is None:
             raise ApiError(401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key")
+        return matched
 
     def require_service(self) -> SpeechBackend:
         if self.service is None or not self.ready:
@@ -59,3 +67,21 @@ class AppState:
                                type="server_error", code="model_unavailable")
             raise CapacityError(2.0, "The model is still loading; retry in a few seconds.")
         return self.service
+
+
+_KEY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+
+def parse_api_keys(setting: str) -> tuple[tuple[str, str], ...]:
+    """KOKORO_API_KEYS -> (name, key) pairs. An entry `NAME:KEY` names its key (a product, a team),
+    so the access log and /metrics count usage by name and never show the key; an unnamed key is
+    named `key-` and the first 6 hex digits of its SHA-256."""
+    pairs = []
+    for entry in (e.strip() for e in setting.split(",")):
+        if not entry:
+            continue
+        name, colon, key = entry.partition(":")
+        if not colon or not _KEY_NAME.fullmatch(name) or not key:
+            name, key = "key-" + hashlib.sha256(entry.encode()).hexdigest()[:6], entry
+        pairs.append((name, key))
+    return tuple(pairs)

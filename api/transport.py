@@ -31,6 +31,7 @@ class RequestInfo:
     ttfa_s: float | None = None
     audio_s: float = 0.0
     outcome: str = "ok"  # ok | error | disconnected
+    key: str | None = None  # the name of the API key it came with (KOKORO_API_KEYS)
 
     def first_audio(self) -> None:
         if self.ttfa_s is None:
@@ -112,6 +113,8 @@ class AccessLogMiddleware:
         shown_status = status if status is not None else 500
         m = self.metrics
         m.count_request(route, shown_status if info.outcome != "disconnected" else "disconnected")
+        if info.key is not None:
+            m.count_key(info.key, shown_status if info.outcome != "disconnected" else "disconnected", info.audio_s)
         if status == 200 and info.stream is not None:  # a speech response
             if info.ttfa_s is not None:
                 m.ttfa.observe(info.ttfa_s)
@@ -125,6 +128,7 @@ class AccessLogMiddleware:
             "stream": info.stream,
             "ttfa_ms": None if info.ttfa_s is None else round(info.ttfa_s * 1000, 1),
             "e2e_ms": round(e2e * 1000, 1), "audio_s": round(info.audio_s, 3),
+            **({"key": info.key} if info.key is not None else {}),
         }
         access_log.log(logging.DEBUG if route in self.quiet_paths else logging.INFO, json.dumps(record))
 

@@ -111,7 +111,12 @@ class Settings:
         "usable core, a container's CPU quota included, and no more than the available memory holds: "
         "KOKORO_REPLICA_CPU_MIB).")
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop; it counts idle keep-alive connections too and answers beyond it with a bare 503 (no Retry-After) that closes the connection (0: 512, or twice KOKORO_MAX_REQUESTS plus 16 if more).")
-    api_keys: str = setting("KOKORO_API_KEYS", "", "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`.")
+    api_keys: str = setting(
+        "KOKORO_API_KEYS", "",
+        "Comma-separated API keys; when set, requests need `Authorization: Bearer KEY`. Name a key `NAME:KEY` "
+        "(`support-bot:sk-123,reader:sk-456`) and the access log and /metrics (`kokoro_key_requests_total`, "
+        "`kokoro_key_audio_seconds_total`) count usage by that name; an unnamed key is `key-` and 6 hex digits "
+        "of its SHA-256. The key itself is never logged.")
     cors_origins: str = setting(
         "KOKORO_CORS_ORIGINS", "*",
         "Comma-separated origins whose web pages may call the API from a browser (CORS), such as "

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
+import logging
 import socket
 import threading
 import time
@@ -684,8 +686,8 @@ def test_metrics_exposition(http):
     assert metric(http, "kokoro_ready") == 1
 
 
-def test_api_keys():
-    settings = Settings().replace(api_keys="k1, k2")
+def test_api_keys(caplog):
+    settings = Settings().replace(api_keys="k1, reader:k2")
     app = create_app(settings, service=ScriptedService())
 
     async def go():
@@ -695,12 +697,24 @@ def test_api_keys():
             wrong = await c.get("/v1/models", headers={"Authorization": "Bearer nope"})
             right = await c.get("/v1/models", headers={"Authorization": "Bearer k2"})
             health = await c.get("/health")
-            return missing, wrong, right, health
+            for key in ("k2", "k2", "k1"):
+                await c.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"},
+                             headers={"Authorization": f"Bearer {key}"})
+            return missing, wrong, right, health, (await c.get("/metrics")).text
 
-    missing, wrong, right, health = asyncio.run(go())
+    with caplog.at_level(logging.INFO, logger="kokoro_fleet.access"):
+        missing, wrong, right, health, metrics = asyncio.run(go())
     assert assert_openai_error(missing, 401)["code"] == "invalid_api_key"
     assert_openai_error(wrong, 401)
     assert right.status_code == 200 and health.status_code == 200
+    # usage by the key's name: `reader:k2` is "reader", the unnamed k1 a name from its hash
+    unnamed = "key-" + hashlib.sha256(b"k1").hexdigest()[:6]
+    assert 'kokoro_key_requests_total{key="reader",status="200"} 3' in metrics  # /v1/models and two speeches
+    assert f'kokoro_key_requests_total{{key="{unnamed}",status="200"}} 1' in metrics
+    assert 'kokoro_key_audio_seconds_total{key="reader"} 2.4' in metrics
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "kokoro_fleet.access"]
+    assert [r.get("key") for r in logged if r["path"] == "/v1/audio/speech"] == ["reader", "reader", unnamed]
+    assert not any("k2" in r.getMessage() for r in caplog.records)  # the key itself is never logged
 
 
 def test_cors_lets_a_web_page_call_the_api_and_read_retry_after():

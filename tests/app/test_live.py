@@ -222,7 +222,7 @@ def test_sessions_free_their_slots_and_are_counted(server):
 
 
 def test_api_keys_guard_the_upgrade(service):
-    app = create_app(Settings().replace(api_keys="k1"), service=service)
+    app = create_app(Settings().replace(api_keys="agent:k1"), service=service)
     with ThreadServer(app) as srv:
         with pytest.raises(InvalidStatus) as refused:
             connect(live_url(srv), open_timeout=10)
@@ -241,6 +241,11 @@ def test_api_keys_guard_the_upgrade(service):
             assert ws.subprotocol == "kokoro-live"
             ws.send(json.dumps({"type": "start"}))
             assert json.loads(ws.recv(timeout=10))["type"] == "started"
+        counted = app.state.kokoro.metrics.key_requests
+        deadline = time.monotonic() + 5  # the server records a session once it has closed
+        while counted.get(("agent", "disconnected"), 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert counted == {("agent", "disconnected"): 2}  # both sessions (left without `end`), by the key's name
 
 
 @pytest.mark.parametrize("fmt", ["opus", "mp3", "wav"])

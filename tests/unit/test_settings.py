@@ -83,3 +83,16 @@ def test_preload_languages_takes_codes_or_all_and_names_the_codes_on_a_typo():
     with pytest.raises(SettingsError) as error:
         Settings.from_env({"KOKORO_PRELOAD_LANGUAGES": "a,zh"})
     assert "KOKORO_PRELOAD_LANGUAGES" in str(error.value) and "a, b, e, f, h, i, j, p, z" in str(error.value)
+
+
+def test_api_keys_are_named_for_the_log_and_metrics_never_shown():
+    import hashlib
+
+    from api.state import parse_api_keys
+
+    pairs = parse_api_keys(" support-bot:sk-123 , sk-plain,, reader.v2:a:b, bad name:sk-x ")
+    assert pairs[0] == ("support-bot", "sk-123")
+    assert pairs[1] == ("key-" + hashlib.sha256(b"sk-plain").hexdigest()[:6], "sk-plain")
+    assert pairs[2] == ("reader.v2", "a:b")  # only the first colon names
+    assert pairs[3] == ("key-" + hashlib.sha256(b"bad name:sk-x").hexdigest()[:6], "bad name:sk-x")  # not a name
+    assert parse_api_keys("") == ()
