@@ -201,6 +201,11 @@ MARKUP_CASES = [  # text as agents (Markdown) and web pages (HTML, SSML) write i
     ('The <say-as interpret-as="ordinal">3</say-as> and <say-as interpret-as="ordinal">11</say-as>',
      "The third and eleventh"),
     ('On <say-as interpret-as="date" format="mdy">1/2/2025</say-as>', "On January second, twenty twenty-five"),
+    # SSML's phoneme: IPA -> Kokoro's alphabet (diphthongs, affricates, ɹ), the stress on the vowel
+    ('Say <phoneme alphabet="ipa" ph="ˈkoʊkəˌroʊ">Kokoro</phoneme>.', "Say [Kokoro](/kˈOkəɹˌO/)."),
+    ('<phoneme ph="/ˈdʒɪf/">GIF</phoneme> or <phoneme ph="ˈɡaɪ.dɚ">guider</phoneme>',
+     "[GIF](/ʤˈɪf/) or [guider](/ɡˈIdəɹ/)"),
+    ('<phoneme alphabet="x-sampa" ph="t@">the</phoneme> word', "the word"),  # another alphabet: the word
     # a fenced code block is for the eye: none of it is read (an unclosed one runs to the end)
     ("Here is the fix:\n```python\nprint(1)\n```\nRun it.", "Here is the fix:\nRun it."),
     ("Try:\n~~~~\nls -la\n~~~\nstill code\n~~~~~\nDone.", "Try:\nDone."),

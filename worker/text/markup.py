@@ -85,6 +85,13 @@ _TIME = re.compile(r"\btime\s*=\s*[\"']?\s*(\d+(?:\.\d+)?)\s*(m?s)\b", re.IGNORE
 _SUB = re.compile(rf"<sub\b({_ATTRIBUTES})\s*>(.*?)</sub\s*>", re.IGNORECASE | re.DOTALL)
 # "A" alone reads as the article ("uh"): spelled, it is the letter's name, given as its phonemes.
 _LETTER_A = "[A](/ˈA/)"
+_PHONEME = re.compile(rf"<phoneme\b({_ATTRIBUTES})\s*>(.*?)</phoneme\s*>", re.IGNORECASE | re.DOTALL)
+# IPA as dictionaries write English -> Kokoro's alphabet (misaki's): its diphthongs and affricates
+# are one symbol each, its r is ɹ, its US flap T, its g the IPA one.
+_IPA_TO_KOKORO = (("t͡ʃ", "ʧ"), ("d͡ʒ", "ʤ"), ("tʃ", "ʧ"), ("dʒ", "ʤ"), ("eɪ", "A"), ("aɪ", "I"), ("oʊ", "O"),
+                  ("əʊ", "Q"), ("aʊ", "W"), ("ɔɪ", "Y"), ("ɝ", "ɜɹ"), ("ɚ", "əɹ"), ("r", "ɹ"), ("ɾ", "T"),
+                  ("g", "ɡ"), ("͡", ""), (".", ""), ("'", "ˈ"), (",", "ˌ"))
+_VOWELS = frozenset("aeiouyæɑɒɔəɛɜɪʊʌɐAIOQWYᵊɨʉøœɤɯ")
 _SAY_AS = re.compile(rf"<say-as\b({_ATTRIBUTES})\s*>(.*?)</say-as\s*>", re.IGNORECASE | re.DOTALL)
 _ALIAS = re.compile(r"\balias\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", re.IGNORECASE)
 _ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
@@ -261,6 +268,7 @@ def _read_tags(text: str) -> str:
     text = _BREAK.sub(_pause_tag, text)
     text = _SUB.sub(_alias, text)
     text = _SAY_AS.sub(_say_as, text)
+    text = _PHONEME.sub(_phoneme, text)
     ssml = bool(_SPEAK.search(text))
     text = _TAG.sub(lambda m: _tag(m, text, ssml), text)
     if _ENTITY.search(text):
@@ -301,6 +309,31 @@ def _say_as(m: re.Match) -> str:
         suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
         return f"{n}{suffix}"
     return content
+
+
+def _phoneme(m: re.Match) -> str:
+    """SSML's `<phoneme alphabet="ipa" ph="...">word</phoneme>` -> Kokoro's pronunciation link
+    `[word](/phonemes/)`: the IPA turned into Kokoro's alphabet, each stress mark moved from the
+    syllable's start to its vowel, where Kokoro's phonemes carry it. Another alphabet (x-sampa),
+    or none that reads as phonemes, leaves the word to the reader."""
+    alphabet = _attribute(m.group(1), "alphabet").lower() or "ipa"
+    ipa, word = _attribute(m.group(1), "ph"), m.group(2).strip()
+    if alphabet != "ipa" or not ipa or not word:
+        return m.group(2)
+    phonemes = ipa.strip().strip("/[]")
+    for written, kokoro in _IPA_TO_KOKORO:
+        phonemes = phonemes.replace(written, kokoro)
+    moved, stress = [], ""
+    for ch in phonemes:
+        if ch in "ˈˌ":
+            stress = ch
+        elif ch in _VOWELS:
+            moved += [stress, ch]
+            stress = ""
+        else:
+            moved.append(ch)
+    phonemes = "".join(moved) + stress
+    return f"[{word}](/{phonemes}/)" if is_pronunciation(phonemes) else m.group(2)
 
 
 def _alias(m: re.Match) -> str:
