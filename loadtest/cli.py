@@ -149,6 +149,24 @@ async def wait_ready(url: str, seconds: float) -> None:
     raise SystemExit(f"loadtest: {base} was not ready within {seconds:g} s (--wait): {last}")
 
 
+async def cache_warning(url: str) -> str | None:
+    """A line to print when the server (the worker that answers) has served chunks from its
+    synthesis cache: a load test replays a few texts, so its figures then measure the cache."""
+    base = re.sub(r"/v1/audio/speech/?$", "", url)
+    try:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            text = (await client.get(base + "/metrics")).text
+    except httpx.HTTPError:
+        return None
+    m = re.search(r"^kokoro_replica_cache_hits_total (\S+)$", text, re.MULTILINE)
+    hits = float(m.group(1)) if m else 0.0
+    if hits <= 0:
+        return None
+    return (f"loadtest: warning: {base} has answered {hits:g} chunks from its synthesis cache (the worker asked): "
+            "these figures include cached audio, not only synthesis; serve with KOKORO_SYNTHESIS_CACHE_MIB=0 to "
+            "measure the engine")
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
@@ -194,6 +212,8 @@ async def _run_async(args: argparse.Namespace) -> int:
         await runner.aclose()
     out = write_results(_out_dir(args, "run"), rows, summaries, _meta(args, target, steps, "run"))
     print(format_table(summaries))
+    if (warning := await cache_warning(target.url)) is not None:
+        print(warning, file=sys.stderr)
     print(f"results: {out}/requests.csv, {out}/summary.json")
     if args.report:
         from loadtest.report import make_plots
@@ -278,6 +298,9 @@ async def _compare_async(args: argparse.Namespace) -> int:
                    "started": now_iso(), "machine": machine(), "rounds": rounds, "steps": ratios}, f, indent=2)
         f.write("\n")
     print(format_table(runs[a.label] + runs[b.label]))
+    for t in (a, b):
+        if (warning := await cache_warning(t.url)) is not None:
+            print(warning, file=sys.stderr)
     print()
     print(format_ratios(ratios, a.label, b.label))
     print(f"results: {out}/{_safe(a.label)}, {out}/{_safe(b.label)}, {out}/compare.json")

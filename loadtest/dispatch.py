@@ -86,8 +86,10 @@ class FleetProcess:
             self.args += ["--redis-url", redis_url]
         if engine:
             self.args += ["--engine", engine]
+        # No synthesis cache unless asked for: a load test replays a few texts, and a replica that
+        # answers them from its cache measures the cache, not the engine or the scheduling.
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                    **(env or {})}
+                    "KOKORO_SYNTHESIS_CACHE_MIB": "0", **(env or {})}
         if not redis_url:
             self.env.pop("REDIS_URL", None)
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="kokoro-fleet-")) / f"{name}.log"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -812,3 +813,13 @@ def test_audio_is_encoded_off_the_event_loop(monkeypatch):
     assert len(encodes) == 4  # three pieces and the flush
     assert all(thread != loop_thread for thread, _ in encodes), "an encode ran on the event loop's thread"
     assert all(during > 0 for _, during in encodes), "the event loop stood still while audio was encoded"
+
+
+def test_the_load_generator_warns_when_the_server_answered_from_its_cache(server, service, monkeypatch):
+    from loadtest.cli import cache_warning
+
+    assert asyncio.run(cache_warning(server.url)) is None  # no cache hits: nothing to say
+    real = service.stats
+    monkeypatch.setattr(service, "stats", lambda: dataclasses.replace(real(), cache_hits=7))
+    warning = asyncio.run(cache_warning(server.url + "/v1/audio/speech"))
+    assert "7 chunks from its synthesis cache" in warning and "KOKORO_SYNTHESIS_CACHE_MIB=0" in warning
