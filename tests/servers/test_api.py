@@ -54,7 +54,9 @@ class ServerProcess:
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     # One intra-op thread: the test machine's few cores are shared, and torch's
                     # threads spin-wait badly when another process holds a core (4-5x slower here).
-                    "KOKORO_THREADS": os.environ.get("KOKORO_THREADS", "1"), **env}
+                    "KOKORO_THREADS": os.environ.get("KOKORO_THREADS", "1"),
+                    # These tests time synthesis, and send the same paragraphs more than once.
+                    "KOKORO_SYNTHESIS_CACHE_MIB": "0", **env}
         self.proc: subprocess.Popen | None = None
 
     def start(self, ready_timeout: float) -> "ServerProcess":
