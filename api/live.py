@@ -84,8 +84,9 @@ class SessionOver(Exception):
 
 async def live_session(state: AppState, websocket: WebSocket) -> None:
     """One WebSocket connection, from the upgrade (or its refusal) to the close."""
-    refusal = _refusal(state, websocket)
-    if refusal is not None:
+    try:
+        key = _check_upgrade(state, websocket)
+    except ApiError as refusal:
         await _deny(websocket, refusal)
         return
     await websocket.accept(subprotocol=_chosen_subprotocol(websocket))
@@ -97,7 +98,7 @@ async def live_session(state: AppState, websocket: WebSocket) -> None:
         return
     if start is None:  # the client left before saying anything
         return
-    session = LiveSession(state, websocket, start, session_id, key=state.check_api_key(_authorization(websocket)))
+    session = LiveSession(state, websocket, start, session_id, key=key)
     await session.run()
 
 
@@ -390,15 +391,13 @@ def _chosen_subprotocol(websocket: WebSocket) -> str | None:
     return next((p for p in offered if not p.startswith(KEY_SUBPROTOCOL)), offered[0] if offered else None)
 
 
-def _refusal(state: AppState, websocket: WebSocket) -> ApiError | None:
-    """What an HTTP request would be refused with now (API key, readiness, this process full)."""
-    try:
-        state.check_api_key(_authorization(websocket))
-        state.require_service()
-        state.admission.admit("live_upgrade").release()  # full: the 503 with its Retry-After
-    except ApiError as e:
-        return e
-    return None
+def _check_upgrade(state: AppState, websocket: WebSocket) -> str | None:
+    """The name of the connection's API key, or the ApiError an HTTP request would be refused
+    with now (API key, readiness, this process full)."""
+    key = state.check_api_key(_authorization(websocket))
+    state.require_service()
+    state.admission.admit("live_upgrade").release()  # full: the 503 with its Retry-After
+    return key
 
 
 async def _deny(websocket: WebSocket, error: ApiError) -> None:
