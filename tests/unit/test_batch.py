@@ -1,9 +1,15 @@
 """The batched forward pass (Engine.synthesize_batch): every item equals its own single run.
 
 Each item of a batch is padded to the longest and masked to its own lengths; its durations must
-equal those of its single `synthesize` exactly and its audio agree to >= 30 dB SNR (the padded
-shapes sum in other orders, and the harmonic source amplifies the last bits of F0: see
-AdainResBlk1d), with the excitation noise off and on (each item draws its single run's noise).
+equal those of its single `synthesize` exactly and its audio agree to >= 20 dB SNR (the padded
+shapes sum in other orders and other kernels, and the harmonic source amplifies the last bits of
+F0: see AdainResBlk1d), with the excitation noise off and on (each item draws its single run's noise).
+
+The bound sits between what float32 rounding gives and what a masking bug gives. Rounding, measured
+on the real weights' 510-phoneme item: 30 dB and more on an AMD EPYC (family 26), 29.4 dB on an
+Intel Xeon with AMX (2026-11-25; its 10-phoneme item 35.0 dB), which failed the bound of 30 dB this
+file had. A bug: instance-norm statistics taken over the padding too (mean or variance) put the
+short item at -0.4 and 0.0 dB (log-spectral distance 6.9 and 12.6 dB, against 0.18 healthy).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from hypothesis import strategies as st
 from worker.engine import BatchItem, Engine
 from worker.reference import snr_db
 
-PARITY_DB = 30.0
+PARITY_DB = 20.0
 
 
 def ids_of(n: int, seed: int) -> list[int]:
