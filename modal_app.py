@@ -103,6 +103,8 @@ class Deployment:
     redis_secret: str = ""
     # A local JSON file of the deployment's pronunciations (KOKORO_LEXICON), copied into the image.
     lexicon: str = ""
+    # A local directory of the deployment's own voice files (KOKORO_VOICES_DIR), copied into the image.
+    voices_dir: str = ""
     # Longest audio one request may ask for (Modal's 150 s request cap; see the docstring).
     max_request_audio_seconds: float = 120.0
     # Seconds in-flight requests get to finish when the server is asked to stop.
@@ -149,6 +151,8 @@ class Deployment:
             raise ValueError("cpu_utilization must be in (0, 1]")
         if self.lexicon and not Path(self.lexicon).is_file():
             raise ValueError(f"lexicon={self.lexicon!r}: no such file (a JSON file of words and their phonemes)")
+        if self.voices_dir and not Path(self.voices_dir).is_dir():
+            raise ValueError(f"voices_dir={self.voices_dir!r}: no such directory (voice files such as af_brand.pt)")
         return self
 
     @property
@@ -196,6 +200,7 @@ APP_DIR = "/app"
 ENTRYPOINT = f"{APP_DIR}/docker/entrypoint.sh"
 WEIGHTS_DIR = "/opt/kokoro-fleet/weights"
 LEXICON_PATH = f"{APP_DIR}/lexicon.json"
+VOICES_PATH = f"{APP_DIR}/voices"
 CACHE_DIR = "/opt/kokoro-fleet/cache"
 # Kept equal to docker/Dockerfile's CUDA_IMAGE, TORCH_SPEC and gpu-stage packages by tests/servers/test_deploy.py.
 CUDA_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu24.04"
@@ -234,6 +239,8 @@ def build_image(cfg: Deployment) -> modal.Image:
     })
     if cfg.lexicon:  # `serve` checks it as the container starts, and refuses a malformed one
         image = image.add_local_file(Path(cfg.lexicon), LEXICON_PATH, copy=True).env({"KOKORO_LEXICON": LEXICON_PATH})
+    if cfg.voices_dir:  # `serve` reads every file as the container starts, and refuses one that does not read
+        image = image.add_local_dir(Path(cfg.voices_dir), VOICES_PATH, copy=True).env({"KOKORO_VOICES_DIR": VOICES_PATH})
     if cfg.weights_volume:
         return image  # the weights come from the volume, mounted at WEIGHTS_DIR
     if cfg.weights == "official":

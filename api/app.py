@@ -164,7 +164,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     @app.post("/v1/audio/voices/combine", dependencies=authed, response_class=Response,
               responses={200: {"content": {"application/octet-stream": {}}}})
     async def combine_voices(request: Request) -> Response:
-        """A mix of voices as a .pt voice file (Kokoro-FastAPI's endpoint), for a voices directory."""
+        """A mix of voices as a .pt voice file (Kokoro-FastAPI's endpoint): saved as NAME.pt in the
+        voices directory (KOKORO_VOICES_DIR), it is served as NAME."""
         return await combined_voice_response(state, request)
 
     @app.get("/v1/models", dependencies=authed, response_model=ModelList)
@@ -185,6 +186,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         return {"status": "ok", "ready": state.ready, "admitted": state.admission.admitted, **_engine(settings),
                 **(state.service.health() if state.service is not None else {}),  # the fleet: mode, dispatch
                 **({"lexicon": lexicon_status(settings.lexicon)} if settings.lexicon else {}),
+                **({"voices_dir": state.service.voices.directory_status()}
+                   if settings.voices_dir and state.service is not None else {}),
                 **({"error": state.load_error} if state.load_error else {})}
 
     @app.get("/ready")

@@ -338,6 +338,13 @@ def run(args: argparse.Namespace) -> int:
         except LexiconError as e:
             raise SystemExit(f"kokoro-fleet serve: {e}") from None
         log.info("pronunciations from %s: %d entries", settings.lexicon, sum(map(len, lexicon.entries.values())))
+    if settings.voices_dir:  # a voice file that does not read stops the start, not the requests naming it
+        from worker.voices import VoiceFileError, check_voice_dir
+
+        try:
+            check_voice_dir(settings.voices_dir)  # logs the voices it found
+        except VoiceFileError as e:
+            raise SystemExit(f"kokoro-fleet serve: {e}") from None
     if settings.engine == "sim":
         if settings.baseline:
             raise SystemExit("kokoro-fleet serve: KOKORO_ENGINE=sim does not simulate the baseline; "

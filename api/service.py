@@ -68,13 +68,13 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
                 raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
                                     "one model); serve the baseline with KOKORO_ENGINE=torch")
             replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
-            return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES)), settings)
+            return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
                         cuda_graphs=settings.cuda_graphs and not settings.baseline)
         replica = (BaselineReplica(engine) if settings.baseline else
                    Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
-        return SpeechService(replica, VoiceBank(weights.voices), settings)
+        return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
 
     local = await asyncio.to_thread(build)
     await local.warmup()  # the replica, and the text frontend's lexicons

@@ -123,7 +123,7 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
 async def combined_voice_response(state: AppState, request: Request) -> Response:
     """Kokoro-FastAPI's voice combination: a mix (a JSON string such as "af_bella(2)+af_sky(1)",
     a list of names, or either under "voices") as a .pt file in the official voice layout
-    [510, 1, 256] float32, which a voices directory (KOKORO_WEIGHTS=DIR) then serves by its name."""
+    [510, 1, 256] float32, which the voices directory (KOKORO_VOICES_DIR) then serves by its name."""
     data = await read_json(request, state.settings.max_body_bytes)
     if isinstance(data, dict) and set(data) == {"voices"}:
         data = data["voices"]

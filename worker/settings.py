@@ -182,6 +182,14 @@ class Settings:
         "written `[Kokoro](/kˈOkəɹO/)`; `serve` refuses a malformed one. Edits take effect within a second, "
         "without a restart; a malformed edit is logged, shown in /health, and the entries before it stay "
         "(worker/text/lexicon.py).")
+    voices_dir: str = setting(
+        "KOKORO_VOICES_DIR", "",
+        "A directory of the deployment's own voices, served beside the weights' (a file's voice wins on a shared "
+        "name): `af_brand.pt` (the official [510, 1, 256] layout, as `/v1/audio/voices/combine` gives), "
+        "`.bin` (kokoro-js's raw float32) or `.npy`, named like Kokoro's voices (language letter, gender `f`/`m`, "
+        "`_`, a name); `serve` refuses a file that does not read. A file added or changed is served within a "
+        "second (at once by a request naming it), without a restart; one that breaks is logged, shown in "
+        "/health, and its voice stays as it was (worker/voices.py).")
 
     # --- fleet and queue ---
     queue_url: str = setting(

@@ -155,7 +155,7 @@ class SpeechService:
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype,
                         seed=settings.seed, cuda_graphs=settings.cuda_graphs)
         return cls(Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20),
-                   VoiceBank(weights.voices), settings)
+                   VoiceBank(weights.voices, settings.voices_dir), settings)
 
     async def warmup(self) -> None:
         """Warm the replica, and load the text readers of KOKORO_PRELOAD_LANGUAGES (English by

@@ -235,6 +235,15 @@ def test_modal_lexicon_is_copied_into_the_image_and_named_to_the_server(monkeypa
         load_modal_app(monkeypatch, lexicon=str(tmp_path / "missing.json"))
 
 
+def test_modal_voices_dir_is_copied_into_the_image_and_named_to_the_server(monkeypatch, tmp_path):
+    (tmp_path / "voices").mkdir()
+    app = load_modal_app(monkeypatch, voices_dir=str(tmp_path / "voices"))
+    assert f"ENV KOKORO_VOICES_DIR={app.VOICES_PATH}" in image_commands(app.image)
+    assert not any("KOKORO_VOICES_DIR" in c for c in image_commands(load_modal_app(monkeypatch).image))
+    with pytest.raises(ValueError, match="no such directory"):
+        load_modal_app(monkeypatch, voices_dir=str(tmp_path / "missing"))
+
+
 def test_modal_limits_request_audio_below_its_request_cap(monkeypatch):
     cfg = load_modal_app(monkeypatch).CONFIG
     assert 0 < cfg.max_request_audio_seconds < 150

@@ -90,3 +90,29 @@ def test_without_the_setting_the_fleet_serves_the_model(tmp_path):
         assert "SIMULATED" not in status("--url", fleet.url)
         log = fleet.log_path.read_text(errors="replace")
     assert "SIMULATED" not in log
+
+
+def test_a_voice_file_dropped_in_is_served_at_once_by_every_replica(tmp_path):
+    """A request naming a voice whose file appeared a moment ago: its owner and the other worker's
+    replica (which reads the voice by name from the job) each look at the directory at once."""
+    import redis
+    import torch
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    env = {"KOKORO_SIM_CHUNK_MS": "40", "KOKORO_SIM_PHONEME_MS": "0.5", "KOKORO_VOICES_DIR": str(voices)}
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="voices", engine="sim") as fleet:
+        for _ in range(16):  # each worker lists its voices now, so neither would look again for a second
+            assert fresh(fleet.url, "/v1/audio/voices").status_code == 200
+        torch.save(torch.randn(510, 1, 256), voices / "bf_reader.pt")
+        # about 25 s of audio in five chunks: an idle fleet fans a non-streamed text out over both replicas
+        text = " ".join(f"Sentence number {i} of a text long enough to be cut into chunks." for i in range(8))
+        body = {**SPEECH, "voice": "bf_reader", "input": text, "response_format": "pcm", "stream": False}
+        answers = [httpx.post(fleet.url + "/v1/audio/speech", json=body, timeout=120, trust_env=False,
+                              headers={"Connection": "close"}) for _ in range(3)]
+        assert [a.status_code for a in answers] == [200] * 3, [a.text[:200] for a in answers]
+        client = redis.Redis.from_url(fleet.redis_url())
+        jobs = [int(client.hget(key, "jobs_done") or 0) for key in client.scan_iter("{kf}:replica:*")]
+        assert len(jobs) == 2 and min(jobs) > 0, jobs  # both replicas ran jobs of the new voice
+        listed = httpx.get(fleet.url + "/v1/audio/voices", timeout=10, trust_env=False).json()["voices"]
+        assert "bf_reader" in [v["id"] for v in listed]
