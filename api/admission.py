@@ -10,10 +10,19 @@ response ends (refused, done, failed, client gone); releasing twice is harmless.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
-from api.errors import CapacityError
+from api.errors import CapacityError, KeyShareError
+
+
+def key_bound(share: float, max_requests: int) -> int:
+    """The most requests one API key may hold at once: `share` (KOKORO_KEY_MAX_SHARE) of a bound
+    of `max_requests`, at least one; 0 (no per-key bound) when the share is whole or the bound is none."""
+    if share >= 1 or max_requests <= 0:
+        return 0
+    return max(1, math.floor(share * max_requests))
 
 
 @dataclass
@@ -22,6 +31,7 @@ class ProcessSlot:
 
     admission: "ProcessAdmission"
     request_id: str
+    key: str | None = None      # the API key's name, when it counts against KOKORO_KEY_MAX_SHARE
     admitted_at: float = field(default_factory=time.monotonic)
     released: bool = False
 
@@ -39,10 +49,13 @@ class ProcessAdmission:
     completed requests used; 1 s until anything has been measured).
     """
 
-    def __init__(self, max_requests: int, replicas: int = 1, initial_service_s: float = 1.0):
+    def __init__(self, max_requests: int, replicas: int = 1, initial_service_s: float = 1.0,
+                 key_max_share: float = 1.0):
         if max_requests < 1:
             raise ValueError(f"max_requests must be at least 1, got {max_requests}")
         self.max_requests = max_requests
+        self.key_max_requests = key_bound(key_max_share, max_requests)
+        self._per_key: dict[str, int] = {}
         self.replicas = max(1, replicas)
         self.mean_service_s = initial_service_s
         self._slots: dict[int, ProcessSlot] = {}
@@ -55,16 +68,24 @@ class ProcessAdmission:
     def retry_after_s(self) -> float:
         return min(60.0, max(0.05, self.mean_service_s / self.replicas))
 
-    def admit(self, request_id: str, count_refusal: bool = True) -> ProcessSlot:
-        """A slot, or CapacityError (503 with Retry-After) when the bound is reached. count_refusal
+    def admit(self, request_id: str, count_refusal: bool = True, key: str | None = None) -> ProcessSlot:
+        """A slot, or CapacityError (503 with Retry-After) when the bound is reached, or
+        KeyShareError (429) when `key` (an API key's name) holds its share of it. count_refusal
         False: a caller that waits and asks again (a live session's piece), not a refused request."""
         if len(self._slots) >= self.max_requests:
             self.rejected += count_refusal
             wait = self.retry_after_s()
             raise CapacityError(wait, f"The server is at capacity ({self.max_requests} requests in progress); "
                                       f"retry in {wait:.2f} s.")
-        slot = ProcessSlot(self, request_id)
+        counted = key if key and self.key_max_requests else None
+        if counted and self._per_key.get(counted, 0) >= self.key_max_requests:
+            wait = self.retry_after_s()
+            raise KeyShareError(wait, f"This API key holds its share of the server ({self.key_max_requests} "
+                                      f"requests in progress, KOKORO_KEY_MAX_SHARE); retry in {wait:.2f} s.")
+        slot = ProcessSlot(self, request_id, counted)
         self._slots[id(slot)] = slot
+        if counted:
+            self._per_key[counted] = self._per_key.get(counted, 0) + 1
         return slot
 
     def release(self, slot: ProcessSlot, service_seconds: float | None = None) -> None:
@@ -72,5 +93,11 @@ class ProcessAdmission:
             return
         slot.released = True
         self._slots.pop(id(slot), None)
+        if slot.key is not None:
+            left = self._per_key.get(slot.key, 1) - 1
+            if left > 0:
+                self._per_key[slot.key] = left
+            else:
+                self._per_key.pop(slot.key, None)
         if service_seconds is not None and service_seconds > 0:
             self.mean_service_s = 0.8 * self.mean_service_s + 0.2 * service_seconds

@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     state = AppState(
         settings=settings,
         service=service,
-        admission=ProcessAdmission(settings.max_requests),
+        admission=ProcessAdmission(settings.max_requests, key_max_share=settings.key_max_share),
         encoders=encode_pool(settings.workers),  # the launcher sets KOKORO_WORKERS for every worker
         api_keys=parse_api_keys(settings.api_keys),
         ready=service is not None,  # a service handed in is built and warmed by its owner
@@ -80,7 +80,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     app = FastAPI(
         title="kokoro-fleet", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,  # api.swagger: no CDN
         description="Kokoro-82M text to speech behind OpenAI's audio API.",
-        responses={400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses={400: {"model": ErrorResponse}, 429: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )
     app.state.kokoro = state
     install_error_handlers(app)

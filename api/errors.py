@@ -52,15 +52,25 @@ class CapacityError(ApiError):
     """No capacity now: 503 with when to come back, in the two headers the OpenAI client reads
     (`retry-after-ms` first, then `Retry-After` in whole seconds for everyone else)."""
 
+    status_code, error_type, error_code = 503, OVERLOADED, "overloaded"
+
     def __init__(self, retry_after_s: float, message: str | None = None):
         self.retry_after_s = max(0.001, retry_after_s)
         super().__init__(
-            503,
+            self.status_code,
             message or f"The server is at capacity; retry in {self.retry_after_s:.1f} s.",
-            type=OVERLOADED, code="overloaded",
+            type=self.error_type, code=self.error_code,
             headers={"Retry-After": str(max(1, math.ceil(self.retry_after_s))),
                      "retry-after-ms": str(max(1, round(self.retry_after_s * 1000)))},
         )
+
+
+class KeyShareError(CapacityError):
+    """The request's API key holds its share of the server (KOKORO_KEY_MAX_SHARE) while other keys
+    are still admitted: 429 as OpenAI's rate limit answers (the client retries it), with when to
+    come back."""
+
+    status_code, error_type, error_code = 429, "requests", "rate_limit_exceeded"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

@@ -286,9 +286,9 @@ class LiveSession:
         deadline = time.monotonic() + ADMISSION_WAIT_S
         while True:
             try:
-                slot = self.state.admission.admit(self.id, count_refusal=False)
+                slot = self.state.admission.admit(self.id, count_refusal=False, key=self.key)
                 try:
-                    return slot, await admit_speech(self.service, text, self.start)
+                    return slot, await admit_speech(self.service, text, self.start, key=self.key)
                 except BaseException:
                     slot.release()
                     raise

@@ -34,9 +34,10 @@ class SpeechBackend(Protocol):
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         """Validate and prepare; raises TextError or VoiceError (a ValueError with `param`)."""
 
-    async def admit(self, request: SpeechRequest) -> SpeechPlan:
-        """Reserve what the service needs (or raise CapacityError), then plan the request off the
-        event loop (TextError or VoiceError, after giving the reservation back)."""
+    async def admit(self, request: SpeechRequest, key: str | None = None) -> SpeechPlan:
+        """Reserve what the service needs (or raise CapacityError; KeyShareError when `key`, the
+        API key's name, holds its share), then plan the request off the event loop (TextError or
+        VoiceError, after giving the reservation back)."""
 
     def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
         """The admitted plan's pieces in order; closing the iterator early frees what it held."""

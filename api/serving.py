@@ -183,12 +183,13 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
         raise validation_error(e) from None
     info.voice, info.chars, info.format, info.stream = req.voice_spec, len(req.input), req.response_format, req.stream
     service = state.require_service()
-    slot = state.admission.admit(info.id)
+    slot = state.admission.admit(info.id, key=info.key)
     download = None
     try:
         if req.return_download_link:  # off the loop: creating one first clears expired files
             download = await state.downloads.start(req.download_format or req.response_format)
-        plan = await admit_speech(service, req.input, req, phonemes)  # the fleet: a place in the shared queue, or 503
+        # the fleet: a place in the shared queue, or 503 (429: the key's share)
+        plan = await admit_speech(service, req.input, req, phonemes, key=info.key)
     except BaseException:
         slot.release()
         if download is not None:
@@ -197,13 +198,16 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     return AdmittedRequest(req, plan, slot, info, download)
 
 
-async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False) -> SpeechPlan:
+async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False,
+                       key: str | None = None) -> SpeechPlan:
     """The service's admission and plan for `text` spoken with `options` (a speech request, or a
-    live session's start); its TextError / VoiceError (a ValueError naming the field) becomes a 400."""
+    live session's start) for API key `key` (its name); its TextError / VoiceError (a ValueError
+    naming the field) becomes a 400."""
     try:
         return await service.admit(WorkerSpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
                                                        lang_code=options.lang_code,
-                                                       normalization=options.normalization(), phonemes=phonemes))
+                                                       normalization=options.normalization(), phonemes=phonemes),
+                                   key=key)
     except ValueError as e:
         param = getattr(e, "param", None)
         if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug

@@ -1,8 +1,9 @@
 -- admit.lua: admit one request and enqueue its chunk jobs, or refuse it, atomically.
 -- ARGV: prefix, request_id, owner_id, owner_ttl_ms, max_requests, max_queued_work_ms,
---       default_ms_per_phoneme, speed, n, then n pairs (phonemes_i, payload_i).
+--       default_ms_per_phoneme, speed, n, key (the API key's name, '' for none), key_max (the
+--       most requests one key may hold), then n pairs (phonemes_i, payload_i).
 -- A request id that reserve.lua holds already has its slot: only the work bound is checked, and a
--- refusal gives the reservation back (withdrawn_total). Any other id is checked against both.
+-- refusal gives the reservation back (withdrawn_total). Any other id is checked against all three.
 -- A bound <= 0 means unbounded.
 -- Optionally, after the pairs: replica_id, lease_ms, replica_ttl_ms, own_owner, own_slack_ms,
 -- batch_max, batch_window_ms, batch_size_ratio (lease.lua's arguments): the caller's own replica is
@@ -11,13 +12,16 @@
 -- chunk, the job never waits for a wake-up or crosses processes. Returns
 --   admitted: {1, arrival_ms, total_est_ms, live_replicas, leased} (leased: lease.lua's reply, {}
 --             without a replica)
---   refused:  {0, reason ("requests"|"work"), admitted, queued_work_ms, inflight_work_ms,
+--   refused:  {0, reason ("requests"|"key"|"work"), admitted, queued_work_ms, inflight_work_ms,
 --              new_work_ms, live_replicas, rate ("" until measured: audio s per busy s per replica)}
+--             ("key": admitted is that key's requests)
 local rid, owner = ARGV[2], ARGV[3]
 local owner_ttl = tonumber(ARGV[4])
 local max_requests, max_work = tonumber(ARGV[5]), tonumber(ARGV[6])
 local speed = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
+local key, key_max = ARGV[10], tonumber(ARGV[11]) or 0
+local PAIRS = 12  -- ARGV index of the first pair
 local now = now_ms()
 local rk = req_key(rid)
 
@@ -34,7 +38,7 @@ local mpp = num(redis.call('HGET', K_STATS, 'ms_per_phoneme'), tonumber(ARGV[7])
 local est = {}
 local new_work = 0
 for i = 0, n - 1 do
-  local phonemes = tonumber(ARGV[10 + 2 * i])
+  local phonemes = tonumber(ARGV[PAIRS + 2 * i])
   est[i] = math.floor(phonemes * mpp / speed + 0.5)
   new_work = new_work + est[i]
 end
@@ -42,8 +46,13 @@ end
 local admitted = num(redis.call('HGET', K_STATS, 'admitted'), 0)
 local queued_work = num(redis.call('HGET', K_STATS, 'queued_work_ms'), 0)
 local reason = nil
+local key_is_full, key_holds = false, 0
+if not reserved then key_is_full, key_holds = key_full(key, key_max) end
 if not reserved and max_requests > 0 and admitted >= max_requests then
   reason = 'requests'
+elseif key_is_full then
+  reason = 'key'
+  redis.call('HINCRBY', K_STATS, 'key_refused_total', 1)
 elseif max_work > 0 and queued_work > 0 and queued_work + new_work > max_work then
   -- An empty queue admits any single request, however long: otherwise it could never run.
   reason = 'work'
@@ -55,6 +64,7 @@ if reason then
     redis.call('HINCRBY', K_STATS, 'withdrawn_total', 1)
     admitted = admitted - 1
   end
+  if reason == 'key' then admitted = key_holds end
   return {0, reason, admitted, queued_work, num(redis.call('HGET', K_STATS, 'inflight_work_ms'), 0),
           new_work, live_replicas(now), redis.call('HGET', K_STATS, 'rate') or ''}
 end
@@ -68,6 +78,7 @@ else
   redis.call('HSET', K_REQUESTS, rid, owner .. '|' .. now)
   redis.call('HINCRBY', K_STATS, 'admitted', 1)
   redis.call('HINCRBY', K_STATS, 'admitted_total', 1)
+  hold_for_key(rk, key)
 end
 redis.call('SET', alive_key(owner), '1', 'PX', owner_ttl)
 redis.call('HSET', rk, 'owner', owner, 'arrival', now, 'n', n, 'state', 'active', 'speed', ARGV[8],
@@ -78,8 +89,8 @@ redis.call('HSET', rk, 'owner', owner, 'arrival', now, 'n', n, 'state', 'active'
 local deadline = now
 for i = 0, n - 1 do
   local job = job_id(rid, i)
-  redis.call('HSET', rk, 'est:' .. i, est[i], 'dl:' .. i, deadline, 'ph:' .. i, ARGV[10 + 2 * i])
-  redis.call('HSET', payload_key(rid), i, ARGV[11 + 2 * i])
+  redis.call('HSET', rk, 'est:' .. i, est[i], 'dl:' .. i, deadline, 'ph:' .. i, ARGV[PAIRS + 2 * i])
+  redis.call('HSET', payload_key(rid), i, ARGV[PAIRS + 1 + 2 * i])
   redis.call('ZADD', K_QUEUE, deadline, job)
   redis.call('RPUSH', K_READY, '1')
   deadline = deadline + est[i]
@@ -88,7 +99,7 @@ redis.call('HINCRBY', K_STATS, 'queued_jobs', n)
 redis.call('HINCRBY', K_STATS, 'queued_work_ms', new_work)
 
 local leased = {}
-local at = 10 + 2 * n  -- the optional lease arguments
+local at = PAIRS + 2 * n  -- the optional lease arguments
 if ARGV[at] and ARGV[at] ~= '' then
   leased = lease_for(ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), ARGV[at + 3] or '',
                      tonumber(ARGV[at + 4] or '0') or 0, tonumber(ARGV[at + 5] or '1') or 1,

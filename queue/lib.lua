@@ -12,6 +12,7 @@ local K_HOLDERS = P .. ':holders'    -- hash: job id -> "token|est_ms" of its cu
 local K_REQUESTS = P .. ':requests'  -- hash: request id -> "owner|arrival_ms" (one field per admitted request)
 local K_READY = P .. ':ready'        -- list: wake-up tokens for idle replicas
 local K_REPLICAS = P .. ':replicas'  -- zset: replica id -> liveness expiry (ms)
+local K_KEYS = P .. ':keys'          -- hash: API key name -> its admitted requests (KOKORO_KEY_MAX_SHARE)
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -75,6 +76,10 @@ end
 local function drop_request(rid)
   if redis.call('HDEL', K_REQUESTS, rid) == 0 then return 0 end
   unqueue_request(rid)
+  local key = redis.call('HGET', req_key(rid), 'key')
+  if key and redis.call('HINCRBY', K_KEYS, key, -1) <= 0 then
+    redis.call('HDEL', K_KEYS, key)
+  end
   redis.call('DEL', req_key(rid), payload_key(rid), result_key(rid), wake_key(rid))
   redis.call('HINCRBY', K_STATS, 'admitted', -1)
   return 1
@@ -100,6 +105,21 @@ local function requeue(rid, idx)
   redis.call('HINCRBY', K_STATS, 'queued_jobs', 1)
   redis.call('HINCRBY', K_STATS, 'queued_work_ms', est)
   redis.call('RPUSH', K_READY, '1')
+end
+
+-- Whether `key` (an API key's name; '' for none) already holds `key_max` admitted requests (<= 0:
+-- no per-key bound), and how many it holds.
+local function key_full(key, key_max)
+  if key == nil or key == '' or key_max == nil or key_max <= 0 then return false, 0 end
+  local holds = num(redis.call('HGET', K_KEYS, key), 0)
+  return holds >= key_max, holds
+end
+
+-- Count an admitted request against its key (drop_request gives it back).
+local function hold_for_key(rk, key)
+  if key == nil or key == '' then return end
+  redis.call('HSET', rk, 'key', key)
+  redis.call('HINCRBY', K_KEYS, key, 1)
 end
 
 local function live_replicas(now)

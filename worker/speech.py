@@ -240,8 +240,9 @@ class SpeechService:
             return self.plan(request)
         return await asyncio.get_running_loop().run_in_executor(self._text_thread, self.plan, request)
 
-    async def admit(self, request: SpeechRequest) -> SpeechPlan:
-        """The request's plan: nothing to reserve beyond the HTTP layer's per-process bound."""
+    async def admit(self, request: SpeechRequest, key: str | None = None) -> SpeechPlan:
+        """The request's plan: nothing to reserve beyond the HTTP layer's per-process bound, which
+        also holds each API key (`key`) to its share."""
         return await self.plan_off_loop(request)
 
     def health(self) -> dict[str, object]:

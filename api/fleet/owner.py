@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis.asyncio as aioredis
 
+from api.admission import key_bound
 from api.fleet.protocol import (
     DEFAULT_PREFIX,
     QueueStats,
@@ -56,22 +57,28 @@ RETRY_AFTER_MAX_MS = 300_000
 
 @dataclass(frozen=True)
 class AdmissionBounds:
-    """How much the fleet accepts before answering 503 (<= 0 means unbounded)."""
+    """How much the fleet accepts before answering 503, or 429 to one API key (<= 0 means unbounded)."""
 
     max_requests: int            # admitted requests, queued or streaming
     max_queued_seconds: float    # estimated audio seconds of chunk jobs waiting for a replica
+    key_max_requests: int = 0    # admitted requests of one API key (KOKORO_KEY_MAX_SHARE)
 
     @classmethod
-    def for_replicas(cls, replicas: int, max_requests: int = 0, max_queued_seconds: float = 0.0) -> "AdmissionBounds":
+    def for_replicas(cls, replicas: int, max_requests: int = 0, max_queued_seconds: float = 0.0,
+                     key_max_share: float = 1.0) -> "AdmissionBounds":
         """Defaults derived from the replica count: two requests per replica (one running, one
-        waiting), and 20 s of queued audio per replica; explicit non-zero values win."""
+        waiting), and 20 s of queued audio per replica; explicit non-zero values win. One key may
+        hold `key_max_share` of the request bound."""
         replicas = max(1, replicas)
-        return cls(max_requests or 2 * replicas, max_queued_seconds or 20.0 * replicas)
+        max_requests = max_requests or 2 * replicas
+        return cls(max_requests, max_queued_seconds or 20.0 * replicas, key_bound(key_max_share, max_requests))
 
     @classmethod
     def from_settings(cls, settings, replicas: int) -> "AdmissionBounds":
-        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults."""
-        return cls.for_replicas(replicas, settings.queue_max_requests, settings.queue_max_audio_seconds)
+        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults;
+        KOKORO_KEY_MAX_SHARE of the request bound for one key."""
+        return cls.for_replicas(replicas, settings.queue_max_requests, settings.queue_max_audio_seconds,
+                                settings.key_max_share)
 
 
 @dataclass(frozen=True)
@@ -103,13 +110,18 @@ class Refused(Exception):
 
     def __init__(self, reason: str, retry_after_s: int, retry_after_ms: int, work_ahead_s: float,
                  admitted: int, live_replicas: int, rate: float | None):
-        self.reason = reason                  # "requests" (too many admitted) or "work" (queue too long)
+        # "requests" (too many admitted), "key" (this API key holds its share) or "work" (queue too long)
+        self.reason = reason
         self.retry_after_s = retry_after_s
         self.retry_after_ms = retry_after_ms
         self.work_ahead_s = work_ahead_s
         self.admitted = admitted
         self.live_replicas = live_replicas
         self.rate = rate
+        if reason == "key":
+            super().__init__(f"This API key holds its share of the server ({admitted} requests in progress, "
+                             f"KOKORO_KEY_MAX_SHARE); retry in about {retry_after_s} s.")
+            return
         what = "too many requests in progress" if reason == "requests" else "too much audio queued"
         super().__init__(f"The server is at capacity ({what}); retry in about {retry_after_s} s.")
 
@@ -192,14 +204,16 @@ class AdmissionClient(TracksAvailability):
             await asyncio.sleep(self.owner_ttl_ms / 3000)
 
     # --- the request's life ----------------------------------------------------------------
-    async def reserve(self, request_id: str | None = None) -> str:
-        """Hold a slot under the request bound for a request not planned yet, or raise `Refused`:
-        one cheap round trip, so a full fleet answers 503 without the text frontend's work. The
-        slot is the request's until `admit(..., request_id)` enqueues its jobs or `withdraw` gives
-        it back (the reaper frees it if this worker dies). Returns the request id."""
+    async def reserve(self, request_id: str | None = None, key: str | None = None) -> str:
+        """Hold a slot under the request bound (and, with `key`, an API key's name, under that key's
+        bound) for a request not planned yet, or raise `Refused`: one cheap round trip, so a full
+        fleet answers 503 without the text frontend's work. The slot is the request's until
+        `admit(..., request_id)` enqueues its jobs or `withdraw` gives it back (the reaper frees it
+        if this worker dies). Returns the request id."""
         rid = request_id or uuid.uuid4().hex
         reply = await self._call("reservation", self.scripts.reserve, self.prefix, rid, self.worker_id,
-                                 self.owner_ttl_ms, self.bounds.max_requests)
+                                 self.owner_ttl_ms, self.bounds.max_requests, key or "",
+                                 self.bounds.key_max_requests)
         if reply[0] != 1:
             raise self._refused(reply)
         return rid
@@ -209,10 +223,10 @@ class AdmissionClient(TracksAvailability):
         return bool(await self._call("withdrawal", self.scripts.withdraw, self.prefix, request_id))
 
     async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None,
-                    lease_for: Sequence | None = None) -> Ticket:
+                    lease_for: Sequence | None = None, key: str | None = None) -> Ticket:
         """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`.
-        With the id of a reservation, only the work bound is left to check; a refusal there gives
-        the reservation back. `lease_for` (an idle replica's `Dispatcher.lease_arguments()`): the
+        With the id of a reservation, only the work bound is left to check (its key's was checked
+        by `reserve`); a refusal there gives the reservation back. `lease_for` (an idle replica's `Dispatcher.lease_arguments()`): the
         same call then leases for that replica as lease.lua would, and the ticket's `leased` holds
         what it got (the replica must run it: `Dispatcher.run_claimed`)."""
         if not jobs:
@@ -221,7 +235,8 @@ class AdmissionClient(TracksAvailability):
             raise ValueError("speed must be positive")
         rid = request_id or uuid.uuid4().hex
         args: list = [self.prefix, rid, self.worker_id, self.owner_ttl_ms, self.bounds.max_requests,
-                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs)]
+                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs),
+                      key or "", self.bounds.key_max_requests]
         for job in jobs:
             args += [int(job.phonemes), job.payload]
         if lease_for:

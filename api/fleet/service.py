@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from api.errors import CapacityError
+from api.errors import CapacityError, KeyShareError
 from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
                              RequestLost, Ticket)
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
@@ -219,17 +219,18 @@ class FleetSpeechService:
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         return self.local.plan(request)
 
-    async def admit(self, request: SpeechRequest) -> FleetPlan:
+    async def admit(self, request: SpeechRequest, key: str | None = None) -> FleetPlan:
         """A slot in the shared queue (or, Redis unreachable, on this replica); CapacityError when
         the fleet is full. A longer text's slot is reserved before the text is planned (in the
         text-frontend thread), so a burst beyond the fleet's bound is refused after one Redis round
         trip each, however much text the admitted requests' planning has to get through. A short
         text is planned on the loop in less time than that round trip takes, so it skips the
         reservation (admit.lua checks both bounds in the one call that enqueues it), unless this
-        worker looks crowded (`_plans_inline`)."""
+        worker looks crowded (`_plans_inline`). `key`, the API key's name, counts the request
+        against that key's share of the fleet (KOKORO_KEY_MAX_SHARE; KeyShareError beyond it)."""
         self._admitting += 1
         try:
-            return await self._admit(request)
+            return await self._admit(request, key)
         finally:
             self._admitting -= 1
 
@@ -248,11 +249,13 @@ class FleetSpeechService:
         return math.ceil(bound / max(1, self.replicas, live)) if bound > 0 else math.inf
 
     def _refused(self, e: Refused) -> CapacityError:
+        if e.reason == "key":  # one key's share is full, not the fleet: no crowding to remember
+            return KeyShareError(e.retry_after_ms / 1000, str(e))
         self.counters.refused += 1
         self._refused_at = time.monotonic()
         return CapacityError(e.retry_after_ms / 1000, str(e))
 
-    async def _admit(self, request: SpeechRequest) -> FleetPlan:
+    async def _admit(self, request: SpeechRequest, key: str | None = None) -> FleetPlan:
         rid = None
         reserved = False
         inline = self._plans_inline(request)
@@ -260,7 +263,7 @@ class FleetSpeechService:
             rid = uuid.uuid4().hex
         elif not self.degraded:
             try:
-                rid = await self.admission.reserve()
+                rid = await self.admission.reserve(key=key)
                 reserved = True
             except Refused as e:
                 raise self._refused(e) from None
@@ -287,9 +290,9 @@ class FleetSpeechService:
             claimed = self.dispatcher.claim()
             try:
                 if claimed:
-                    ticket = await self._admit_and_lease(jobs, speed, rid)
+                    ticket = await self._admit_and_lease(jobs, speed, rid, key)
                 else:
-                    ticket = await self.admission.admit(jobs, speed, rid)
+                    ticket = await self.admission.admit(jobs, speed, rid, key=key)
             except Refused as e:  # a bound: admit.lua has given any reservation back
                 raise self._refused(e) from None
             except QueueUnavailable as e:
@@ -322,12 +325,13 @@ class FleetSpeechService:
         return all(cache.key(c.ids, self.voices.style(plan.voice_of(c), len(c.ids)), plan.speed_of(c)) in cache
                    for c in plan.chunks if c.ids)
 
-    async def _admit_and_lease(self, jobs: list[ChunkJob], speed: float, rid: str) -> Ticket:
+    async def _admit_and_lease(self, jobs: list[ChunkJob], speed: float, rid: str, key: str | None) -> Ticket:
         """`admit` with a lease for this worker's claimed replica. The call runs in a task of its
         own: if the client leaves meanwhile, whatever it leased (maybe another request's job) is
         still run and completed, and only then is this request dropped, so no lease is left to
         expire. The replica is given back when the call fails or leased nothing."""
-        call = asyncio.ensure_future(self.admission.admit(jobs, speed, rid, self.dispatcher.lease_arguments()))
+        call = asyncio.ensure_future(self.admission.admit(jobs, speed, rid, self.dispatcher.lease_arguments(),
+                                                          key=key))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:

@@ -98,6 +98,7 @@ class ScriptedService:
         self.voices = scripted_voices()
         self.semaphore: asyncio.Semaphore | None = None
         self.fail_after: int | None = None  # raise after this many pieces
+        self.admitted_keys: list[str | None] = []  # the API key name each admission was made for
         self.pieces_started = 0
 
     def plan(self, request):
@@ -108,7 +109,8 @@ class ScriptedService:
             raise NothingToSay("input has nothing to speak")
         return SpeechPlan(request, None, "a", [Chunk(s, "", []) for s in sentences])
 
-    async def admit(self, request):
+    async def admit(self, request, key=None):
+        self.admitted_keys.append(key)
         return self.plan(request)
 
     def health(self):
@@ -716,6 +718,38 @@ def test_api_keys(caplog):
     logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "kokoro_fleet.access"]
     assert [r.get("key") for r in logged if r["path"] == "/v1/audio/speech"] == ["reader", "reader", unnamed]
     assert not any("k2" in r.getMessage() for r in caplog.records)  # the key itself is never logged
+
+
+def test_one_api_key_holds_at_most_its_share_and_gets_429_while_others_are_served():
+    """KOKORO_KEY_MAX_SHARE=0.5 of 4 requests: a reader's third request at once is a 429 in OpenAI's
+    rate-limit shape with Retry-After, while another key's request is served; the key's name also
+    reaches the speech service, which holds it to its share of the fleet."""
+    service = ScriptedService()
+    settings = Settings().replace(api_keys="reader:k1,bot:k2", max_requests=4, key_max_share=0.5)
+    app = create_app(settings, service=service)
+    long_text = "One. Two. Three. Four. Five. Six."  # six pieces: about a second of the scripted replica
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=30) as c:
+            def speak(key: str, text: str = long_text):
+                return c.post("/v1/audio/speech", json={"input": text, "response_format": "pcm"},
+                              headers={"Authorization": f"Bearer {key}"})
+            holding = [asyncio.ensure_future(speak("k1")) for _ in range(2)]
+            await asyncio.sleep(0.2)  # both admitted and streaming
+            third, other = await asyncio.gather(speak("k1", "Again."), speak("k2", "Meanwhile."))
+            held = await asyncio.gather(*holding)
+            after = await speak("k1", "Later.")  # the reader's places came back
+            return held, third, other, after, (await c.get("/metrics")).text
+
+    held, third, other, after, metrics = asyncio.run(go())
+    assert [r.status_code for r in held] == [200, 200] and other.status_code == 200 and after.status_code == 200
+    error = assert_openai_error(third, 429)
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+    assert "This API key holds its share of the server (2 requests in progress" in error["message"]
+    assert int(third.headers["retry-after"]) >= 1 and int(third.headers["retry-after-ms"]) > 0
+    assert 'kokoro_key_requests_total{key="reader",status="429"} 1' in metrics
+    assert sorted(service.admitted_keys) == ["bot", "reader", "reader", "reader"]
 
 
 def test_cors_lets_a_web_page_call_the_api_and_read_retry_after():

@@ -168,6 +168,56 @@ def test_a_reservation_holds_a_slot_before_planning_and_gives_it_back_when_withd
     asyncio.run(go())
 
 
+def test_one_api_key_holds_at_most_its_share_and_every_way_out_gives_its_place_back(redis_server):
+    """KOKORO_KEY_MAX_SHARE: a key at its bound is refused ("key", while other keys are admitted);
+    withdraw, cancel, release, a refused reservation and the reaper each give its place back."""
+    async def go():
+        bounds = AdmissionBounds(max_requests=6, max_queued_seconds=10, key_max_requests=2)
+        client = owner(redis_server.url, bounds=bounds)
+        dead = owner(redis_server.url, "dead-worker", bounds=bounds, owner_ttl_s=0.3)  # no heartbeat
+        rep = replica(redis_server.url, "r0")
+
+        async def keys() -> dict[str, int]:
+            raw = await client.client.hgetall(f"{client.prefix}:keys")
+            return {k.decode(): int(v) for k, v in raw.items()}
+
+        first = await client.reserve(key="reader")
+        second = (await client.admit(jobs(10), key="reader")).request_id  # one step: both bounds
+        for attempt in (client.reserve(key="reader"), client.admit(jobs(10), key="reader")):
+            with pytest.raises(Refused) as refused:
+                await attempt
+            assert refused.value.reason == "key" and refused.value.admitted == 2
+            assert "This API key holds its share of the server (2 requests in progress" in str(refused.value)
+        bot = await client.reserve(key="support-bot")  # another key is admitted meanwhile
+        anonymous = await client.reserve()               # and a request with no key at all
+        assert await keys() == {"reader": 2, "support-bot": 1}
+
+        assert await client.withdraw(first)             # a 400 after reserving
+        third = await client.reserve(key="reader")
+        await client.cancel(second)                      # the client left
+        fourth = (await client.admit(jobs(10), key="reader")).request_id
+        await client.admit(jobs(120), request_id=anonymous)  # 9.75 s queued: the work bound is 10 s
+        with pytest.raises(Refused) as refused:          # a reservation refused by the work bound
+            await client.admit(jobs(20), request_id=third)
+        assert refused.value.reason == "work"
+        assert await keys() == {"reader": 1, "support-bot": 1}
+        await client.cancel(anonymous)
+        await client.release(fourth)
+        await client.withdraw(bot)
+
+        await dead.reserve(key="reader")                 # its worker dies: the reaper frees it
+        await dead.admit(jobs(10), key="reader")
+        assert await keys() == {"reader": 2}
+        await asyncio.sleep(0.5)
+        assert (await rep.reap()).orphaned == 2
+        assert await keys() == {}
+        stats = await client.stats()
+        assert stats["key_refused_total"] == 2
+        assert not await rep.step()                      # no job of theirs is left queued
+        await assert_idle(client)
+    asyncio.run(go())
+
+
 # --- Dispatch order and results -----------------------------------------------------------------
 
 def test_earliest_deadline_first_puts_a_new_first_chunk_before_older_later_chunks(redis_server):
@@ -689,3 +739,7 @@ def test_bounds_default_from_the_replica_count_and_settings_override_them():
     configured = AdmissionBounds.from_settings(Settings.from_env(
         {"KOKORO_QUEUE_MAX_REQUESTS": "3", "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "12.5"}), replicas=4)
     assert configured == AdmissionBounds(3, 12.5)
+    shared = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_KEY_MAX_SHARE": "0.5"}), replicas=4)
+    assert shared == AdmissionBounds(8, 80.0, key_max_requests=4)
+    least = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_KEY_MAX_SHARE": "0.1"}), replicas=2)
+    assert least.key_max_requests == 1  # a key may always run one request

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -116,3 +117,32 @@ def test_a_voice_file_dropped_in_is_served_at_once_by_every_replica(tmp_path):
         assert len(jobs) == 2 and min(jobs) > 0, jobs  # both replicas ran jobs of the new voice
         listed = httpx.get(fleet.url + "/v1/audio/voices", timeout=10, trust_env=False).json()["voices"]
         assert "bf_reader" in [v["id"] for v in listed]
+
+
+def test_a_fleet_holds_one_api_key_to_its_share_of_the_shared_queue(tmp_path):
+    """KOKORO_KEY_MAX_SHARE=0.5 of the fleet's 4 request slots: a reader's third request while two
+    of its own are in progress is a 429 from the shared queue (whichever worker took it), while
+    another key's request is admitted."""
+    import concurrent.futures
+
+    env = {"KOKORO_SIM_CHUNK_MS": "300", "KOKORO_SIM_PHONEME_MS": "1", "KOKORO_API_KEYS": "reader:k1,bot:k2",
+           "KOKORO_QUEUE_MAX_REQUESTS": "4", "KOKORO_KEY_MAX_SHARE": "0.5"}
+    text = " ".join(f"Sentence number {i} of a text that keeps a replica busy." for i in range(4))
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="keys", engine="sim") as fleet:
+        def speak(key: str, body_text: str = text) -> httpx.Response:
+            return httpx.post(fleet.url + "/v1/audio/speech", timeout=60, trust_env=False,
+                              json={**SPEECH, "input": body_text, "response_format": "pcm"},
+                              headers={"Authorization": f"Bearer {key}", "Connection": "close"})
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            holding = [pool.submit(speak, "k1") for _ in range(2)]
+            time.sleep(0.5)  # both admitted: their first chunks take 300 ms and more each
+            third = speak("k1", "Again.")
+            other = speak("k2", "Meanwhile.")
+            held = [f.result() for f in holding]
+        assert [r.status_code for r in held] == [200, 200] and other.status_code == 200
+        assert third.status_code == 429, third.text
+        error = third.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and "This API key holds its share" in error["message"]
+        assert int(third.headers["retry-after"]) >= 1
+        assert speak("k1", "Later.").status_code == 200  # its places came back
