@@ -9,7 +9,8 @@ outside the server (no CDN, no web fonts; the page's Content-Security-Policy for
 `default-src 'self'` also admits the same-origin ws:// or wss:// socket). Two small JSON routes feed it:
 `/playground/config` (the input limit, whether API keys are needed) and
 `/playground/fleet` (the fleet panel, polled every few seconds; a simulated fleet, KOKORO_ENGINE=sim,
-shows a banner there). KOKORO_PLAYGROUND=false leaves all of them out.
+shows a banner there). `/web`, where Kokoro-FastAPI serves its web player, leads here.
+KOKORO_PLAYGROUND=false leaves all of them out.
 
     app.include_router(playground_router(state))   # state: api.state.AppState
 """
@@ -20,7 +21,7 @@ from importlib.resources import files
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from api.encoders import CONTENT_TYPES
 from api.state import AppState
@@ -33,6 +34,8 @@ CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data:; media-src 
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 # The fleet panel's polling path: the access log writes it at debug level, like /metrics.
 FLEET_PATH = "/playground/fleet"
+# Kokoro-FastAPI's web player lives here; its users' bookmarks are sent to `/`.
+KOKORO_FASTAPI_WEB_PATH = "/web"
 
 
 def _asset(name: str) -> bytes:
@@ -79,6 +82,12 @@ def playground_router(state: AppState) -> APIRouter:
     @router.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def index() -> Response:
         return HTMLResponse(page, headers=headers)
+
+    @router.get(KOKORO_FASTAPI_WEB_PATH)
+    @router.get(KOKORO_FASTAPI_WEB_PATH + "/")
+    async def kokoro_fastapi_web() -> RedirectResponse:
+        """Where Kokoro-FastAPI serves its web player: a bookmark of it lands on this page."""
+        return RedirectResponse("/")
 
     def serve_asset(name: str):
         async def asset() -> Response:

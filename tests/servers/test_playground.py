@@ -211,8 +211,11 @@ def test_setting_turns_the_page_off():
     for asset in re.findall(r'(?:src|href)="(/playground/[^"]+)"', page.text):
         assert on.get(asset).status_code == 200, asset
     assert on.get("/playground/fleet").json()["ready"] is False  # no model yet: nothing pretends otherwise
+    for web in ("/web", "/web/"):  # Kokoro-FastAPI's web player address leads to the page
+        moved = on.get(web, follow_redirects=False)
+        assert moved.status_code == 307 and moved.headers["location"] == "/", web
     off = TestClient(create_app(Settings().replace(playground=False)))
-    for path in ("/", "/playground/app.js", "/playground/config", "/playground/fleet"):
+    for path in ("/", "/web", "/playground/app.js", "/playground/config", "/playground/fleet"):
         response = off.get(path)
         assert response.status_code == 404 and set(response.json()) == {"error"}, path
 
