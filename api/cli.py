@@ -17,7 +17,7 @@ from worker.settings import SettingsError
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
     "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
-    "say": ("worker.say", "synthesize text to a WAV file, no server needed"),
+    "say": ("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
     "weights": ("worker.weights.cli", "show or prepare the model weights in use"),
     "bench": ("worker.bench", "benchmark the engine against the reference implementation"),
     "normalize": ("worker.text.cli", "print the normalized text"),

@@ -1,4 +1,5 @@
-"""`kokoro-fleet say` end to end on the real offline weights (issue 2 and issue 3 acceptance)."""
+"""`kokoro-fleet say` end to end on the real offline weights (issue 2 and issue 3 acceptance): WAV,
+and any other format by the file's suffix, written as it is made, with progress on long work."""
 
 from __future__ import annotations
 
@@ -109,3 +110,40 @@ def test_say_speaks_phonemes_as_given_like_the_text_they_came_from(real_weights,
     assert len(from_phonemes) == len(from_text) > 24_000 and "phonemes" in log
     # the model's noise is seeded per engine, so the same ids give the same waveform
     assert np.abs(from_phonemes - from_text).max() < 1e-3
+
+
+def test_say_writes_the_format_its_file_names_with_progress_and_no_partial_file(real_weights, tmp_path):
+    """A long text to mp3 and to opus: each file decodes to the same length of audio as the WAV of the
+    same text (the codecs' own padding aside), progress went to stderr, and no `.part` file is left."""
+    import av
+
+    text = " ".join(f"Sentence number {i} of a text long enough to be cut into several chunks." for i in range(12))
+    wav_audio, _, _ = say(tmp_path, text)
+    for name in ("out.mp3", "out.ogg"):
+        env = dict(os.environ, HF_HUB_OFFLINE="1", KOKORO_WEIGHTS="offline")
+        proc = subprocess.run([sys.executable, "-m", "api.cli", "say", text, "-o", str(tmp_path / name)],
+                              capture_output=True, text=True, env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert re.search(r"chunk (\d+)/\1 +\d+:\d\d of audio +[\d.]+x real time", proc.stderr), proc.stderr
+        assert f"({'mp3' if name.endswith('mp3') else 'opus'})" in proc.stdout
+        with av.open(str(tmp_path / name)) as container:
+            stream = container.streams.audio[0]
+            decoded = sum(frame.samples for frame in container.decode(stream)) / stream.rate
+        assert abs(decoded - len(wav_audio) / 24_000) < 0.1, (name, decoded, len(wav_audio) / 24_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp3", "out.ogg", "out.wav"]
+
+
+def test_say_names_the_formats_when_the_file_says_none(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "api.cli", "say", "Hi.", "-o", str(tmp_path / "out.m4b")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "cannot tell the format of" in proc.stderr and ".mp3" in proc.stderr
+    assert "--format" in proc.stderr and not (tmp_path / "out.m4b").exists()
+
+
+def test_progress_says_how_far_how_fast_and_how_long_is_left():
+    from api.say_cli import output_format, progress_line
+
+    assert progress_line(3, 40, 42.0, 10.0, 600.0) == "chunk 3/40  0:42 of audio  4.2x real time  about 2:13 left"
+    assert progress_line(40, 40, 3725.0, 500.0, 3700.0) == "chunk 40/40  1:02:05 of audio  7.5x real time"
+    assert output_format("book.MP3", None) == "mp3" and output_format("x.ogg", None) == "opus"
+    assert output_format("x.bin", "flac") == "flac"
