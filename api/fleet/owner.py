@@ -40,6 +40,7 @@ from api.fleet.protocol import (
     Scripts,
     TracksAvailability,
     read_stats,
+    stop_if_cancelled,
     unavailable_as_error,
 )
 
@@ -201,6 +202,7 @@ class AdmissionClient(TracksAvailability):
                 self.degraded = False
             except QueueUnavailable:
                 self.degraded = True
+            stop_if_cancelled("owner heartbeat")
             await asyncio.sleep(self.owner_ttl_ms / 3000)
 
     # --- the request's life ----------------------------------------------------------------

@@ -83,15 +83,21 @@ class TracksAvailability:
             self.degraded = True
             raise
         self.degraded = False
-        # redis-py (7.x with a socket timeout, every 8.x) can swallow a cancellation that arrives
-        # during a command, or was pending when it began, and return the reply as if nothing had
-        # happened. A client that left must still stop its stream at once, so a task that has been
-        # cancelled stops here. (Clean-up calls after a cancellation run shielded, in a task of
-        # their own, so this never cuts them short.)
-        task = asyncio.current_task()
-        if task is not None and task.cancelling() > 0:
-            raise asyncio.CancelledError(f"cancelled during {what}")
+        stop_if_cancelled(what)
         return reply
+
+
+def stop_if_cancelled(what: str) -> None:
+    """Raise CancelledError in a task that has been cancelled. redis-py (7.x with a socket timeout,
+    every 8.x) can swallow a cancellation that arrives during a command, or was pending when it
+    began, and return the reply as if nothing had happened: a client that left must still stop its
+    stream at once, and a background loop that calls Redis must still end when its owner closes
+    (an owner heartbeat that swallowed its cancel kept a worker's shutdown waiting forever). So
+    every call to Redis is followed by this check. (Clean-up calls after a cancellation run
+    shielded, in a task of their own, so this never cuts them short.)"""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError(f"cancelled during {what}")
 
 
 def _driver_info() -> dict:

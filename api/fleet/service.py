@@ -42,7 +42,7 @@ from api.errors import CapacityError, KeyShareError
 from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
                              RequestLost, Ticket)
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
-                                read_replicas, read_stats, worker_id)
+                                read_replicas, read_stats, stop_if_cancelled, worker_id)
 from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
 from worker.audio import SAMPLE_RATE, from_pcm16
@@ -452,6 +452,8 @@ class FleetSpeechService:
             except Exception:  # figures are best effort; never let them stop the housekeeping
                 log.exception("reading the fleet's figures failed")
                 continue
+            finally:
+                stop_if_cancelled("reading the fleet's figures")
             previous = {r.replica: r for r in self.snapshot.replicas}
             elapsed = now - self.snapshot.read_at if self.snapshot.read_at else 0.0
             busy = {}
