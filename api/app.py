@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -26,6 +28,7 @@ from api.admission import ProcessAdmission
 from api.downloads import DownloadStore, SharedDownloads, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
+from api.metrics import WorkerMetricsShare
 from api.live import LIVE_PATH, live_session
 from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, ErrorResponse, LegacyVoiceList,
@@ -41,6 +44,8 @@ from worker.speech import ReplicaStats
 from worker.text import lexicon_status
 
 log = logging.getLogger("kokoro_fleet.api")
+# How often each worker leaves its figures for the others' /metrics (api/metrics.py).
+METRICS_PUBLISH_S = 1.0
 
 
 def app_factory() -> FastAPI:
@@ -65,14 +70,20 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
                                     settings.download_shared_max_mib << 20, settings.download_max_age_seconds)),
     )
 
+    if settings.metrics_dir:
+        state.metrics_share = WorkerMetricsShare(settings.metrics_dir, f"{socket.gethostname()}-{os.getpid()}")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loader = asyncio.create_task(_load_service(state)) if state.service is None else None
+        publisher = asyncio.create_task(_publish_metrics(state)) if state.metrics_share is not None else None
         try:
             yield
         finally:
             if loader is not None and not loader.done():
                 loader.cancel()
+            if publisher is not None:
+                publisher.cancel()
             if state.service is not None:
                 await state.service.aclose()
             state.encoders.shutdown(wait=False)
@@ -203,13 +214,23 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(state.metrics_page(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(docs_router(app.openapi_url, app.title))
     if settings.playground:
         app.include_router(playground_router(state))
     _document_request_bodies(app, (SpeechRequest, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest))
     return app
+
+
+async def _publish_metrics(state: AppState) -> None:
+    """Leave this worker's figures for the other workers' /metrics every METRICS_PUBLISH_S."""
+    while True:
+        try:
+            state.metrics_share.publish(state.metrics.render("process"))
+        except OSError as e:  # the directory went away: /metrics then shows this worker alone
+            log.warning("cannot leave this worker's metrics in %s: %s", state.metrics_share.directory, e)
+        await asyncio.sleep(METRICS_PUBLISH_S)
 
 
 def _json_body(model: type[BaseModel]) -> dict:

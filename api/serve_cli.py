@@ -367,6 +367,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ["KOKORO_WORKERS"] = str(workers)
     mps = Mps(settings.mps)
     redis: EmbeddedRedis | None = None
+    metrics_dir = None
+    if workers > 1 and not settings.metrics_dir:  # one /metrics for all the workers (api/metrics.py)
+        metrics_dir = tempfile.mkdtemp(prefix="kokoro-metrics-")
+        os.environ["KOKORO_METRICS_DIR"] = metrics_dir
     try:
         if on_gpu:
             index = gpu_index(settings)
@@ -403,4 +407,6 @@ def run(args: argparse.Namespace) -> int:
         if redis is not None:
             redis.stop()
         mps.stop()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0

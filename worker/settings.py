@@ -198,6 +198,13 @@ class Settings:
         "second (at once by a request naming it), without a restart; one that breaks is logged, shown in "
         "/health, and its voice stays as it was (worker/voices.py).")
 
+    metrics_dir: str = setting(
+        "KOKORO_METRICS_DIR", "",
+        "Where each worker leaves its own figures (every second) for the others, so that /metrics, whichever "
+        "worker a scrape reaches, adds up the whole server's counters and histograms instead of showing one "
+        "worker's (api/metrics.py); the workers of one server must share it (empty: `serve` makes one in the "
+        "system's temporary directory for each run of several workers and removes it at exit).")
+
     # --- fleet and queue ---
     queue_url: str = setting(
         "REDIS_URL", "", "External Redis URL; empty: the fleet starts and owns an embedded Redis server.")

@@ -540,25 +540,32 @@ class FleetSpeechService:
             ("local_total", "counter", "Chunk results handed over in memory: the owner's own replica ran them."),
             ("result_bytes_total", "counter", "Bytes of PCM that crossed Redis (results another worker's replica made)."),
         ):
-            (m.gauge if kind == "gauge" else m.counter)(f"kokoro_fleet_{field_name}", help_text, stat(field_name))
+            (m.gauge if kind == "gauge" else m.counter)(f"kokoro_fleet_{field_name}", help_text, stat(field_name),
+                                                        fleet_wide=True)
         m.gauge("kokoro_fleet_queued_work_seconds", "Estimated audio seconds of the jobs waiting in the shared queue.",
-                lambda: stat("queued_work_ms")() / 1000)
+                lambda: stat("queued_work_ms")() / 1000, fleet_wide=True)
         m.gauge("kokoro_fleet_live_replicas", "Replicas whose liveness Redis saw within its TTL.",
-                lambda: self.snapshot.stats.live_replicas if self.snapshot.stats else _missing())
+                lambda: self.snapshot.stats.live_replicas if self.snapshot.stats else _missing(), fleet_wide=True)
         m.gauge("kokoro_fleet_replica_rate", "Measured audio seconds per busy second of one replica (EWMA).",
-                lambda: self.snapshot.stats.rate if self.snapshot.stats and self.snapshot.stats.rate else _missing())
-        m.collector(self._metric_lines)
+                lambda: self.snapshot.stats.rate if self.snapshot.stats and self.snapshot.stats.rate else _missing(),
+                fleet_wide=True)
+        m.collector(self._worker_histogram_lines)
+        m.collector(self._replica_table_lines, fleet_wide=True)
 
-    def _metric_lines(self) -> list[str]:
-        """Labelled series: the first-chunk queue wait histogram and a row per replica."""
-        lines = ["# HELP kokoro_fleet_first_chunk_wait_seconds Wait of requests' first chunks in the queue "
-                 "before this replica leased them.",
-                 "# TYPE kokoro_fleet_first_chunk_wait_seconds histogram",
-                 *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds"),
-                 "# HELP kokoro_fleet_lease_batch_size Chunk jobs per lease this worker's replica took "
-                 "(at most KOKORO_BATCH_MAX).",
-                 "# TYPE kokoro_fleet_lease_batch_size histogram",
-                 *self.dispatcher.batch_sizes.lines("kokoro_fleet_lease_batch_size")]
+    def _worker_histogram_lines(self) -> list[str]:
+        """This worker's histograms: its first chunks' queue wait, its replica's lease sizes."""
+        return ["# HELP kokoro_fleet_first_chunk_wait_seconds Wait of requests' first chunks in the queue "
+                "before this replica leased them.",
+                "# TYPE kokoro_fleet_first_chunk_wait_seconds histogram",
+                *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds"),
+                "# HELP kokoro_fleet_lease_batch_size Chunk jobs per lease this worker's replica took "
+                "(at most KOKORO_BATCH_MAX).",
+                "# TYPE kokoro_fleet_lease_batch_size histogram",
+                *self.dispatcher.batch_sizes.lines("kokoro_fleet_lease_batch_size")]
+
+    def _replica_table_lines(self) -> list[str]:
+        """A row per replica of the fleet, as this worker last read them from Redis."""
+        lines: list[str] = []
         rows = self.snapshot.replicas
         if not rows:
             return lines

@@ -43,10 +43,10 @@ def _asset(name: str) -> bytes:
 
 
 def fleet_figures(state: AppState) -> dict[str, Any]:
-    """The fleet panel's figures, read from the very sources /metrics renders: with the shared
-    queue, the fleet's replica table and counters as this worker last read them from Redis; on one
+    """The fleet panel's figures, read from /metrics as a scrape sees it: with the shared queue,
+    the fleet's replica table and counters as this worker last read them from Redis; on one
     worker without a queue, its own replica and admission counters."""
-    samples = parse_metrics(state.metrics.render())
+    samples = parse_metrics(state.metrics_page())
     rows, summary = rows_from_metrics(samples)
 
     def one(name: str) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.status_cli import parse_metrics
 from loadtest.dispatch import FleetProcess
 
 pytestmark = pytest.mark.slow
@@ -148,3 +149,38 @@ def test_a_fleet_holds_one_api_key_to_its_share_of_the_shared_queue(tmp_path):
         assert speak("k1", "Later.").status_code == 200  # its places came back
         metrics = httpx.get(fleet.url + "/metrics", timeout=10, trust_env=False).text
         assert "kokoro_fleet_key_refused_total 1" in metrics.splitlines(), metrics
+
+
+def test_metrics_add_up_every_worker_whichever_one_a_scrape_reaches(tmp_path):
+    """The requests a 2-worker fleet served, split between its workers, counted whole by every
+    scrape (each on a fresh connection, so any worker answers); the fleet's own counters once."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env = {"KOKORO_SIM_CHUNK_MS": "5", "KOKORO_SIM_PHONEME_MS": "0.1", "KOKORO_METRICS_DIR": str(metrics_dir)}
+    speech = {**SPEECH, "input": "Counted once.", "response_format": "pcm"}
+
+    def own(path, name: str) -> float:  # one worker's own figure, as it left it
+        return sum(v for labels, v in parse_metrics(path.read_text()).get(name, []) if labels.get("status") == "200"
+                   and labels.get("route") == "/v1/audio/speech")
+
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="metrics", engine="sim") as fleet:
+        served = 0
+        for _ in range(60):  # until both workers have served some (the kernel picks who accepts)
+            answer = httpx.post(fleet.url + "/v1/audio/speech", json=speech, timeout=30, trust_env=False,
+                                headers={"Connection": "close"})
+            assert answer.status_code == 200
+            served += 1
+            time.sleep(0.05)
+            files = list(metrics_dir.glob("*.prom"))
+            if served >= 6 and len(files) == 2 and all(own(f, "kokoro_requests_total") for f in files):
+                break
+        assert all(own(f, "kokoro_requests_total") for f in metrics_dir.glob("*.prom")), "one worker served all"
+        time.sleep(1.5)  # every worker has left its latest figures
+        for _ in range(8):
+            page = parse_metrics(fresh(fleet.url, "/metrics").text)
+            requests = [v for labels, v in page["kokoro_requests_total"]
+                        if labels == {"route": "/v1/audio/speech", "status": "200"}]
+            assert requests == [served]
+            assert [v for _, v in page["kokoro_ttfa_seconds_count"]] == [served]
+            assert [v for _, v in page["kokoro_fleet_admitted_total"]] == [served]  # from Redis: not doubled
+            assert [v for _, v in page["kokoro_ready"]] == [1] and len(page["kokoro_engine_info"]) == 1
