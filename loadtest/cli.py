@@ -150,8 +150,8 @@ async def wait_ready(url: str, seconds: float) -> None:
 
 
 async def cache_warning(url: str) -> str | None:
-    """A line to print when the server (the worker that answers) has served chunks from its
-    synthesis cache: a load test replays a few texts, so its figures then measure the cache."""
+    """A line to print when the server (all its workers: /metrics adds them up) has served chunks
+    from its synthesis cache: a load test replays a few texts, so its figures then measure the cache."""
     base = re.sub(r"/v1/audio/speech/?$", "", url)
     try:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
@@ -162,7 +162,7 @@ async def cache_warning(url: str) -> str | None:
     hits = float(m.group(1)) if m else 0.0
     if hits <= 0:
         return None
-    return (f"loadtest: warning: {base} has answered {hits:g} chunks from its synthesis cache (the worker asked): "
+    return (f"loadtest: warning: {base} has answered {hits:g} chunks from its synthesis cache: "
             "these figures include cached audio, not only synthesis; serve with KOKORO_SYNTHESIS_CACHE_MIB=0 to "
             "measure the engine")
 
