@@ -238,7 +238,10 @@ class VoiceDirectory:
             return
         files, voices, errors = {}, {}, {}
         for entry in sorted(entries, key=lambda e: e.name):
-            st = entry.stat()
+            try:
+                st = entry.stat()
+            except OSError:  # removed since the listing
+                continue
             stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
             known = self._files.get(entry.name)
             if known is None or known[0] != stamp:  # new or changed: read it (once per version)
