@@ -31,9 +31,9 @@ from api.errors import ApiError, install_error_handlers
 from api.metrics import WorkerMetricsShare
 from api.live import LIVE_PATH, live_session
 from api.playground import FLEET_PATH, playground_router
-from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, ErrorResponse, LegacyVoiceList,
-                          ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest, PhonemizeResponse,
-                          SpeechRequest, VoiceEntry, VoiceList, model_cards)
+from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, ErrorResponse,
+                          LegacyVoiceList, ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest,
+                          PhonemizeResponse, SpeechRequest, VoiceEntry, VoiceList, model_cards)
 from api.service import SpeechBackend
 from api.serving import captioned_response, combined_voice_response, phonemize_response, speech_response
 from api.state import AppState, encode_pool, parse_api_keys
@@ -143,6 +143,14 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         """Speak `phonemes` as given; streamed WAV by default (any speech format may be asked)."""
         return await speech_response(state, request, phonemes=True)
 
+    @app.post("/dev/dialogue", dependencies=authed, response_class=Response,
+              openapi_extra=_json_body(DialogueRequest),
+              responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()}}})
+    async def dialogue(request: Request) -> Response:
+        """Kokoro-FastAPI's dialogue: turns, each in its speaker's voice, a pause where the speaker
+        changes; answered as `/v1/audio/speech` answers."""
+        return await speech_response(state, request, dialogue=True)
+
     @app.websocket(LIVE_PATH)
     async def live(websocket: WebSocket) -> None:
         """Live speech: text in as it is written, audio out as it is spoken (protocol in api/live.py)."""
@@ -219,7 +227,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     app.include_router(docs_router(app.openapi_url, app.title))
     if settings.playground:
         app.include_router(playground_router(state))
-    _document_request_bodies(app, (SpeechRequest, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest))
+    _document_request_bodies(app, (SpeechRequest, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest,
+                                   DialogueRequest))
     return app
 
 

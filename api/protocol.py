@@ -11,6 +11,7 @@ Serving code (api/app.py) translates these into worker calls; nothing here knows
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
@@ -122,6 +123,36 @@ class VoiceId(BaseModel):
 VoiceSpec = Annotated[str | VoiceId, AfterValidator(_checked_voice)]
 
 
+class VoiceAlias(BaseModel):
+    """A voice alias with its own pace (Kokoro-FastAPI's `{"voice": ..., "rate": ...}` form)."""
+
+    model_config = ConfigDict(extra="forbid")
+    voice: str = Field(..., min_length=1, description="The voice it stands for: a name or a mix.")
+    rate: float = Field(1.0, gt=0, le=4.0, description="Its pace, times the request's speed, wherever it speaks.")
+
+
+_ALIAS_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,40}$")
+
+
+def _checked_aliases(value: dict | None) -> dict | None:
+    for name in value or {}:
+        if not _ALIAS_NAME.match(name):
+            raise ValueError(f"voice alias {name!r}: a name of 1 to 40 letters, digits, '_' or '-'")
+    return value
+
+
+VoiceAliases = Annotated[dict[str, str | VoiceAlias] | None, AfterValidator(_checked_aliases)]
+DEFAULT_TURN_PAUSE_S = 0.4
+VOICE_TAGS_DESCRIPTION = (
+    "Kokoro-FastAPI's inline speaker tags: `[voice:am_michael]` reads all that follows in that voice (a name, "
+    "a mix, or a `voice_aliases` name) and language, `[rate:1.5]` scales the pace of the voice speaking until the "
+    "next rate or voice tag (on top of `speed`, kept within 0.25 to 4). Off: the tags are text like any other.")
+VOICE_ALIASES_DESCRIPTION = (
+    "Short names for voices in this request, for `voice` and for `[voice:...]` tags (matched case-insensitively): "
+    "a name maps to a voice (`\"narrator\": \"af_bella(2)+af_sky\"`) or to a voice and its own pace "
+    "(`\"grandpa\": {\"voice\": \"am_michael\", \"rate\": 0.8}`), which applies wherever it speaks.")
+
+
 class _SpeechOptions(BaseModel):
     """The checks and readings a speech request and a live session's `start` share; each declares
     its own fields (their defaults and descriptions differ), `response_format` before `sample_rate`."""
@@ -143,6 +174,12 @@ class _SpeechOptions(BaseModel):
     def normalization(self):
         """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
         return _frontend_options(self.normalization_options)  # type: ignore[attr-defined]
+
+    def frontend_aliases(self) -> dict[str, tuple[str, float]]:
+        """`voice_aliases` as the speech planner takes them: lowercase name -> (voice spec, pace)."""
+        aliases = getattr(self, "voice_aliases", None) or {}
+        return {name.lower(): (a.strip(), 1.0) if isinstance(a, str) else (a.voice.strip(), a.rate)
+                for name, a in aliases.items()}
 
 
 class SpeechRequest(_SpeechOptions):
@@ -182,6 +219,8 @@ class SpeechRequest(_SpeechOptions):
     download_format: ResponseFormat | None = Field(
         None, description="Format of the saved download file, when it should differ from `response_format`.")
     sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
+    allow_voice_tags: bool = Field(False, description=VOICE_TAGS_DESCRIPTION)
+    voice_aliases: VoiceAliases = Field(None, description=VOICE_ALIASES_DESCRIPTION)
 
     @field_validator("input")
     @classmethod
@@ -254,6 +293,64 @@ class PhonemeSpeechRequest(BaseModel):
             stream=self.stream, volume_multiplier=self.volume_multiplier, model=MODEL_ID, stream_format="audio",
             instructions=None, lang_code=None, normalization_options=None, return_download_link=False,
             download_format=None, sample_rate=self.sample_rate)
+
+
+# --- dialogue (Kokoro-FastAPI's /dev/dialogue) -------------------------------------------------
+
+class DialogueTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    voice: VoiceSpec = Field(..., description="Who speaks this turn: a voice name, a mix, or a `voice_aliases` name.")
+    text: str = Field(..., min_length=1, description="What they say.")
+
+
+class DialogueRequest(BaseModel):
+    """Body of `POST /dev/dialogue`: a conversation as turns, each read in its speaker's voice and
+    language, with a pause between speakers; one audio response, as from `/v1/audio/speech`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(MODEL_ID, description="As in a speech request.")
+    turns: list[DialogueTurn] = Field(..., min_length=1, description="The turns in order; consecutive turns of "
+                                                                      "one voice are read as one.")
+    pause_between_turns: float = Field(DEFAULT_TURN_PAUSE_S, ge=0.0, le=10.0,
+                                       description="Seconds of silence where the speaker changes.")
+    voice_aliases: VoiceAliases = Field(None, description=VOICE_ALIASES_DESCRIPTION)
+    response_format: ResponseFormat = Field("mp3", description="As in a speech request.")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="As in a speech request.")
+    stream: bool = Field(True, description="As in a speech request.")
+    lang_code: str | None = Field(None, description="As in a speech request (by default each speaker's language).")
+    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
+        None, description="As in a speech request.")
+    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
+    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _checked_model(value)
+
+    def speech_input(self) -> tuple[str, str]:
+        """(the request's voice, its input): the first speaker's voice, and the turns joined with
+        a `[voice:...]` tag and a pause wherever the speaker changes."""
+        spec = lambda turn: turn.voice.id if isinstance(turn.voice, VoiceId) else turn.voice.strip()  # noqa: E731
+        first = spec(self.turns[0])
+        parts, speaking = [self.turns[0].text.strip()], first
+        for turn in self.turns[1:]:
+            if spec(turn) != speaking:
+                speaking = spec(turn)
+                pause = f"[pause:{self.pause_between_turns:g}s] " if self.pause_between_turns > 0 else ""
+                parts.append(f"{pause}[voice:{speaking}]")
+            parts.append(turn.text.strip())
+        return first, " ".join(parts)
+
+    def as_speech_request(self, context: dict) -> SpeechRequest:
+        """The same conversation as a speech request with voice tags, checked as one (its
+        `input` within the character limit)."""
+        voice, text = self.speech_input()
+        fields = self.model_dump(exclude={"turns", "pause_between_turns"}, exclude_none=True)
+        return SpeechRequest.model_validate({**fields, "voice": voice, "input": text, "allow_voice_tags": True},
+                                            context=context)
 
 
 # --- errors ----------------------------------------------------------------------------------

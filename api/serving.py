@@ -38,9 +38,9 @@ from api.admission import ProcessSlot
 from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
 from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
-from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, PhonemeSpeechRequest, PhonemizeRequest,
-                          PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage,
-                          StreamError, WordTimestampModel)
+from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, PhonemeSpeechRequest,
+                          PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone, SpeechRequest,
+                          SpeechUsage, StreamError, WordTimestampModel)
 from api.service import SpeechBackend
 from api.state import AppState
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
@@ -59,10 +59,12 @@ INLINE_FORMATS = ("pcm", "wav", "mulaw", "alaw")
 CLIENT_CLOSED_REQUEST = 499
 
 
-async def speech_response(state: AppState, request: Request, phonemes: bool = False) -> Response:
+async def speech_response(state: AppState, request: Request, phonemes: bool = False,
+                          dialogue: bool = False) -> Response:
     """Chunked audio, SSE events, or (`stream: false`) one body. phonemes: the body is a
-    `PhonemeSpeechRequest` (POST /dev/generate_from_phonemes), spoken as given."""
-    job = await _prepare(request, state, phonemes)
+    `PhonemeSpeechRequest` (POST /dev/generate_from_phonemes), spoken as given; dialogue: a
+    `DialogueRequest` (POST /dev/dialogue), its turns spoken as one request with voice tags."""
+    job = await _prepare(request, state, phonemes, dialogue=dialogue)
     req, info = job.req, job.info
     if req.stream_format == "sse":
         return DisconnectAwareStreamingResponse(
@@ -163,13 +165,13 @@ class AdmittedRequest:
 
 
 async def _prepare(request: Request, state: AppState, phonemes: bool = False,
-                   captioned: bool = False) -> AdmittedRequest:
+                   captioned: bool = False, dialogue: bool = False) -> AdmittedRequest:
     """Read, validate, admit and plan; every refusal here is a clean 4xx/5xx before any audio."""
     info: RequestInfo = request.state.info
     data = await read_json_object(request, state.settings.max_body_bytes)
     text_field, default_format = ("phonemes", "wav") if phonemes else ("input", "mp3")
     # Best effort for the access log, so a refused request still shows what it asked for.
-    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
+    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None  # (a dialogue's: its first turn's)
     info.chars = len(data[text_field]) if isinstance(data.get(text_field), str) else None
     fmt = data.get("response_format", default_format)
     info.format = fmt if isinstance(fmt, str) else None
@@ -177,6 +179,8 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     try:
         if phonemes:
             req = PhonemeSpeechRequest.model_validate(data, context=context).as_speech_request()
+        elif dialogue:
+            req = _dialogue_as_speech(DialogueRequest.model_validate(data, context=context), context)
         else:
             req = (CaptionedSpeechRequest if captioned else SpeechRequest).model_validate(data, context=context)
     except ValidationError as e:
@@ -198,6 +202,20 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     return AdmittedRequest(req, plan, slot, info, download)
 
 
+def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechRequest:
+    """The dialogue as one speech request; a 400 on `turns` when, joined with their voice tags and
+    pauses, they exceed the input limit."""
+    try:
+        return dialogue.as_speech_request(context)
+    except ValidationError as e:
+        if any(err["loc"] == ("input",) for err in e.errors()):
+            _, text = dialogue.speech_input()
+            raise bad_request(f"the turns come to {len(text)} characters with their voice tags and pauses; the "
+                              f"limit is {context['max_input_chars']}. Split the dialogue into several requests",
+                              param="turns") from None
+        raise
+
+
 async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False,
                        key: str | None = None) -> SpeechPlan:
     """The service's admission and plan for `text` spoken with `options` (a speech request, or a
@@ -206,7 +224,9 @@ async def admit_speech(service: SpeechBackend, text: str, options, phonemes: boo
     try:
         return await service.admit(WorkerSpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
                                                        lang_code=options.lang_code,
-                                                       normalization=options.normalization(), phonemes=phonemes),
+                                                       normalization=options.normalization(), phonemes=phonemes,
+                                                       voice_tags=getattr(options, "allow_voice_tags", False),
+                                                       voice_aliases=options.frontend_aliases()),
                                    key=key)
     except ValueError as e:
         param = getattr(e, "param", None)

@@ -23,7 +23,7 @@ from worker.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
                          load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.timestamps import WordTimestamp, word_timestamps
-from worker.text.markup import Delivery, split_speech
+from worker.text.markup import Delivery, split_speech, voice_tags_as_ssml
 from worker.voices import Voice, VoiceBank, VoiceError
 
 # Chunks are synthesized independently, so their edges need not meet at zero. A short raised-cosine
@@ -57,6 +57,9 @@ class SpeechRequest:
     lang_code: str | None = None  # None: follow the voice's language
     normalization: NormalizationOptions | None = None
     phonemes: bool = False  # `text` holds Kokoro phonemes to speak as given (no normalization, no G2P)
+    voice_tags: bool = False  # read Kokoro-FastAPI's `[voice:...]` and `[rate:...]` tags (markup.voice_tags_as_ssml)
+    # Short names for voices in this request (`voice` and voice tags): lowercase name -> (spec, its own pace).
+    voice_aliases: dict[str, tuple[str, float]] = field(default_factory=dict, hash=False)
 
 
 @dataclass
@@ -169,6 +172,11 @@ class SpeechService:
 
     def plan(self, request: SpeechRequest) -> SpeechPlan:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""
+        base_rate = 1.0
+        alias = request.voice_aliases.get(request.voice.strip().lower())
+        if alias is not None:  # the plan (and a fleet's jobs) carry what the alias stands for
+            request = dataclasses.replace(request, voice=alias[0], speed=request.speed * alias[1])
+            base_rate = alias[1]
         voice = self.voices.resolve(request.voice)
         lang_code = request.lang_code or voice.lang_code
         sizes = {"first_chunk_phonemes": self.settings.first_chunk_phonemes,
@@ -178,7 +186,7 @@ class SpeechService:
             if request.phonemes:
                 chunks = phonemes_to_chunks(request.text, **sizes)
             else:
-                chunks = self._text_chunks(request, lang_code, voices, **sizes)
+                chunks = self._text_chunks(request, lang_code, voices, base_rate=base_rate, **sizes)
         except TextError as exc:
             if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
                 raise TextError(f"voice {voice.name}: {exc}; pick another voice or set lang_code",
@@ -197,12 +205,15 @@ class SpeechService:
         return plan
 
     def _text_chunks(self, request: SpeechRequest, lang_code: str, voices: dict[str, Voice],
-                     first_chunk_phonemes: int, chunk_phonemes: int) -> list[Chunk]:
-        """The text's chunks. A part that SSML's `<voice name>` gives another speaker is read in
-        that voice's language, and its chunks name the voice (resolved into `voices`); those of a
-        part inside `<prosody rate>` carry its rate."""
+                     first_chunk_phonemes: int, chunk_phonemes: int, base_rate: float = 1.0) -> list[Chunk]:
+        """The text's chunks. A part that SSML's `<voice name>` (or a `[voice:...]` tag) gives
+        another speaker is read in that voice's language, and its chunks name the voice (resolved
+        into `voices`); those of a part inside `<prosody rate>` (or after `[rate:...]`) carry its rate."""
         options = request.normalization or NormalizationOptions()
-        parts = split_speech(request.text) if options.reads_markup else [(Delivery(), request.text)]
+        text = request.text
+        if request.voice_tags:
+            text = voice_tags_as_ssml(text, request.voice_aliases, base_rate)
+        parts = split_speech(text) if options.reads_markup or request.voice_tags else [(Delivery(), text)]
         lexicon = load_lexicon(self.settings.lexicon)
         chunks: list[Chunk] = []
         for how, text in parts:
@@ -212,7 +223,8 @@ class SpeechService:
                     try:
                         voices[spec] = self.voices.resolve(spec)
                     except VoiceError as exc:
-                        raise TextError(f"<voice name={spec!r}> in the input: {exc}") from None
+                        written = f"[voice:{spec}]" if request.voice_tags else f"<voice name={spec!r}>"
+                        raise TextError(f"{written} in the input: {exc}") from None
                 part_lang = voices[spec].lang_code
             load_language(part_lang)  # once per process; plans_inline sends a first one here off the loop
             part = text_to_chunks(text, part_lang, options, first_chunk_phonemes if not chunks else chunk_phonemes,
@@ -223,7 +235,8 @@ class SpeechService:
     def plans_inline(self, request: SpeechRequest) -> bool:
         """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread,
         once its language's reader is loaded: loading one (up to 0.7 s) would stall the event loop."""
-        if len(request.text) > INLINE_PLAN_CHARS or "<voice" in request.text.lower():  # may load other readers
+        lowered = request.text.lower()
+        if len(request.text) > INLINE_PLAN_CHARS or "<voice" in lowered or "[voice" in lowered:  # other readers
             return False
         if request.phonemes:
             return True

@@ -153,6 +153,53 @@ def test_a_voice_element_with_an_unknown_name_is_an_input_error_and_markup_off_r
     assert all(c.voice is None for c in literal.chunks) and literal.voices == {}
 
 
+def test_kokoro_fastapi_voice_tags_read_as_the_ssml_they_stand_for(voices):
+    """`[voice:...]` and `[rate:...]` (allowed per request) give the chunks, voices and speeds the
+    equivalent SSML gives; not allowed, they are text."""
+    svc = service(voices, RecordingReplica())
+    tagged = svc.plan(SpeechRequest("Hello there. [voice:bm_george] Good morning. [rate:1.5] Quickly now. "
+                                    "[voice:ff_siwis] Bonjour à tous.", voice="af_heart", speed=1.2,
+                                    voice_tags=True))
+    ssml = svc.plan(SpeechRequest('Hello there. <voice name="bm_george"> Good morning. <prosody rate="1.5"> '
+                                  'Quickly now. </prosody></voice><voice name="ff_siwis"> Bonjour à tous.</voice>',
+                                  voice="af_heart", speed=1.2))
+    assert [(c.phonemes, c.voice, c.rate) for c in tagged.chunks] == [(c.phonemes, c.voice, c.rate) for c in ssml.chunks]
+    assert [tagged.speed_of(c) for c in tagged.chunks if c.ids] == pytest.approx([1.2, 1.2, 1.8, 1.2])
+    assert [c.voice for c in tagged.chunks if c.ids] == [None, "bm_george", "bm_george", "ff_siwis"]
+    as_text = svc.plan(SpeechRequest("Hello there. [voice:bm_george] Good morning.", voice="af_heart"))
+    assert all(c.voice is None for c in as_text.chunks)
+
+
+def test_voice_aliases_name_voices_with_their_own_pace(voices):
+    """An alias as the request's voice carries its voice and pace into the plan (and so into a fleet's
+    jobs); in a tag, a voice's pace replaces the one before, and `[rate:]` scales the voice speaking."""
+    svc = service(voices, RecordingReplica())
+    aliases = {"narrator": ("af_bella(2)+af_sky", 0.8), "villain": ("am_michael", 1.0)}
+    plan = svc.plan(SpeechRequest("Once upon a time. [voice:villain] Never! [voice:Narrator] He said. "
+                                  "[rate:1.25] Then ran.", voice="Narrator", speed=1.0, voice_tags=True,
+                                  voice_aliases=aliases))
+    assert plan.request.voice == "af_bella(2)+af_sky" and plan.voice.name == voices.resolve("af_bella(2)+af_sky").name
+    read = {c.text: (plan.voice_spec_of(c), plan.speed_of(c)) for c in plan.chunks if c.ids}
+    assert read["time."] == ("af_bella(2)+af_sky", pytest.approx(0.8))
+    assert read["Never!"] == ("am_michael", pytest.approx(1.0))           # the villain at its own pace
+    assert read["He said."] == ("af_bella(2)+af_sky", pytest.approx(0.8))
+    assert read["Then ran."] == ("af_bella(2)+af_sky", pytest.approx(1.0))  # 1.25 x the narrator's 0.8
+    plain = svc.plan(SpeechRequest("Once.", voice="villain", voice_aliases=aliases))  # no tags needed for `voice`
+    assert plain.request.voice == "am_michael"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("Hi [voice:am_nobody] there.", "[voice:am_nobody] in the input: unknown voice 'am_nobody'"),
+    ("Hi [rate:fast] there.", "[rate:fast] in the input: a rate is a positive number"),
+    ("Hi [rate:0] there.", "[rate:0] in the input: a rate is a positive number"),
+    ('Hi [voice:a"b] there.', "name a voice, a mix"),
+])
+def test_a_tag_it_cannot_read_is_an_input_error_naming_it(voices, text, problem):
+    with pytest.raises(TextError) as err:
+        service(voices, RecordingReplica()).plan(SpeechRequest(text, voice_tags=True))
+    assert problem in str(err.value) and err.value.param == "input"
+
+
 def test_cancelling_the_consumer_stops_after_the_chunk_in_flight(voices):
     replica = RecordingReplica(delay=0.05)
     svc = service(voices, replica)

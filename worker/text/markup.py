@@ -12,7 +12,10 @@ own sentence:
 
 SSML's `<voice name="am_adam">` and `<prosody rate="slow">` change who reads what they enclose,
 and how fast: the speech planner cuts the text there first (`split_speech`), and reads each part
-with its own voice and speed.
+with its own voice and speed. Kokoro-FastAPI's inline tags, `[voice:am_adam]` (the speaker of all
+that follows) and `[rate:1.5]` (the pace until the next rate or voice tag), are the same thing
+written another way: a request that allows them has them turned into those elements first
+(`voice_tags_as_ssml`), with its `voice_aliases` (short names for voices, each with its own pace).
 
 A fenced code block (``` or ~~~) is for the eye: read aloud it is symbols ("for i in range open
 paren three close paren colon"), so a listener hears nothing of it. As in CommonMark, a fence
@@ -199,6 +202,64 @@ def _rate(value: str) -> float:
         return float(value)
     except ValueError:
         return 1.0  # not a rate we read: as requested
+
+
+# Kokoro-FastAPI's inline speaker and pace tags.
+_VOICE_TAG = re.compile(r"\[(voice|rate)\s*:\s*([^\[\]]*?)\s*\]", re.IGNORECASE)
+_SPEC_CHARACTERS = re.compile(r"^[A-Za-z0-9_+\-().\s]+$")
+
+
+def voice_tags_as_ssml(text: str, aliases: dict[str, tuple[str, float]] | None = None,
+                       base_rate: float = 1.0) -> str:
+    """`text` with Kokoro-FastAPI's `[voice:SPEC]` and `[rate:X]` tags as SSML elements for
+    `split_speech`. A voice tag reads everything after it in SPEC (a voice spec, or a name of
+    `aliases`: lowercase name -> (spec, its own pace)) at that voice's pace; a rate tag scales the
+    pace of the voice speaking, until the next rate or voice tag. Paces are relative to the
+    request's speed, which already holds `base_rate` (the pace of an alias given as the request's
+    voice). TextError (param `input`) for a tag it cannot read.
+
+        voice_tags_as_ssml("Hi. [voice:am_adam] Hello. [rate:1.5] Bye.")
+        -> 'Hi. <voice name="am_adam"> Hello. <prosody rate="1.5"> Bye.</prosody></voice>'
+    """
+    from worker.text.errors import TextError
+
+    aliases = aliases or {}
+    out: list[str] = []
+    voice_open = rate_open = False
+    voice_rate = base_rate  # the pace of the voice speaking now
+    start = 0
+    for tag in _VOICE_TAG.finditer(text):
+        out.append(text[start:tag.start()])
+        start = tag.end()
+        kind, value = tag.group(1).lower(), tag.group(2)
+        if rate_open:
+            out.append("</prosody>")
+            rate_open = False
+        if kind == "voice":
+            spec, voice_rate = aliases.get(value.lower(), (value, 1.0))
+            if not spec.strip() or not _SPEC_CHARACTERS.match(spec):
+                raise TextError(f"{tag.group(0)} in the input: name a voice, a mix such as af_bella(2)+af_sky(1), "
+                                "or one of the request's voice_aliases")
+            if voice_open:
+                out.append("</voice>")
+            out.append(f'<voice name="{spec.strip()}">')
+            voice_open = True
+            factor = voice_rate / base_rate
+        else:
+            try:
+                factor = float(value)
+            except ValueError:
+                factor = -1.0
+            if not 0 < factor < float("inf"):
+                raise TextError(f"{tag.group(0)} in the input: a rate is a positive number, such as [rate:1.5] "
+                                "(1.5 times as fast) or [rate:0.8]")
+            factor *= voice_rate / base_rate
+        if factor != 1.0:
+            out.append(f'<prosody rate="{factor:.6g}">')
+            rate_open = True
+    out.append(text[start:])
+    out.append("</prosody>" * rate_open + "</voice>" * voice_open)
+    return "".join(out)
 
 
 def code_fence(line: str) -> str | None:
