@@ -221,6 +221,10 @@ class SpeechRequest(_SpeechOptions):
     sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
     allow_voice_tags: bool = Field(False, description=VOICE_TAGS_DESCRIPTION)
     voice_aliases: VoiceAliases = Field(None, description=VOICE_ALIASES_DESCRIPTION)
+    ssml: bool = Field(False, description="Kokoro-FastAPI's switch for SSML input. Here SSML (`<speak>`, `<break>`, "
+                                          "`<voice>`, `<prosody rate>`, `<say-as>`, `<phoneme>`, `<sub>`) is read "
+                                          "whenever `markup_normalization` is on, as it is by default, so this "
+                                          "flag changes nothing; it is accepted for the clients that send it.")
 
     @field_validator("input")
     @classmethod

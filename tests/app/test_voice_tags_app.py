@@ -46,6 +46,9 @@ async def _session(app) -> dict:
                 "no_pause": await speak("/dev/dialogue", turns=TURNS, pause_between_turns=0),
                 "too_long": await speak("/dev/dialogue", turns=[{"voice": "af_heart", "text": "word " * 600},
                                                                 {"voice": "am_adam", "text": "word " * 300}]),
+                "ssml_flag": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>', ssml=True,
+                                         allow_voice_tags=True),  # a Kokoro-FastAPI client's SSML request
+                "ssml_plain": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>'),
                 "captioned": await c.post("/v1/audio/speech/captioned", json={
                     **PCM, "input": "First voice. [voice:am_adam] Second voice.", "allow_voice_tags": True}),
             }
@@ -60,6 +63,7 @@ def test_voice_tags_aliases_and_dialogue_speak_as_the_requests_they_stand_for():
     assert seen["tags"].content != seen["as_text"].content     # not allowed: read as text, one voice
     assert seen["alias"].content == seen["spec"].content       # an alias is its voice at its pace
     assert seen["dialogue"].content == seen["dialogue_as_speech"].content
+    assert seen["ssml_flag"].status_code == 200 and seen["ssml_flag"].content == seen["ssml_plain"].content
     # two speaker changes, 0.4 s of silence each (pcm: 2 bytes a sample at 24 kHz)
     assert len(seen["dialogue"].content) - len(seen["no_pause"].content) == 2 * round(0.4 * 24000) * 2
 
