@@ -406,6 +406,8 @@ class WordTimestampModel(BaseModel):
     word: str
     start_time: float  # seconds from the start of the audio
     end_time: float
+    # The voice that spoke it, with `allow_voice_tags` (Kokoro-FastAPI's multi-speaker captions); absent otherwise.
+    voice: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class CaptionedSpeechResponse(BaseModel):

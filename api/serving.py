@@ -413,5 +413,6 @@ async def _caption_lines(state: AppState, job: AdmittedRequest) -> AsyncIterator
 def _word_models(job: AdmittedRequest, piece: AudioPiece) -> list[WordTimestampModel]:
     if not getattr(job.req, "return_timestamps", True):
         return []
-    return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3))
-            for w in piece.words]
+    voice = job.plan.voice_spec_of(job.plan.chunks[piece.index]) if job.req.allow_voice_tags else None
+    return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3),
+                               voice=voice) for w in piece.words]

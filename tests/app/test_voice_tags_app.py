@@ -51,6 +51,7 @@ async def _session(app) -> dict:
                 "ssml_plain": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>'),
                 "captioned": await c.post("/v1/audio/speech/captioned", json={
                     **PCM, "input": "First voice. [voice:am_adam] Second voice.", "allow_voice_tags": True}),
+                "captioned_plain": await c.post("/v1/audio/speech/captioned", json={**PCM, "input": "Plain words."}),
             }
 
 
@@ -73,5 +74,7 @@ def test_voice_tags_aliases_and_dialogue_speak_as_the_requests_they_stand_for():
     too_long = seen["too_long"].json()["error"]
     assert seen["too_long"].status_code == 400 and too_long["param"] == "turns"
     assert "the turns come to" in too_long["message"] and "the limit is 4096" in too_long["message"]
-    words = [w["word"] for w in seen["captioned"].json()["timestamps"]]
-    assert words == ["First", "voice", "Second", "voice"]  # the tag is not a word
+    words = [(w["word"], w["voice"]) for w in seen["captioned"].json()["timestamps"]]
+    assert words == [("First", "af_heart"), ("voice", "af_heart"), ("Second", "am_adam"), ("voice", "am_adam")]
+    plain = seen["captioned_plain"].json()["timestamps"]  # without the tags: no voice field at all
+    assert plain and all(set(w) == {"word", "start_time", "end_time"} for w in plain)
