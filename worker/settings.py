@@ -202,8 +202,9 @@ class Settings:
         "KOKORO_METRICS_DIR", "",
         "Where each worker leaves its own figures (every second) for the others, so that /metrics, whichever "
         "worker a scrape reaches, adds up the whole server's counters and histograms instead of showing one "
-        "worker's (api/metrics.py); the workers of one server must share it (empty: `serve` makes one in the "
-        "system's temporary directory for each run of several workers and removes it at exit).")
+        "worker's (api/metrics.py); the workers of one server must share it, and `serve` clears it as it starts "
+        "(empty: `serve` makes one in the system's temporary directory for each run of several workers and "
+        "removes it at exit).")
 
     # --- fleet and queue ---
     queue_url: str = setting(

@@ -156,6 +156,8 @@ def test_metrics_add_up_every_worker_whichever_one_a_scrape_reaches(tmp_path):
     scrape (each on a fresh connection, so any worker answers); the fleet's own counters once."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
+    (metrics_dir / "a-previous-run.prom").write_text(  # serve clears what an earlier run left
+        '# TYPE kokoro_requests_total counter\nkokoro_requests_total{route="/v1/audio/speech",status="200"} 1000\n')
     env = {"KOKORO_SIM_CHUNK_MS": "5", "KOKORO_SIM_PHONEME_MS": "0.1", "KOKORO_METRICS_DIR": str(metrics_dir)}
     speech = {**SPEECH, "input": "Counted once.", "response_format": "pcm"}
 
