@@ -381,6 +381,8 @@ def test_a_full_fleet_shows_503_with_its_retry_time(browser, tiny_fleet):
     try:
         page.goto(tiny_fleet.url + "/")
         page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        # the panel's first figures may come after the voices: until then it shows a dash
+        expect(page.locator("#fleet-refused")).to_have_text(re.compile(r"^\d+$"), timeout=10_000)
         refused_before = int(page.locator("#fleet-refused").inner_text())
         long_text = " ".join(["Every request here waits its turn in the shared queue."] * 70)
         # A small receive buffer: the server's sends block long before its ~14 MB of PCM are out.
