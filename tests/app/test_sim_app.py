@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+
+from app_client import started_app_client
 
 from api.app import create_app
 from api.status_cli import format_table, parse_metrics, rows_from_metrics
@@ -18,26 +19,20 @@ from worker.sim_engine import SimReplica
 
 
 async def _surfaces(app) -> dict:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            for _ in range(4800):  # up to 4 min: the tiny model's first warm-up compiles kernels
-                if app.state.kokoro.ready or app.state.kokoro.load_error:
-                    break
-                await asyncio.sleep(0.05)
-            return {
-                "health": (await c.get("/health")).json(),
-                "ready": await c.get("/ready"),
-                "metrics": (await c.get("/metrics")).text,
-                "playground": (await c.get("/playground/fleet")).json(),
-                "page": (await c.get("/")).text,
-                "speech": await c.post("/v1/audio/speech", json={"input": "Simulated speech, streamed.",
-                                                                 "voice": "af_heart", "response_format": "mp3"}),
-                "captioned": await c.post("/v1/audio/speech/captioned",
-                                          json={"input": "Words with times.", "voice": "am_echo",
-                                                "response_format": "wav", "stream": False}),
-                "state": app.state.kokoro,
-            }
+    async with started_app_client(app) as c:
+        return {
+            "health": (await c.get("/health")).json(),
+            "ready": await c.get("/ready"),
+            "metrics": (await c.get("/metrics")).text,
+            "playground": (await c.get("/playground/fleet")).json(),
+            "page": (await c.get("/")).text,
+            "speech": await c.post("/v1/audio/speech", json={"input": "Simulated speech, streamed.",
+                                                             "voice": "af_heart", "response_format": "mp3"}),
+            "captioned": await c.post("/v1/audio/speech/captioned",
+                                      json={"input": "Words with times.", "voice": "am_echo",
+                                            "response_format": "wav", "stream": False}),
+            "state": app.state.kokoro,
+        }
 
 
 def test_a_sim_server_says_it_is_simulated_everywhere():

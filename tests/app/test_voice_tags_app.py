@@ -9,6 +9,8 @@ import asyncio
 
 import httpx
 
+from app_client import started_app_client
+
 from api.app import create_app
 from worker.settings import Settings
 
@@ -18,41 +20,35 @@ TURNS = [{"voice": "af_heart", "text": "Did it land?"}, {"voice": "am_adam", "te
 
 
 async def _session(app) -> dict:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=120) as c:
-            for _ in range(4800):  # up to 4 min: the tiny model's first warm-up compiles kernels
-                if app.state.kokoro.ready or app.state.kokoro.load_error:
-                    break
-                await asyncio.sleep(0.05)
+    async with started_app_client(app) as c:
 
-            async def speak(path: str = "/v1/audio/speech", **body) -> httpx.Response:
-                return await c.post(path, json={**PCM, **body})
+        async def speak(path: str = "/v1/audio/speech", **body) -> httpx.Response:
+            return await c.post(path, json={**PCM, **body})
 
-            return {
-                "tags": await speak(input="Hello there. [voice:am_adam] Good morning. [rate:1.5] Quickly.",
-                                    allow_voice_tags=True),
-                "ssml": await speak(input='Hello there. <voice name="am_adam"> Good morning. <prosody rate="1.5"> '
-                                          'Quickly.</prosody></voice>'),
-                "as_text": await speak(input="Hello there. [voice:am_adam] Good morning. [rate:1.5] Quickly."),
-                "alias": await speak(input="An old voice.", voice="Grandpa",
-                                     voice_aliases={"grandpa": {"voice": "am_adam", "rate": 0.8}}),
-                "spec": await speak(input="An old voice.", voice="am_adam", speed=0.8),
-                "unknown": await speak(input="Hi [voice:am_nobody] there.", allow_voice_tags=True),
-                "dialogue": await speak("/dev/dialogue", turns=TURNS),
-                "dialogue_as_speech": await speak(
-                    input="Did it land? [pause:0.4s] [voice:am_adam] It did. Turns switch voices. [pause:0.4s] "
-                          "[voice:af_heart] Good.", voice="af_heart", allow_voice_tags=True),
-                "no_pause": await speak("/dev/dialogue", turns=TURNS, pause_between_turns=0),
-                "too_long": await speak("/dev/dialogue", turns=[{"voice": "af_heart", "text": "word " * 600},
-                                                                {"voice": "am_adam", "text": "word " * 300}]),
-                "ssml_flag": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>', ssml=True,
-                                         allow_voice_tags=True),  # a Kokoro-FastAPI client's SSML request
-                "ssml_plain": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>'),
-                "captioned": await c.post("/v1/audio/speech/captioned", json={
-                    **PCM, "input": "First voice. [voice:am_adam] Second voice.", "allow_voice_tags": True}),
-                "captioned_plain": await c.post("/v1/audio/speech/captioned", json={**PCM, "input": "Plain words."}),
-            }
+        return {
+            "tags": await speak(input="Hello there. [voice:am_adam] Good morning. [rate:1.5] Quickly.",
+                                allow_voice_tags=True),
+            "ssml": await speak(input='Hello there. <voice name="am_adam"> Good morning. <prosody rate="1.5"> '
+                                      'Quickly.</prosody></voice>'),
+            "as_text": await speak(input="Hello there. [voice:am_adam] Good morning. [rate:1.5] Quickly."),
+            "alias": await speak(input="An old voice.", voice="Grandpa",
+                                 voice_aliases={"grandpa": {"voice": "am_adam", "rate": 0.8}}),
+            "spec": await speak(input="An old voice.", voice="am_adam", speed=0.8),
+            "unknown": await speak(input="Hi [voice:am_nobody] there.", allow_voice_tags=True),
+            "dialogue": await speak("/dev/dialogue", turns=TURNS),
+            "dialogue_as_speech": await speak(
+                input="Did it land? [pause:0.4s] [voice:am_adam] It did. Turns switch voices. [pause:0.4s] "
+                      "[voice:af_heart] Good.", voice="af_heart", allow_voice_tags=True),
+            "no_pause": await speak("/dev/dialogue", turns=TURNS, pause_between_turns=0),
+            "too_long": await speak("/dev/dialogue", turns=[{"voice": "af_heart", "text": "word " * 600},
+                                                            {"voice": "am_adam", "text": "word " * 300}]),
+            "ssml_flag": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>', ssml=True,
+                                     allow_voice_tags=True),  # a Kokoro-FastAPI client's SSML request
+            "ssml_plain": await speak(input='<speak>Hi. <voice name="am_adam">Hello.</voice></speak>'),
+            "captioned": await c.post("/v1/audio/speech/captioned", json={
+                **PCM, "input": "First voice. [voice:am_adam] Second voice.", "allow_voice_tags": True}),
+            "captioned_plain": await c.post("/v1/audio/speech/captioned", json={**PCM, "input": "Plain words."}),
+        }
 
 
 def test_voice_tags_aliases_and_dialogue_speak_as_the_requests_they_stand_for():

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+
+from app_client import started_app_client
 
 from api.app import create_app
 from worker.settings import Settings
@@ -16,24 +17,18 @@ TEXT = {"input": "A voice of our own.", "response_format": "pcm", "stream": Fals
 
 
 async def _session(app, voices_dir) -> dict:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=120) as c:
-            for _ in range(4800):  # up to 4 min: the tiny model's first warm-up compiles kernels
-                if app.state.kokoro.ready or app.state.kokoro.load_error:
-                    break
-                await asyncio.sleep(0.05)
-            seen = {"before": (await c.get("/v1/audio/voices")).json()}
-            combined = await c.post("/v1/audio/voices/combine", json="af_heart(2)+am_adam(1)")
-            (voices_dir / "af_house.pt").write_bytes(combined.content)  # saved while the server runs
-            (voices_dir / "bm_broken.pt").write_bytes(b"not a voice")
-            seen["house"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "af_house"})
-            seen["mix"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "af_heart(2)+am_adam(1)"})
-            seen["adam"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "am_adam"})
-            seen["broken"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "bm_broken"})
-            seen["after"] = (await c.get("/v1/audio/voices")).json()
-            seen["health"] = (await c.get("/health")).json()
-            return seen
+    async with started_app_client(app) as c:
+        seen = {"before": (await c.get("/v1/audio/voices")).json()}
+        combined = await c.post("/v1/audio/voices/combine", json="af_heart(2)+am_adam(1)")
+        (voices_dir / "af_house.pt").write_bytes(combined.content)  # saved while the server runs
+        (voices_dir / "bm_broken.pt").write_bytes(b"not a voice")
+        seen["house"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "af_house"})
+        seen["mix"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "af_heart(2)+am_adam(1)"})
+        seen["adam"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "am_adam"})
+        seen["broken"] = await c.post("/v1/audio/speech", json={**TEXT, "voice": "bm_broken"})
+        seen["after"] = (await c.get("/v1/audio/voices")).json()
+        seen["health"] = (await c.get("/health")).json()
+        return seen
 
 
 def test_a_voice_saved_in_the_directory_is_served_as_the_mix_it_was_made_from(tmp_path):

@@ -1,0 +1,22 @@
+"""An HTTP client on the app in process, with the app's real start-up (the service built in the
+background, as a server builds it), handed over once the service is ready or has failed to load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+
+
+@contextlib.asynccontextmanager
+async def started_app_client(app, timeout_s: float = 120.0) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=timeout_s) as client:
+            for _ in range(4800):  # up to 4 min: the tiny model's first warm-up compiles kernels
+                if app.state.kokoro.ready or app.state.kokoro.load_error:
+                    break
+                await asyncio.sleep(0.05)
+            yield client
