@@ -28,8 +28,8 @@ from api.admission import ProcessAdmission
 from api.downloads import DownloadStore, SharedDownloads, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
-from api.metrics import WorkerMetricsShare
 from api.live import LIVE_PATH, live_session
+from api.metrics import WorkerMetricsShare
 from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, ErrorResponse,
                           LegacyVoiceList, ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest,

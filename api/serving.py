@@ -65,7 +65,7 @@ async def speech_response(state: AppState, request: Request, phonemes: bool = Fa
     `PhonemeSpeechRequest` (POST /dev/generate_from_phonemes), spoken as given; dialogue: a
     `DialogueRequest` (POST /dev/dialogue), its turns spoken as one request with voice tags."""
     job = await _prepare(request, state, phonemes, dialogue=dialogue)
-    req, info = job.req, job.info
+    req = job.req
     if req.stream_format == "sse":
         return DisconnectAwareStreamingResponse(
             _sse_events(state, job), media_type="text/event-stream",
@@ -171,7 +171,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     data = await read_json_object(request, state.settings.max_body_bytes)
     text_field, default_format = ("phonemes", "wav") if phonemes else ("input", "mp3")
     # Best effort for the access log, so a refused request still shows what it asked for.
-    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None  # (a dialogue's: its first turn's)
+    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
     info.chars = len(data[text_field]) if isinstance(data.get(text_field), str) else None
     fmt = data.get("response_format", default_format)
     info.format = fmt if isinstance(fmt, str) else None

@@ -26,7 +26,7 @@ from api.fleet.owner import (
     ResultTimeout,
     retry_after,
 )
-from api.fleet.protocol import GAUGES, connect, read_replicas, read_stats
+from api.fleet.protocol import GAUGES, connect, read_replicas
 from api.fleet.replica import DELIVERED, DROPPED, STALE, Dispatcher
 
 
