@@ -115,6 +115,9 @@ CASES = [
     ("1600 Pennsylvania Ave.", "sixteen hundred Pennsylvania Avenue."),
     ("Mt. Everest is tall", "Mount Everest is tall"),
     ("Acme Inc. and Foo Ltd.", "Acme Incorporated and Foo Limited."),
+    ("123 Main St., Springfield", "one hundred twenty-three Main Street, Springfield"),  # a comma after the period
+    ("Springfield, IL 62704", "Springfield, IL six two seven zero four"),  # a ZIP code, digit by digit
+    ("Austin, TX 78701-1234", "Austin, TX seven eight seven zero one one two three four"),
     # --- phone numbers, emails, URLs ---
     ("Call 1-800-555-0199.", "Call one, eight zero zero, five five five, zero one nine nine."),
     ("Dial (555) 123-4567 now", "Dial five five five, one two three, four five six seven now"),
@@ -125,6 +128,13 @@ CASES = [
     ("See example.com for more", "See example dot com for more"),
     ("Go to https://www.example.com/docs.", "Go to w w w dot example dot com slash docs."),
     ("Open http://foo.io/a/b", "Open foo dot io slash a slash b"),
+    ("Call 911 now", "Call nine one one now"),
+    ("a 911 call", "a nine one one call"),
+    ("a Porsche 911 Turbo", "a Porsche nine hundred eleven Turbo"),
+    ("Dial 999", "Dial nine nine nine"),
+    ("Call 555-911-1234", "Call five five five, nine one one, one two three four"),  # a phone number still
+    ("Call 1-800-FLOWERS", "Call one eight hundred Flowers"),  # a word, not spelled out
+    ("Call 1-888-FLOWERS", "Call one eight eight eight Flowers"),
     # --- schedules ---
     ("Open Mon-Fri 9am-5pm", "Open Monday to Friday nine AM to five PM"),
     ("Sat. 10-2", "Saturday ten to two"),
@@ -132,6 +142,16 @@ CASES = [
     ("Pages 10-20", "Pages ten to twenty"),
     ("Ages 5–12 welcome", "Ages five to twelve welcome"),
     ("Open 24/7", "Open twenty-four seven"),
+    ("Only $9.99/mo", "Only nine dollars and ninety-nine cents per month"),
+    ("$199/yr after that", "one hundred ninety-nine dollars per year after that"),
+    ("Take at most 8/day", "Take at most eight per day"),
+    ("$25/hr", "twenty-five dollars per hour"),
+    ("It took 1h 20m", "It took one hour twenty minutes"),
+    ("Done in 2m30s", "Done in two minutes thirty seconds"),
+    ("Lap time 1h 5m 3s", "Lap time one hour five minutes three seconds"),
+    ("I'm ~30s away", "I'm about thirty seconds away"),  # not "about thirties"
+    ("~2h left", "about two hours left"),
+    ("The 100m 200m and 400m races", "The one hundred m two hundred m and four hundred m races"),  # meters, not minutes
     # --- measurements, fractions ---
     ("Preheat to 220°", "Preheat to two hundred twenty degrees"),
     ("It is 72°F outside", "It is seventy-two degrees Fahrenheit outside"),
@@ -140,6 +160,13 @@ CASES = [
     ("Use 3/4 of it", "Use three quarters of it"),
     ("Wait 2½ hours", "Wait two and one half hours"),
     ("About ¼ left", "About one quarter left"),
+    ("I'm 5'11\" tall", "I'm five feet eleven inches tall"),
+    ("She is 6′2″", "She is six feet two inches"),
+    ("He is 5' 9\"", "He is five feet nine inches"),
+    ("A 16:9 screen", "A sixteen to nine screen"),
+    ("Mixed 3:1 with water", "Mixed three to one with water"),
+    ("A ratio of 2:1", "A ratio of two to one"),
+    ("John 3:16 at 10:30", "John three sixteen at ten thirty"),  # a verse and a time, not ratios
     # --- code snippets and tech ---
     ("x = y + 1", "x equals y plus one"),
     ("Tom & Jerry", "Tom and Jerry"),

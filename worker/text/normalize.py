@@ -466,6 +466,81 @@ def _symbol_words(m: re.Match, british: bool) -> str:
             "}": " ", "•": ", ", "·": " "}[m.group(0)]
 
 
+def _height(m: re.Match, british: bool) -> str:
+    """5'11" -> five feet eleven inches; 6' 0" -> six feet."""
+    feet, inches = int(m.group("ft")), m.group("inch")
+    spoken = f"{num.cardinal(feet, british)} {'foot' if feet == 1 else 'feet'}"
+    if inches and float(inches):
+        spoken += f" {num.number(inches, british)} {'inch' if inches == '1' else 'inches'}"
+    return spoken
+
+
+# What "/day" and its kin mean after an amount: "$9.99/mo" is nine ninety-nine per month.
+_PER = {"day": "day", "week": "week", "wk": "week", "month": "month", "mo": "month", "mth": "month",
+        "year": "year", "yr": "year", "hour": "hour", "hr": "hour", "minute": "minute", "min": "minute",
+        "second": "second", "sec": "second", "night": "night", "person": "person", "user": "user",
+        "seat": "seat", "head": "head", "unit": "unit", "item": "item", "serving": "serving", "dose": "dose",
+        "mile": "mile", "gallon": "gallon", "gal": "gallon", "license": "license"}
+
+
+def _per(m: re.Match, british: bool) -> str:
+    return f" per {_PER[m.group('per').lower()]}"
+
+
+# Durations written compactly ("1h 20m", "2m30s", "~30s"), read whole whatever unit_normalization
+# says: "h", "m" and "s" alone read as letters, and "30s" as the thirties.
+def _duration(m: re.Match, british: bool) -> str:
+    if m.group("n"):
+        unit = {"h": "hour", "hr": "hour", "hrs": "hour", "min": "minute", "mins": "minute", "ms": "millisecond"}.get(
+            m.group("unit"), "second")
+        return f"about {_count(m.group('n'), unit, british)}"
+    amounts = [(m.group("h"), "hour"), (m.group("m") or m.group("m2"), "minute"),
+               (m.group("s") or m.group("s2"), "second")]
+    return " ".join(_count(n, unit, british) for n, unit in amounts if n)
+
+
+def _count(n: str, unit: str, british: bool) -> str:
+    return f"{num.number(n, british)} {unit}{'' if n == '1' else 's'}"
+
+
+# Ratios people write with a colon: "a 16:9 screen", "mixed 3:1", "odds of 5:2". Elsewhere "3:16" is a
+# time or a verse, so a colon pair reads as a ratio only among these or after a word that says so.
+_ASPECT_RATIOS = {"16:9", "4:3", "21:9", "3:2", "32:9"}  # none of them a time
+_RATIO_WORDS = re.compile(r"(?:ratio|aspect|odds|mix(?:ed)?|split|scale)\s+(?:of\s+)?$", re.IGNORECASE)
+
+
+def _ratio(m: re.Match, british: bool) -> str:
+    before = m.string[max(0, m.start() - 24):m.start()]
+    if re.search(r"[\w:.]$", before) or (m.group(0) not in _ASPECT_RATIOS and not _RATIO_WORDS.search(before)):
+        return m.group(0)  # left for the time rule
+    return f"{num.cardinal(int(m.group('a')), british)} to {num.cardinal(int(m.group('b')), british)}"
+
+
+def _vanity_number(m: re.Match, british: bool) -> str:
+    """1-800-FLOWERS: the prefix as people say it, the word as a word (not spelled letter by letter)."""
+    area = m.group("area")
+    prefix = f"{num.cardinal(int(area[0]))} hundred" if area.endswith("00") else num.digits(area)
+    return f"one {prefix} {m.group('word').capitalize()}"
+
+
+# The two-letter postal codes of the US states, DC and the territories: a ZIP code follows them.
+_US_STATES = ("AL AK AZ AR CA CO CT DE DC FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM "
+              "NY NC ND OH OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY PR GU VI AS MP").split()
+
+
+def _zip_code(m: re.Match, british: bool) -> str:
+    spoken = f"{m.group('state')} {num.digits(m.group('zip'))}"
+    return spoken + (f" {num.digits(m.group('plus4'))}" if m.group("plus4") else "")
+
+
+def _emergency_number(m: re.Match, british: bool) -> str:
+    """911 is said digit by digit wherever it stands (the Porsche aside); 999, 112 and 988 after
+    "call" or "dial"."""
+    if m.group("n2"):
+        return num.digits(m.group("n2"))
+    return f"{m.group('verb')} {num.digits(m.group('n'))}"
+
+
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
 
 # (name, pattern, function, option that enables it or None). Order matters.
@@ -480,9 +555,24 @@ _rule("email", r"(?<![\w.@])(?P<user>[A-Za-z0-9._%+-]+)@(?P<domain>[A-Za-z0-9-]+
       _email, "email_normalization")
 _rule("url", r"(?:(?:https?|ftp)://|www\.)[^\s<>\"]+|\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|app|info)(?:/[^\s<>\"]*)?(?![\w@])",
       _url, "url_normalization")
+_rule("vanity number", r"(?<![\w-])1-(?P<area>8[0-9]{2}|900)-(?P<word>[A-Z]{3,})(?![\w-])", _vanity_number,
+      "phone_normalization")
+_rule("emergency number", r"(?<![\w-])(?:(?P<verb>[Cc]all(?:ing|ed)?|[Dd]ial(?:ing|ed|led)?|[Tt]ext)\s+"
+      r"(?P<n>911|999|112|988)|(?P<n2>911))\b(?![\w-]|\s?(?:GT|Turbo|Carrera|Targa)\b)", _emergency_number)
+_rule("zip code", r"\b(?P<state>" + "|".join(_US_STATES) + r")\s+(?P<zip>\d{5})(?:-(?P<plus4>\d{4}))?(?![\w-])",
+      _zip_code)
 _rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
       _phone, "phone_normalization")
 _rule("plural", r"\b(?P<w>[A-Za-z]+)\(s\)", lambda m, b: m.group("w") + "s", "optional_pluralization_normalization")
+_rule("height", r"(?<![\w.'])(?P<ft>\d{1,2})\s?['’]\s?(?P<inch>\d{1,2}(?:\.\d+)?)\s?(?:\"|''|”)"
+      r"|(?<![\w.])(?P<ft2>\d{1,2})′\s?(?:(?P<inch2>\d{1,2}(?:\.\d+)?)″)?", lambda m, b: _height(
+          _Groups(ft=m.group("ft") or m.group("ft2"), inch=m.group("inch") or m.group("inch2")), b))
+_rule("duration", r"(?<![\w.])(?:(?P<h>\d+)\s?(?:hrs?|h)\s?(?P<m>\d+)\s?(?:mins?|m)(?:\s?(?P<s>\d+)\s?(?:secs?|s))?"
+      r"|(?P<m2>\d+)\s?(?:mins?|m)\s?(?P<s2>\d+(?:\.\d+)?)\s?(?:secs?|s)"
+      r"|~\s?(?P<n>\d+(?:\.\d+)?)\s?(?P<unit>hrs?|h|mins?|secs?|s|ms))\b", _duration)
+_rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", _per,
+      flags=re.IGNORECASE)
+_rule("ratio", r"(?P<a>\d{1,2}):(?P<b>\d{1,2})(?![\d:])", _ratio)
 _rule("iso date", r"\b(?P<y>\d{4})-(?P<mo>\d{1,2})-(?P<d>\d{1,2})\b", _iso_date)
 _rule("slash date", r"\b(?P<a>\d{1,2})/(?P<b>\d{1,2})/(?P<y>\d{4}|\d{2})\b", _slash_date)
 _rule("month day", r"\b(?P<mon>Jan(?:uary|\.)?|Feb(?:ruary|\.)?|Mar(?:ch|\.)?|Apr(?:il|\.)?|May|June?|July?|Aug(?:ust|\.)?|Sep(?:t|tember)?\.?|Oct(?:ober|\.)?|Nov(?:ember|\.)?|Dec(?:ember|\.)?)\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?:,?\s+(?P<y>\d{4})\b)?",
@@ -523,7 +613,7 @@ _rule("negative", r"(?<![\w.,])[-\u2212](?P<n>" + _NUM + r")\b", lambda m, b: "m
 _rule("day range", r"\b(?P<a>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\s?[-–]\s?(?P<b>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b",
       _day_range)
 _rule("day abbreviation", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat)\.", _day_abbr)
-_rule("doctor / saint", r"\b(?:Dr|St)\.(?=\s|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
+_rule("doctor / saint", r"\b(?:Dr|St)\.(?=[\s,;:]|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
 _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
