@@ -135,6 +135,19 @@ CASES = [
     ("Call 555-911-1234", "Call five five five, nine one one, one two three four"),  # a phone number still
     ("Call 1-800-FLOWERS", "Call one eight hundred Flowers"),  # a word, not spelled out
     ("Call 1-888-FLOWERS", "Call one eight eight eight Flowers"),
+    # --- codes a caller writes down: character by character, long digit runs in threes ---
+    ("Your verification code is 482913.", "Your verification code is four eight two, nine one three."),
+    ("Your PIN is 4821", "Your PIN is four eight two one"),
+    ("Order ID: A7X-92Q", "Order ID: A seven X, nine two Q"),
+    ("Order #4521 ships", "Order number four five two one ships"),
+    ("Confirmation code ABC123", "Confirmation code A B C one two three"),
+    ("Reference XK4P2L", "Reference X K four P two L"),
+    ("Use code SAVE20 today", "Use code Save twenty today"),  # a promo code's word is a word
+    ("Your code: 1234567", "Your code: one two three, four five six seven"),
+    ("I want to order 100 units", "I want to order one hundred units"),  # a quantity, not a code
+    ("Case 12 is open", "Case twelve is open"),
+    ("Status code 200, error code 500", "Status code two hundred, error code five hundred"),
+    ("Flight UA 1234", "Flight UA twelve thirty-four"),
     # --- schedules ---
     ("Open Mon-Fri 9am-5pm", "Open Monday to Friday nine AM to five PM"),
     ("Sat. 10-2", "Saturday ten to two"),

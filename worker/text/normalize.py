@@ -541,6 +541,50 @@ def _emergency_number(m: re.Match, british: bool) -> str:
     return f"{m.group('verb')} {num.digits(m.group('n'))}"
 
 
+# Codes a caller must write down (a verification code, a PIN, an order or tracking number) are
+# read character by character: "482913" is "four eight two, nine one three", not "four hundred
+# eighty-two thousand...". A code is the token after such a word; words that are also verbs or
+# plain nouns ("order 100 units", "case 12") need a sign that a code follows ("#", ":", "is",
+# "number", "ID") unless the token mixes letters and digits. An HTTP status or error code is a
+# number ("error code 500": five hundred).
+_CODE_NAMES = (r"(?:verification|confirmation|security|access|one-time|promo|coupon|discount|booking|tracking)\s+code"
+               r"|code|PIN|OTP|passcode|ID|reference|ref|confirmation|tracking|serial|invoice|voucher|coupon")
+_CODE_NOUNS = r"order|booking|ticket|account|policy|member|customer|case|claim|reservation"
+_CODE_SIGN = r"\s*(?:#|:|\bis\b|\bwas\b|\b(?:number|no\.|num|ID|code)\b)"
+
+
+def _code(m: re.Match, british: bool) -> str:
+    code = m.group("code")
+    if len(code) < 3 or not (m.group("sign") or m.group("name")) and not (re.search(r"[A-Z]", code)
+                                                                          and re.search(r"\d", code)):
+        return m.group(0)  # "order 100 units": a quantity, not a code
+    lead = re.sub(r"#\s*", "number ", m.group("lead"))
+    return lead + ", ".join(_spell_code(part) for part in code.split("-"))
+
+
+def _spell_code(part: str) -> str:
+    """A7X92Q -> "A seven X nine two Q"; digit runs over four long in groups of three, a comma
+    between. A promo code with a word in it reads the word and its number: SAVE20 -> "Save twenty"."""
+    runs = re.findall(r"\d+|[A-Z]+", part)
+    has_word = any(_SAYABLE.fullmatch(run) for run in runs)
+    words = []
+    for run in runs:
+        if run.isdigit() and has_word and len(run) <= 3:
+            words.append(num.cardinal(int(run)))
+        elif run.isdigit():
+            groups = [run] if len(run) <= 4 else [run[i:i + 3] for i in range(0, len(run), 3)]
+            if len(groups) > 1 and len(groups[-1]) == 1:
+                groups[-2:] = [groups[-2] + groups[-1]]
+            words.append(", ".join(num.digits(g) for g in groups))
+        else:
+            words.append(run.capitalize() if _SAYABLE.fullmatch(run) else " ".join(run))
+    return " ".join(words)
+
+
+# Letters a reader says as a word rather than spells: four or more, a vowel, no three consonants in a row.
+_SAYABLE = re.compile(r"(?=[A-Z]*[AEIOUY])(?![A-Z]*[B-DF-HJ-NP-TV-XZ]{3})[A-Z]{4,}")
+
+
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
 
 # (name, pattern, function, option that enables it or None). Order matters.
@@ -563,6 +607,10 @@ _rule("zip code", r"\b(?P<state>" + "|".join(_US_STATES) + r")\s+(?P<zip>\d{5})(
       _zip_code)
 _rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
       _phone, "phone_normalization")
+_rule("code", r"(?P<lead>(?<![Ss]tatus )(?<![Ee]rror )(?<![Ee]xit )(?<![Rr]esponse )(?<!HTTP )\b"
+      r"(?:(?P<name>(?i:" + _CODE_NAMES + r"))|(?i:" + _CODE_NOUNS + r"))(?P<sign>" + _CODE_SIGN + r")*\s*)"
+      r"(?P<code>(?=[A-Z0-9-]*\d)[A-Z0-9](?:[A-Z0-9-]*[A-Z0-9])?)(?![\w.,-]\w|[\w-])",
+      _code)
 _rule("plural", r"\b(?P<w>[A-Za-z]+)\(s\)", lambda m, b: m.group("w") + "s", "optional_pluralization_normalization")
 _rule("height", r"(?<![\w.'])(?P<ft>\d{1,2})\s?['’]\s?(?P<inch>\d{1,2}(?:\.\d+)?)\s?(?:\"|''|”)"
       r"|(?<![\w.])(?P<ft2>\d{1,2})′\s?(?:(?P<inch2>\d{1,2}(?:\.\d+)?)″)?", lambda m, b: _height(
