@@ -148,6 +148,19 @@ CASES = [
     ("Case 12 is open", "Case twelve is open"),
     ("Status code 200, error code 500", "Status code two hundred, error code five hundred"),
     ("Flight UA 1234", "Flight UA twelve thirty-four"),
+    # --- what tools and logs hand an agent ---
+    ("Logged at 2024-11-25T14:00:00Z.", "Logged at November twenty-fifth, twenty twenty-four, fourteen hundred UTC."),
+    ("Since 2024-03-05 09:07:30+05:30", "Since March fifth, twenty twenty-four, nine oh seven and thirty seconds UTC "
+                                        "plus five thirty"),
+    ("A 2x4 board", "A two by four board"),
+    ("At 1920x1080 or 800x600", "At nineteen twenty by ten eighty or eight hundred by six hundred"),
+    ("It is 1.5x faster", "It is one point five times faster"),
+    ("In 1080p or 720p.", "In ten eighty P or seven twenty P."),  # not "p." (page)
+    ("Read Chapter IV first", "Read Chapter four first"),
+    ("After World War II", "After World War two"),
+    ("King Henry VIII and Pope John Paul II", "King Henry the Eighth and Pope John Paul the Second"),
+    ("I think I can", "I think I can"),  # the pronoun is no numeral
+    ("The 9/11 memorial", "The nine eleven memorial"),
     # --- schedules ---
     ("Open Mon-Fri 9am-5pm", "Open Monday to Friday nine AM to five PM"),
     ("Sat. 10-2", "Saturday ten to two"),

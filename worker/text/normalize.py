@@ -407,6 +407,8 @@ def _fraction(m: re.Match, british: bool) -> str:
     """1/2 and 3/4 are fractions; 7/10 and 4/5 are scores ("seven out of ten"); 12/25 is a date;
     24/7 and 50/50 are read as two numbers."""
     a, b = int(m.group("a")), int(m.group("b"))
+    if (a, b) == (9, 11):
+        return "nine eleven"  # the day itself, as Americans name it
     names = {2: ("half", "halves"), 3: ("third", "thirds"), 4: ("quarter", "quarters")}
     if 0 < a < b <= 10:
         if b in names:
@@ -464,6 +466,53 @@ def _symbol_words(m: re.Match, british: bool) -> str:
             "±": " plus or minus ", "→": " to ", "←": " from ", "#": " number ", "™": " ", "®": " ",
             "©": " copyright ", "|": " ", "\\": " ", "^": " ", "*": " ", "_": " ", "`": " ", "{": " ",
             "}": " ", "•": ", ", "·": " "}[m.group(0)]
+
+
+def _timestamp(m: re.Match, british: bool) -> str:
+    """2024-11-25T14:05:00Z -> "November twenty-fifth, twenty twenty-four, fourteen oh five UTC":
+    the date, then the time to the minute (seconds said only when not zero), then the zone."""
+    y, mo, d = int(m.group("y")), int(m.group("mo")), int(m.group("d"))
+    hour, minute, second = int(m.group("h")), int(m.group("mi")), int(m.group("s") or 0)
+    if not (1 <= mo <= 12 and 1 <= d <= 31 and hour <= 23 and minute <= 59):
+        return m.group(0)
+    clock = f"{hour}:{minute:02d}" + (f":{second:02d}" if second else "")
+    spoken = _time(re.match(_TIME, clock), british)
+    zone = m.group("zone")
+    if zone in ("Z", "+00:00", "+0000"):
+        spoken += " UTC"
+    elif zone:
+        sign, hh, mm = zone[0], int(zone[1:3]), int(zone[-2:])
+        offset = num.cardinal(hh) + (f" {num.cardinal(mm)}" if mm else "")
+        spoken += f" UTC {'plus' if sign == '+' else 'minus'} {offset}"
+    return f"{_say_date(y, mo, d, british)}, {spoken}"
+
+
+def _dimensions(m: re.Match, british: bool) -> str:
+    """2x4, 1920x1080, 10x20x5: read "by"."""
+    return " by ".join(_in_pairs(int(n)) if n.isdigit() and 1000 < int(n) < 10000 else _read_number(n, british)
+                       for n in m.group(0).split("x"))
+
+
+def _in_pairs(n: int) -> str:
+    """1080 -> "ten eighty", 720 -> "seven twenty": how screen sizes and resolutions are said."""
+    return num.year(n) if n >= 1000 else f"{num.cardinal(n // 100)} {num.cardinal(n % 100)}"
+
+
+# Roman numerals after words that number things ("Chapter IV", "World War II") are cardinals;
+# after a monarch's or pope's name ("King Henry VIII", "Pope John Paul II") ordinals with "the".
+_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100}
+
+
+def _roman(text: str) -> int:
+    values = [_ROMAN_VALUES[c] for c in text]
+    return sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+
+
+def _roman_numeral(m: re.Match, british: bool) -> str:
+    n = _roman(m.group("roman"))
+    if m.group("ruler"):
+        return f"{m.group('ruler')} the {num.ordinal(n, british).capitalize()}"
+    return f"{m.group('word')} {num.cardinal(n, british)}"
 
 
 def _height(m: re.Match, british: bool) -> str:
@@ -621,13 +670,16 @@ _rule("duration", r"(?<![\w.])(?:(?P<h>\d+)\s?(?:hrs?|h)\s?(?P<m>\d+)\s?(?:mins?
 _rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", _per,
       flags=re.IGNORECASE)
 _rule("ratio", r"(?P<a>\d{1,2}):(?P<b>\d{1,2})(?![\d:])", _ratio)
+_TIME = r"\b(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<sec>\d{2}))?(?:\s?(?P<ampm>[AaPp]\.?[Mm]\.?(?![A-Za-z])))?"
+_rule("timestamp", r"\b(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})[T ](?P<h>\d{2}):(?P<mi>\d{2})"
+      r"(?::(?P<s>\d{2})(?:\.\d+)?)?(?P<zone>Z|[+-]\d{2}:?\d{2})?(?![\w:])", _timestamp)
 _rule("iso date", r"\b(?P<y>\d{4})-(?P<mo>\d{1,2})-(?P<d>\d{1,2})\b", _iso_date)
 _rule("slash date", r"\b(?P<a>\d{1,2})/(?P<b>\d{1,2})/(?P<y>\d{4}|\d{2})\b", _slash_date)
 _rule("month day", r"\b(?P<mon>Jan(?:uary|\.)?|Feb(?:ruary|\.)?|Mar(?:ch|\.)?|Apr(?:il|\.)?|May|June?|July?|Aug(?:ust|\.)?|Sep(?:t|tember)?\.?|Oct(?:ober|\.)?|Nov(?:ember|\.)?|Dec(?:ember|\.)?)\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?:,?\s+(?P<y>\d{4})\b)?",
       _month_day)
 _rule("day month", r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>January|February|March|April|May|June|July|August|September|October|November|December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\b\.?(?:,?\s+(?P<y>\d{4})\b)?",
       _day_month)
-_rule("time", r"\b(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<sec>\d{2}))?(?:\s?(?P<ampm>[AaPp]\.?[Mm]\.?(?![A-Za-z])))?", _time)
+_rule("time", _TIME, _time)
 _rule("hour am/pm", r"\b(?P<h>\d{1,2})\s?(?P<ampm>[AaPp]\.[Mm]\.|[AaPp][Mm]\b)", _hour_ampm)
 _CURRENCY_SIGN = r"US\$|[$£€¥₹₩₽]"
 _PER_UNIT = r"\s?(?:%|°\s?[CFK]?(?![A-Za-z]))"
@@ -647,6 +699,12 @@ _rule("decade", r"(?<![\w'])'?(?P<n>\d{2}|1\d{3}|20\d{2})'?s\b", lambda m, b: _d
 # "Room 3B", "3M" (the company), "a 7B model" (said "seven B"); so does a name's "-82M" and "5MB".
 _rule("scale", r"(?<![\w.,-])(?:(?P<n>" + _NUM + r")\s?(?P<scale>bn)|(?P<n2>\d+\.\d+)(?P<scale2>[MBT]))(?!\w|[.,]\d)",
       lambda m, b: f"{num.number(m.group('n') or m.group('n2'), b)} {_SCALES[m.group('scale') or m.group('scale2')]}")
+_rule("dimensions", r"(?<![\w.])\d+(?:\.\d+)?x\d+(?:\.\d+)?(?:x\d+(?:\.\d+)?)?(?![\w.]\d|\w)", _dimensions)
+_rule("video resolution", r"\b(?P<n>480|576|720|1080|1440|2160)(?P<p>[pi])\b",
+      lambda m, b: f"{_in_pairs(int(m.group('n')))} {m.group('p').upper()}")  # a capital: not "p." (page)
+_rule("roman numeral", r"\b(?:(?P<word>Chapter|Part|Volume|Vol\.|Book|Act|Scene|Article|Appendix|Phase|Stage|Season|"
+      r"Episode|World War|Super Bowl|Title)|(?P<ruler>(?:King|Queen|Pope|Emperor|Tsar|Czar|Prince|Princess|Duke)"
+      r"(?:\s[A-Z][a-z]+){1,2}))\s(?P<roman>[IVXLC]{1,7})\b(?![.'’]\w)", _roman_numeral)
 _rule("multiplier", r"\b(?P<n>\d+(?:\.\d+)?)x\b", lambda m, b: f"{num.number(m.group('n'), b)} times")
 _rule("ordinal", r"\b(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?:st|nd|rd|th)\b", _ordinal)
 _rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
