@@ -118,6 +118,8 @@ CASES = [
     ("123 Main St., Springfield", "one hundred twenty-three Main Street, Springfield"),  # a comma after the period
     ("Springfield, IL 62704", "Springfield, IL six two seven zero four"),  # a ZIP code, digit by digit
     ("Austin, TX 78701-1234", "Austin, TX seven eight seven zero one one two three four"),
+    ("123 N. Main St.", "one hundred twenty-three North Main Street."),
+    ("45 W 34th St.\nThe end.", "forty-five West thirty-fourth Street.\nThe end."),  # not "Saint" the next line
     # --- phone numbers, emails, URLs ---
     ("Call 1-800-555-0199.", "Call one, eight zero zero, five five five, zero one nine nine."),
     ("Dial (555) 123-4567 now", "Dial five five five, one two three, four five six seven now"),
@@ -133,6 +135,9 @@ CASES = [
     ("a Porsche 911 Turbo", "a Porsche nine hundred eleven Turbo"),
     ("Dial 999", "Dial nine nine nine"),
     ("Call 555-911-1234", "Call five five five, nine one one, one two three four"),  # a phone number still
+    ("Call 555-1234 or tel. 555-0100", "Call five five five, one two three four or telephone five five five, "
+                                       "zero one zero zero"),  # without an area code
+    ("Between 200-1500 users", "Between two hundred to fifteen hundred users"),  # a range still
     ("Call 1-800-FLOWERS", "Call one eight hundred Flowers"),  # a word, not spelled out
     ("Call 1-888-FLOWERS", "Call one eight eight eight Flowers"),
     # --- codes a caller writes down: character by character, long digit runs in threes ---

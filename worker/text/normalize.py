@@ -446,7 +446,7 @@ def _doctor_or_drive(m: re.Match, british: bool) -> str:
     name following, Drive / Street ("Elm Dr.", "Main St. is closed")."""
     word = m.group(0)
     after = m.string[m.end():]
-    if re.match(r"\s+[A-Z]", after):
+    if re.match(r"[ \t]+[A-Z]", after):  # a name on the next line is no longer this one's
         return "Doctor" if word.startswith("D") else "Saint"
     return _sentence_end_kept(m, "Drive" if word.startswith("D") else "Street")
 
@@ -582,6 +582,15 @@ def _zip_code(m: re.Match, british: bool) -> str:
     return spoken + (f" {num.digits(m.group('plus4'))}" if m.group("plus4") else "")
 
 
+def _local_phone(m: re.Match, british: bool) -> str:
+    """555-0100, a number without its area code: one after "call" or "tel.", or whose second
+    group starts with 0 (no range ends in "0100"); "200-1500" alone stays a range."""
+    lead, number = m.group("lead") or "", m.group("n")
+    if not lead and number[4] != "0":
+        return m.group(0)
+    return lead + _phone(re.match(".*", number), british)
+
+
 def _emergency_number(m: re.Match, british: bool) -> str:
     """911 is said digit by digit wherever it stands (the Porsche aside); 999, 112 and 988 after
     "call" or "dial"."""
@@ -654,6 +663,11 @@ _rule("emergency number", r"(?<![\w-])(?:(?P<verb>[Cc]all(?:ing|ed)?|[Dd]ial(?:i
       r"(?P<n>911|999|112|988)|(?P<n2>911))\b(?![\w-]|\s?(?:GT|Turbo|Carrera|Targa)\b)", _emergency_number)
 _rule("zip code", r"\b(?P<state>" + "|".join(_US_STATES) + r")\s+(?P<zip>\d{5})(?:-(?P<plus4>\d{4}))?(?![\w-])",
       _zip_code)
+_rule("local phone", r"(?P<lead>\b(?:[Cc]all|[Tt]ext|[Dd]ial|[Pp]hone:?|[Tt]el[.:]|[Ff]ax:?)\s+)?(?<![\w.-])"
+      r"(?P<n>[2-9]\d{2}-\d{4})(?![\w-])", _local_phone, "phone_normalization")
+_rule("street direction", r"(?<=\d )(?P<d>NE|NW|SE|SW|N|S|E|W)\.?(?= [A-Z0-9])",
+      lambda m, b: {"N": "North", "S": "South", "E": "East", "W": "West", "NE": "Northeast", "NW": "Northwest",
+                    "SE": "Southeast", "SW": "Southwest"}[m.group("d")])
 _rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
       _phone, "phone_normalization")
 _rule("code", r"(?P<lead>(?<![Ss]tatus )(?<![Ee]rror )(?<![Ee]xit )(?<![Rr]esponse )(?<!HTTP )\b"
