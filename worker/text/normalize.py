@@ -345,7 +345,13 @@ def _url(m: re.Match, british: bool) -> str:
 
 
 def _phone(m: re.Match, british: bool) -> str:
-    groups = [g for g in re.split(r"[^\d+]+", m.group(0)) if g]
+    return _say_phone(m.group(0))
+
+
+def _say_phone(number: str) -> str:
+    """Each group of digits digit by digit, a comma between groups: "+1 555-0100" -> "plus one,
+    five five five, zero one zero zero"."""
+    groups = [g for g in re.split(r"[^\d+]+", number) if g]
     spoken = []
     for g in groups:
         plus = g.startswith("+")
@@ -588,7 +594,7 @@ def _local_phone(m: re.Match, british: bool) -> str:
     lead, number = m.group("lead") or "", m.group("n")
     if not lead and number[4] != "0":
         return m.group(0)
-    return lead + _phone(re.match(".*", number), british)
+    return lead + _say_phone(number)
 
 
 def _emergency_number(m: re.Match, british: bool) -> str:
@@ -613,11 +619,15 @@ _CODE_SIGN = r"\s*(?:#|:|\bis\b|\bwas\b|\b(?:number|no\.|num|ID|code)\b)"
 
 def _code(m: re.Match, british: bool) -> str:
     code = m.group("code")
-    if len(code) < 3 or not (m.group("sign") or m.group("name")) and not (re.search(r"[A-Z]", code)
-                                                                          and re.search(r"\d", code)):
+    mixed = re.search(r"[A-Z]", code) and re.search(r"\d", code)
+    if len(code) < 3 or not (m.group("sign") or m.group("name") or mixed):
         return m.group(0)  # "order 100 units": a quantity, not a code
     lead = re.sub(r"#\s*", "number ", m.group("lead"))
     return lead + ", ".join(_spell_code(part) for part in code.split("-"))
+
+
+# Letters a reader says as a word rather than spells: four or more, a vowel, no three consonants in a row.
+_SAYABLE = re.compile(r"(?=[A-Z]*[AEIOUY])(?![A-Z]*[B-DF-HJ-NP-TV-XZ]{3})[A-Z]{4,}")
 
 
 def _spell_code(part: str) -> str:
@@ -637,10 +647,6 @@ def _spell_code(part: str) -> str:
         else:
             words.append(run.capitalize() if _SAYABLE.fullmatch(run) else " ".join(run))
     return " ".join(words)
-
-
-# Letters a reader says as a word rather than spells: four or more, a vowel, no three consonants in a row.
-_SAYABLE = re.compile(r"(?=[A-Z]*[AEIOUY])(?![A-Z]*[B-DF-HJ-NP-TV-XZ]{3})[A-Z]{4,}")
 
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
