@@ -260,9 +260,19 @@ class PhonemizeRequest(BaseModel):
         return _frontend_options(self.normalization_options)
 
 
+class PhonemizeChunk(BaseModel):
+    """One piece the model speaks at once."""
+
+    text: str = Field(..., description="The words as they are read: numbers, codes, symbols and markup "
+                                       "spelled out.")
+    phonemes: str = Field(..., description="Its phonemes, in Kokoro's alphabet.")
+
+
 class PhonemizeResponse(BaseModel):
     phonemes: str       # Kokoro's alphabet, chunks joined by a space: fit for /dev/generate_from_phonemes
     tokens: list[int]   # the model's input ids, in order, without the boundary pads
+    chunks: list[PhonemizeChunk] = Field(  # ours; Kokoro-FastAPI's clients read the two fields above
+        default_factory=list, description="The pieces the text is cut into, each as read and as phonemes.")
 
 
 class PhonemeSpeechRequest(BaseModel):

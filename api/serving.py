@@ -39,8 +39,8 @@ from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
 from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
 from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, PhonemeSpeechRequest,
-                          PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone, SpeechRequest,
-                          SpeechUsage, StreamError, WordTimestampModel)
+                          PhonemizeChunk, PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone,
+                          SpeechRequest, SpeechUsage, StreamError, WordTimestampModel)
 from api.service import SpeechBackend
 from api.state import AppState
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
@@ -119,7 +119,9 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
         param = "language" if e.param == "lang_code" else "text"
         raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
     return PhonemizeResponse(phonemes=" ".join(c.phonemes for c in chunks if c.phonemes),
-                             tokens=[i for c in chunks for i in c.ids])
+                             tokens=[i for c in chunks for i in c.ids],
+                             chunks=[PhonemizeChunk(text=c.text, phonemes=c.phonemes)
+                                     for c in chunks if c.phonemes])
 
 
 async def combined_voice_response(state: AppState, request: Request) -> Response:

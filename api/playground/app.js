@@ -39,6 +39,8 @@
     wps: $('wps'), wpsValue: $('wps-value'), speakLive: $('speak-live'), interrupt: $('interrupt'),
     liveStop: $('live-stop'), next: $('next-text'), addNext: $('add-next'),
     figures: $('figures'), latency: $('latency'), ahead: $('ahead'),
+    preview: $('preview'), previewPanel: $('preview-panel'), previewChunks: $('preview-chunks'),
+    previewStale: $('preview-stale'),
     download: $('download'), downloadLink: $('download-link'), error: $('error'), ttfa: $('ttfa'), rtf: $('rtf'),
     position: $('position'), progress: $('progress'), status: $('status'), transcript: $('transcript'),
     fleet: {
@@ -869,6 +871,58 @@
     }
   }
 
+  // --- What is read: the text as the server reads it, piece by piece (POST /dev/phonemize) -------
+
+  // The language the server reads the text in: the first voice's, whose name starts with its
+  // language's letter as Kokoro's do (af_heart: American English); OpenAI's names are English.
+  function voiceLanguage() {
+    const first = els.spec.value.trim().split('+')[0].replace(/\(.*$/, '').trim();
+    return /^[abefhijpz][fm]_/.test(first) ? first[0] : 'a';
+  }
+
+  async function preview() {
+    clearError();
+    els.preview.disabled = true;
+    const text = els.text.value;
+    try {
+      const response = await fetch('/dev/phonemize', {
+        method: 'POST',
+        headers: authHeaders({ 'Content-Type': 'application/json' }),
+        body: JSON.stringify({ text, language: voiceLanguage() }),
+      });
+      if (!response.ok) {
+        await showResponseError(response);
+        return;
+      }
+      const body = await response.json();
+      els.previewChunks.replaceChildren(...body.chunks.map((chunk) => {
+        const item = document.createElement('li');
+        const read = document.createElement('span');
+        read.className = 'read';
+        read.textContent = chunk.text;
+        const phonemes = document.createElement('code');
+        phonemes.className = 'phonemes';
+        phonemes.textContent = chunk.phonemes;
+        item.append(read, phonemes);
+        return item;
+      }));
+      els.previewPanel.dataset.text = text;
+      els.previewPanel.hidden = false;
+      markPreviewStale();
+    } catch (e) {
+      showError({ message: `Cannot reach the server: ${e.message}` });
+    } finally {
+      els.preview.disabled = false;
+    }
+  }
+
+  // A preview of another text than the box's is shown greyed, with a note, until asked again.
+  function markPreviewStale() {
+    const stale = !els.previewPanel.hidden && els.previewPanel.dataset.text !== els.text.value;
+    els.previewPanel.classList.toggle('stale', stale);
+    els.previewStale.hidden = !stale;
+  }
+
   // --- the fleet panel ----------------------------------------------------------------------------
 
   function renderFleet(f) {
@@ -916,6 +970,8 @@
     els.keyField.hidden = !config.api_key_required;
     updateCount();
     els.text.addEventListener('input', updateCount);
+    els.text.addEventListener('input', markPreviewStale);
+    els.preview.addEventListener('click', preview);
     els.speed.addEventListener('input', () => { els.speedValue.textContent = `${Number(els.speed.value).toFixed(2)}×`; });
     els.form.addEventListener('submit', (e) => (mode === 'live' ? speakLive(e) : play(e)));
     els.stop.addEventListener('click', () => stop('Stopped.'));

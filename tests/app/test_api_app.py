@@ -295,6 +295,17 @@ def test_an_agents_markdown_is_read_as_rendered(http):
     assert number in phonemes("## Plan", markup_normalization=False) and number not in phonemes("## Plan")
 
 
+def test_phonemize_shows_each_piece_as_read(http):
+    """/dev/phonemize's `chunks`: each piece the model speaks at once, as its words are read (a code
+    digit by digit, markup gone) and as phonemes; together they are the `phonemes` field."""
+    resp = http.post("/dev/phonemize", json={"text": "**Your code is 482913.** Call me at 9:15 p.m. today."})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert [c["text"] for c in body["chunks"]][0].startswith("Your code is four eight two, nine one three.")
+    assert "nine fifteen PM" in " ".join(c["text"] for c in body["chunks"])
+    assert " ".join(c["phonemes"] for c in body["chunks"]) == body["phonemes"]
+
+
 def test_openapi_documents_every_request_body(http):
     """/docs and client generators see the bodies' fields, though the routes read their JSON
     themselves (for the OpenAI error shape): each body names its model, every reference resolves."""

@@ -362,6 +362,33 @@ def test_errors_show_the_servers_message(tab, server):
     expect(page.locator("#voice-spec")).to_have_attribute("aria-invalid", "true")
 
 
+def test_show_what_is_read_previews_the_words_and_phonemes(tab, server):
+    """"Show what is read": the text as the server reads it, piece by piece (a code digit by digit,
+    a time in words), each with its phonemes, in the first voice's language; greyed with a note
+    once the text changes."""
+    page = tab.page
+    open_playground(tab)
+    text = "Your code is 482913. Call me at 9:15 p.m."
+    page.fill("#text", text)
+    page.click("#preview")
+    expect(page.locator("#preview-chunks li .read").first).to_contain_text("four eight two, nine one three")
+    expected = httpx.post(server.url + "/dev/phonemize", json={"text": text, "language": "a"}, timeout=30).json()
+    assert page.locator("#preview-chunks .read").all_inner_texts() == [c["text"] for c in expected["chunks"]]
+    assert page.locator("#preview-chunks .phonemes").all_inner_texts() == [c["phonemes"] for c in expected["chunks"]]
+    expect(page.locator("#preview-stale")).to_be_hidden()
+
+    page.fill("#text", "Tengo 25 años.")
+    expect(page.locator("#preview-stale")).to_be_visible()
+    expect(page.locator("#preview-panel")).to_have_class(re.compile(r"\bstale\b"))
+    page.fill("#voice-spec", "ef_dora(2)+af_heart(1)")
+    with page.expect_request("**/dev/phonemize") as sent:
+        page.click("#preview")
+    assert sent.value.post_data_json == {"text": "Tengo 25 años.", "language": "e"}
+    expect(page.locator("#preview-stale")).to_be_hidden()
+    expect(page.locator("#preview-chunks .read")).to_have_text(["Tengo 25 años."])  # Spanish: espeak-ng reads it
+    assert tab.console_errors == []
+
+
 def test_fleet_panel_shows_the_replicas(tab, server):
     open_playground(tab)
     expect(tab.page.locator("#fleet-replicas")).to_have_text(str(server.workers))
