@@ -271,6 +271,10 @@ def _document_request_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) 
 def _engine(settings: Settings) -> dict:
     """What /health and /ready say of the engine; a simulated one (KOKORO_ENGINE=sim) says so plainly."""
     if settings.engine != "sim":
+        if settings.weights == "random-full":  # full-size, but random: its audio is not speech
+            from worker.weights.random_full import NOTICE
+
+            return {"engine": settings.engine, "weights": "random-full", "random_weights": True, "notice": NOTICE}
         return {"engine": settings.engine}
     return {"engine": "sim", "simulated": True,
             "sim_cost_ms": {"per_chunk": settings.sim_chunk_ms, "per_phoneme": settings.sim_phoneme_ms}}
@@ -299,6 +303,10 @@ async def _load_service(state: AppState) -> None:
             from worker.sim_engine import describe
 
             log.warning("ready in %.1f s: %s", time.perf_counter() - started, describe(state.settings))
+        elif state.settings.weights == "random-full":
+            from worker.weights.random_full import NOTICE
+
+            log.warning("model ready in %.1f s: %s", time.perf_counter() - started, NOTICE)
         else:
             log.info("model ready in %.1f s (weights %s)", time.perf_counter() - started, state.settings.weights)
     except asyncio.CancelledError:

@@ -79,7 +79,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["torch", "sim"],
                         help="torch: the model (default); sim: a SIMULATED engine, no model, synthetic audio after "
                              "an assumed GPU time per chunk, for load tests without a GPU (KOKORO_ENGINE)")
-    parser.add_argument("--weights", help="offline | official | tiny | a directory (KOKORO_WEIGHTS)")
+    parser.add_argument("--weights", help="offline | official | tiny | random-full (RANDOM full-size weights: "
+                                          "not speech, for load tests) | a directory (KOKORO_WEIGHTS)")
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (KOKORO_DEVICE)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -352,6 +353,10 @@ def run(args: argparse.Namespace) -> int:
         from worker.sim_engine import describe
 
         log.warning(describe(settings))
+    elif settings.weights == "random-full":
+        from worker.weights.random_full import NOTICE
+
+        log.warning(NOTICE)
     workers = resolve_workers(settings)
     on_gpu = _on_gpu(settings)
     if not on_gpu and settings.engine == "torch":

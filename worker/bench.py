@@ -77,10 +77,6 @@ def _progress(message: str) -> None:
 
 
 def bench_weights(source: str):
-    if source == "random-full":
-        from worker.model.random_init import random_full_weights
-
-        return random_full_weights()
     from worker.settings import get_settings
     from worker.weights import load_weights
 

@@ -55,8 +55,12 @@ class Settings:
         "KOKORO_WEIGHTS", "offline",
         "Weight source: `offline` (the embedded bundle, converted once and cached), `official` "
         "(hexgrad/Kokoro-82M files in KOKORO_WEIGHTS_DIR, or fetched from the hub by image builds), "
-        "`tiny` (random weights of a small config, for tests), or a directory holding the official files.",
-        choices=("offline", "official", "tiny"), also=("an existing directory holding the official files", _is_directory))
+        "`tiny` (random weights of a small config, for tests), `random-full` (seeded RANDOM weights of the full "
+        "Kokoro-82M config and random voices under every official name: real speed and memory, audio that is NOT "
+        "speech, for load tests on machines the real weights cannot reach; the log and /health say so), or a "
+        "directory holding the official files.",
+        choices=("offline", "official", "tiny", "random-full"),
+        also=("an existing directory holding the official files", _is_directory))
     weights_dir: str = setting(
         "KOKORO_WEIGHTS_DIR", "",
         "Directory with the official `config.json`, `kokoro-v1_0.pth` and `voices/*.pt` (used by `official`).")

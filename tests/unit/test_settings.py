@@ -18,7 +18,7 @@ ENUMERATED = {
     "KOKORO_DEVICE": ("cuda:1", "gpu", "auto, cuda, cpu or cuda:N"),
     "KOKORO_DISPATCH": ("local", "sharde", "shared, local"),
     "KOKORO_MPS": ("off", "yes", "auto, on, off"),
-    "KOKORO_WEIGHTS": ("tiny", "ofline", "offline, official, tiny or an existing directory"),
+    "KOKORO_WEIGHTS": ("random-full", "ofline", "offline, official, tiny, random-full or an existing directory"),
 }
 
 

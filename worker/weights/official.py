@@ -80,7 +80,7 @@ OFFICIAL_SHA256: dict[str, str] = {
 
 
 def official_dir(settings: Settings) -> Path:
-    if settings.weights not in ("offline", "official", "tiny"):
+    if settings.weights not in ("offline", "official", "tiny", "random-full"):
         return Path(settings.weights).expanduser()
     if settings.weights_dir:
         return Path(settings.weights_dir).expanduser()
