@@ -60,6 +60,25 @@ def frame_buckets(first: int = 32, last: int = 6144, ratio: float = 1.25) -> tup
     return tuple(buckets)
 
 
+def use_exact_cuda_arithmetic() -> None:
+    """float32 that is float32, and the same result for the same input, on CUDA (process-wide: one
+    engine per replica process).
+
+    cuDNN convolutions default to TF32 (10-bit mantissa) in float32. Padding a chunk to its bucket
+    then changes the result far beyond float rounding, since TF32 rounds differently per shape:
+    measured on an H200 with full-size random weights, padded against unpadded runs of 250 tokens
+    gave 19.7 dB SNR (1.24 dB log-spectral distance), a batch item against its single run 9.6 dB;
+    with TF32 off, 34.9 dB and 46.3 dB. The float32 parts of every mode (stage 1, which decides
+    the durations, F0, the excitation source) need float32. Deterministic cuDNN algorithms make a
+    chunk's audio bit-identical run to run (else ~1e-8 apart), as the seeded noise promises.
+    Measured cost, bf16 CUDA graphs: 60 phonemes 17.0 -> 18.3 ms, 510 phonemes 85.6 -> 90.2 ms
+    (TF32 off alone: 17.9 and 88.8 ms). loadtest/results/2026-11-26-h200/parity-diagnosis.log."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def cpu_has_bf16() -> bool:
     """AVX512-BF16 or AMX: oneDNN then runs bf16 convolutions about twice as fast as float32."""
     return cpu_features.cpu_info().native("bf16")
@@ -123,6 +142,8 @@ class Engine:
         a fresh environment pays about half a minute of compiling at its first synthesis)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cuda":
+            use_exact_cuda_arithmetic()
         if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
             log.warning(warning)
         if self.device.type == "cpu" and self.dtype == "int8":
@@ -331,6 +352,7 @@ class CudaGraphs:
         self.stage2_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
         self.graph_bytes = 0
+        self.reserved_bytes = 0
 
     def _stage1(self, bucket: int) -> None:
         durations, features = self.engine.model.stage1(self.ids[:, :bucket], self.n_tokens, self.style, self.speed)
@@ -384,10 +406,16 @@ class CudaGraphs:
                 self._stage1(bucket)
             self.stage1_graphs[bucket] = graph
         torch.cuda.synchronize()
+        # The warm-up's activations (every bucket, eagerly) stay cached by the allocator unless given
+        # back: 4.5 GiB reserved per replica measured on an H200 before this, the graphs' private
+        # pool being what the replays need.
+        torch.cuda.empty_cache()
         self.capture_seconds = time.perf_counter() - start
         self.graph_bytes = torch.cuda.memory_allocated() - before
-        log.info("captured %d stage-1 and %d stage-2 CUDA graphs in %.1f s, %.0f MiB (pool and static buffers)",
-                 len(self.stage1_graphs), len(self.stage2_graphs), self.capture_seconds, self.graph_bytes / 2**20)
+        self.reserved_bytes = torch.cuda.memory_reserved()
+        log.info("captured %d stage-1 and %d stage-2 CUDA graphs in %.1f s, %.0f MiB allocated (static buffers and "
+                 "outputs), %.0f MiB reserved by torch in all", len(self.stage1_graphs), len(self.stage2_graphs),
+                 self.capture_seconds, self.graph_bytes / 2**20, self.reserved_bytes / 2**20)
 
     def run(self, ids: Sequence[int], style: torch.Tensor, speed: float) -> tuple[np.ndarray, np.ndarray]:
         engine = self.engine

@@ -1,4 +1,9 @@
-"""CUDA graphs against eager on the GPU (skipped without CUDA): same durations, >= 30 dB SNR."""
+"""CUDA graphs against eager on the GPU (skipped without CUDA): the graphs replay the eager run on
+the same padded shapes bit for bit; against the unpadded run, same durations and >= 30 dB SNR.
+
+These run on a lent GPU (`python -m worker.gpu_harness`), never in CI. With torch's default TF32
+convolutions the padded-against-unpadded and batch-against-single bounds failed on an H200 (28 and
+9.6 dB); the engine turns TF32 off on CUDA (worker.engine.use_exact_cuda_arithmetic)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import pytest
 import torch
 
 from worker.engine import Engine
+from worker.gpu_check import PRECISION_BOUND_DB
 from worker.model.random_init import full_config, random_state_dict, random_voices
 from worker.reference import log_spectral_distance_db, snr_db
 
@@ -45,6 +51,21 @@ def test_graphed_matches_eager(engines, weights, n_tokens):
     assert snr_db(a.audio, b.audio) >= 30.0
 
 
+@pytest.mark.parametrize("noise", [False, True], ids=["noise-off", "noise-on"])
+def test_graphs_replay_the_padded_eager_run_bit_for_bit(weights, noise):
+    """Capture changes nothing: the graphs compute what the same code computes eagerly on the same
+    padded shapes (deterministic cuDNN: the same input gives the same bits)."""
+    padded = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=False, bucketed=True, frame_grid=GRID)
+    graphed = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=True, frame_grid=GRID)
+    graphed.warmup()
+    for n_tokens in (10, 100):
+        ids = torch.randint(1, 178, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
+        style = weights.voices["v"][n_tokens - 1]
+        a, b = padded.synthesize(ids, style), graphed.synthesize(ids, style)
+        assert np.array_equal(a.durations, b.durations)
+        assert np.array_equal(a.audio, b.audio), n_tokens
+
+
 def test_graphed_noise_is_reproducible(weights):
     engine = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID)
     engine.warmup()
@@ -64,7 +85,7 @@ def test_reduced_precision_bound_on_cuda(engines, weights):
         other.warmup()
         out = other.synthesize(ids, style)
         assert (np.abs(out.durations - reference.durations) <= 1).mean() >= 0.99, dtype
-        assert log_spectral_distance_db(reference.audio, out.audio[: len(reference.audio)]) <= 1.0, dtype
+        assert log_spectral_distance_db(reference.audio, out.audio[: len(reference.audio)]) <= PRECISION_BOUND_DB, dtype
 
 
 @pytest.mark.parametrize("noise", [False, True], ids=["noise-off", "noise-on"])
