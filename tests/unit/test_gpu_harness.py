@@ -1,0 +1,88 @@
+"""The GPU harness's plumbing, on the CPU: step limits, the replica sweep's figures, the report, and
+the CUDA arithmetic the engine asks for (the GPU side itself runs on a lent GPU only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from worker import gpu_harness
+from worker.engine import use_exact_cuda_arithmetic
+from worker.replica_sweep import CHUNK_MIX, summarize_phase
+
+
+def test_a_step_past_its_limit_is_stopped_and_reported_and_the_next_still_runs(tmp_path):
+    harness = gpu_harness.Harness(tmp_path, budget_s=60)
+    harness.run("hangs", [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"], cap=2)
+    harness.run("fails", [sys.executable, "-c", "raise SystemExit(3)"], cap=10)
+    harness.run("works", [sys.executable, "-c", "print('fine')"], cap=10)
+    steps = harness.summary["steps"]
+    assert steps["hangs"]["status"] == "timed out" and steps["hangs"]["seconds"] < 10
+    assert steps["fails"]["status"] == "failed (rc 3)"
+    assert steps["works"]["status"] == "ok"
+    log = (tmp_path / "harness.log").read_text()
+    assert "started" in log and "fine" in log
+
+
+def test_a_step_is_skipped_once_the_budget_is_spent(tmp_path):
+    harness = gpu_harness.Harness(tmp_path, budget_s=10)  # under the 20 s a step needs at least
+    harness.run("late", [sys.executable, "-c", "print('never')"], cap=10)
+    assert harness.summary["steps"]["late"] == {"status": "skipped", "why": "out of time"}
+
+
+def test_a_phase_counts_the_chunks_finished_inside_its_window():
+    # (size, seconds, audio seconds, finished at): one before, three inside, one after the window
+    chunks = [(60, 0.02, 4.0, 9.9), (60, 0.02, 4.0, 10.5), (510, 0.10, 38.0, 11.0), (60, 0.04, 4.0, 11.9),
+              (510, 0.10, 38.0, 12.1)]
+    phase = summarize_phase(chunks, replicas=2, start=10.0, end=12.0)
+    assert phase["chunks"] == 3
+    assert phase["audio_s_per_s"] == pytest.approx(46.0 / 2.0)
+    assert phase["per_replica_audio_s_per_s"] == pytest.approx(46.0 / 4.0)
+    assert phase["by_size"]["60"]["count"] == 2 and phase["by_size"]["60"]["p50_ms"] == pytest.approx(30.0)
+    assert set(phase["by_size"]) <= {str(s) for s in CHUNK_MIX}
+    assert summarize_phase([], replicas=1, start=0, end=1) == {"replicas": 1, "chunks": 0}
+
+
+def test_the_report_shows_each_steps_figures_and_names_the_failures(tmp_path):
+    work = tmp_path
+    (work / "check.json").write_text(json.dumps({
+        "parity": [{"tokens": 100, "replays_padded_eager_exactly": True, "durations_equal": True, "snr_db": 46.4,
+                    "lsd_db": 0.072, "frames": 400}],
+        "precision": [{"dtype": "bf16", "tokens": 30, "durations_within_1": 1.0, "lsd_db": 1.06}],
+        "capture": {"bf16": {"seconds": 7.6, "mib": 111, "stage1_graphs": 6, "stage2_graphs": 24}, "fp16": None},
+        "noise_reproducible": True, "failures": ["fp16 CUDA graph capture failed (see the log)"]}))
+    (work / "replicas.json").write_text(json.dumps([{
+        "mps": True, "chunk_mix": list(CHUNK_MIX), "replicas_ready": [{}] * 8, "gpu_mib_per_replica": 6094.0,
+        "gpu_used_mib_before": 4.0, "gpu_used_mib_after": 48756.0, "startup_s": 40.0,
+        "phases": [{"replicas": 8, "chunks": 100, "audio_s_per_s": 561.4, "per_replica_audio_s_per_s": 70.2,
+                    "latency_p50_ms": 160.9, "latency_p95_ms": 448.9, "by_size": {"60": {"p50_ms": 90.0}},
+                    "sm_pct": 100.0}]}]))
+    figures = gpu_harness.collect(work, {"steps": {"check": {"status": "failed (rc 1)", "seconds": 129.2}},
+                                         "environment": {"gpu": "NVIDIA H200", "torch": "2.11"}})
+    report = gpu_harness.markdown(figures)
+    assert "# GPU harness: NVIDIA H200" in report
+    assert "| check | failed (rc 1) | 129.2 |" in report
+    assert "log-spectral distance 0.072 dB" in report and "SNR 46.4 dB" in report
+    assert "| fp16 | FAILED |" in report
+    assert "FAILED: fp16 CUDA graph capture failed" in report
+    assert "| on | 8 | 561 | 70 | 160.9 | 448.9 | 90.0 | 100 |" in report
+    assert "GPU memory per replica 6094 MiB" in report
+
+
+def test_cuda_engines_ask_for_float32_without_tf32_and_deterministic_cudnn():
+    """The GPU showed what TF32 does to padded against unpadded runs (worker.engine); the flags are
+    process-wide, so this puts them back."""
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+        use_exact_cuda_arithmetic()
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags

@@ -1,0 +1,276 @@
+"""Every GPU check in one call: `python -m worker.gpu_harness --out DIR [--budget-s 480]`.
+
+A lent GPU comes for minutes, so this runs all the GPU work in one go, each step a subprocess with
+its own time limit (a hang or a crash costs that step, not the others), everything it prints in
+DIR/harness.log, and after every step the figures so far in DIR/gpu_results.json and a markdown
+report DIR/gpu_results.md (what the README's performance table and the issue note are made from).
+
+Steps, most important first (`--steps` picks some):
+  tests     pytest tests/unit/test_engine_gpu.py (graphed vs eager, noise, precision, batch on CUDA)
+  check     python -m worker.gpu_check: parity and precision bounds, capture time and memory, then
+            `kokoro-fleet bench --device cuda` over chunks of 30..510 phonemes, eager vs graphed,
+            fp32 / bf16 / fp16
+  replicas  python -m worker.replica_sweep: 1..16 engine processes with and without CUDA MPS
+  batch     kokoro-fleet bench --batch 1,2,4,8,16 (the batched forward pass against one by one)
+  fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
+            (needs the carried `.fleet` bundle; skipped without it)
+
+Time (H200, 2026-11-26): tests 32 s, check 129 s, replicas about 260 s (two start-ups of 16
+replicas, 40-80 s each, then 12 five-second phases), batch 63 s, fleet about 200 s (install 15 s,
+8 workers' start-up over a minute, three levels, stop). That is more than one 10-minute call, so a
+session with 15 minutes of device time runs two calls back to back on the warm machine:
+`--steps tests,check,replicas --budget-s 480`, then at once `--steps batch,fleet --budget-s 330`
+(DIR may be the same folder: each call rewrites the report from what its own steps measured).
+
+Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real
+ones cannot travel to a GPU box, and cost depends on shapes, not values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+SIZES = "30,60,120,250,400,510"
+BATCHES = "1,2,4,8,16"
+
+
+def steps(work: Path, fleet_bundle: Path) -> dict[str, tuple[list[str], float]]:
+    """name -> (command, its own time cap in seconds)."""
+    return {
+        "tests": ([PY, "-m", "pytest", "tests/unit/test_engine_gpu.py", "-q", "-p", "no:cacheprovider",
+                   f"--junitxml={work / 'tests.xml'}"], 100),
+        "check": ([PY, "-m", "worker.gpu_check", "--json", str(work / "check.json"), "--sizes", SIZES,
+                   "--modes", "fp32,bf16,fp16", "--repeats", "4"], 200),
+        "replicas": ([PY, "-m", "worker.replica_sweep", "--counts", "1,2,4,8,12,16", "--seconds", "5",
+                      "--mps", "both", "--ready-timeout", "120", "--json", str(work / "replicas.json")], 300),
+        "batch": ([PY, "-m", "api.cli", "bench", "--device", "cuda", "--weights", "random-full", "--modes", "bf16",
+                   "--batch", BATCHES, "--batch-phonemes", "120", "--repeats", "3", "--json",
+                   str(work / "batch.json")], 80),
+        # {budget}: the step's own time limit less a margin, so it stops the fleet and writes what it has
+        "fleet": ([PY, "-m", "loadtest.gpu_fleet", "--bundle", str(fleet_bundle), "--out", str(work / "fleet"),
+                   "--budget-s", "{budget}", "--duration", "15"], 320),
+    }
+
+
+class Harness:
+    def __init__(self, out: Path, budget_s: float):
+        self.out = out
+        self.deadline = time.monotonic() + budget_s
+        self.log = open(out / "harness.log", "a", encoding="utf-8", buffering=1)
+        self.summary: dict = {"steps": {}, "environment": environment()}
+
+    def say(self, message: str) -> None:
+        line = f"[harness {time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        self.log.write(line + "\n")
+
+    def run(self, name: str, command: list[str], cap: float) -> None:
+        left = self.deadline - time.monotonic()
+        if left < 20:
+            self.summary["steps"][name] = {"status": "skipped", "why": "out of time"}
+            self.say(f"{name}: skipped (out of time)")
+            return
+        limit = min(cap, left - 5)
+        command = [part.replace("{budget}", str(int(limit - 10))) for part in command]
+        self.say(f"{name}: {' '.join(command)} (limit {limit:.0f} s)")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        start = time.monotonic()
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                              start_new_session=True) as process:
+            status = None
+            try:
+                for line in _lines_until(process, start + limit):
+                    self.log.write(line)
+                    print(line, end="", flush=True)
+            except TimeoutError:
+                os.killpg(process.pid, 9)
+                status = "timed out"
+            rc = process.wait()
+        quit_stray_mps()
+        status = status or ("ok" if rc == 0 else f"failed (rc {rc})")
+        self.summary["steps"][name] = {"status": status, "seconds": round(time.monotonic() - start, 1)}
+        self.say(f"{name}: {status} in {time.monotonic() - start:.0f} s")
+
+
+def quit_stray_mps() -> None:
+    """A step killed at its limit leaves the MPS daemon it started (it daemonizes, out of the killed
+    process group): quit every one started under the sweep's or the server's pipe directories, so the
+    next step measures what it means to."""
+    import glob
+
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        return
+    for pipe in glob.glob("/tmp/kokoro-mps-*/pipe") + glob.glob("/tmp/kokoro-fleet-mps/pipe"):
+        with contextlib.suppress(Exception):
+            subprocess.run([control], input="quit\n", text=True, capture_output=True, timeout=15,
+                           env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe})
+
+
+def _lines_until(process: subprocess.Popen, deadline: float):
+    """The process's output lines; TimeoutError once the deadline passes (a silent hang too)."""
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if selector.select(timeout=min(left, 5.0)):
+            line = process.stdout.readline()
+            if not line:
+                return
+            yield line
+        elif process.poll() is not None:
+            return
+
+
+def environment() -> dict:
+    info = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+            info["gpu_memory_mib"] = torch.cuda.get_device_properties(0).total_memory // 2**20
+    except Exception as error:  # the report says so rather than failing
+        info["torch_error"] = repr(error)
+    if shutil.which("nvidia-smi"):
+        info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                                             "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    return info
+
+
+# --- the report --------------------------------------------------------------------------------------
+
+
+def _read(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def collect(work: Path, summary: dict) -> dict:
+    figures = dict(summary)
+    for name, file in (("check", "check.json"), ("bench", "check.json.bench.json"), ("batch", "batch.json"),
+                       ("replicas", "replicas.json"), ("fleet", "fleet/gpu_fleet.json")):
+        value = _read(work / file)
+        if value is not None:
+            figures[name] = value
+    with contextlib.suppress(OSError):
+        figures["fleet_markdown"] = (work / "fleet" / "gpu_fleet.md").read_text(encoding="utf-8")
+    tests = work / "tests.xml"
+    if tests.exists():
+        import xml.etree.ElementTree as ET
+
+        suite = ET.parse(tests).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        figures["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return figures
+
+
+def markdown(figures: dict) -> str:
+    env = figures["environment"]
+    lines = [f"# GPU harness: {env.get('gpu', 'no GPU')}", "",
+             f"torch {env.get('torch')}, python {env.get('python')}; {env.get('nvidia_smi', '')}", "",
+             "| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {n} | {s['status']} | {s.get('seconds', '-')} |" for n, s in figures["steps"].items()]
+    if "tests" in figures:
+        t = figures["tests"]
+        lines += ["", f"tests/unit/test_engine_gpu.py: {t['tests']} tests, {t['failures']} failed, "
+                      f"{t['errors']} errors, {t['skipped']} skipped"]
+    check = figures.get("check")
+    if check:
+        lines += ["", "## Parity (full-size random weights)", "", "| check | tokens | result |", "|---|---|---|"]
+        from worker.gpu_check import PADDING_BOUND_DB, PRECISION_BOUND_DB
+
+        for row in check.get("parity", []):
+            lines.append(f"| graphed vs eager fp32 | {row['tokens']} | replays the padded eager run exactly "
+                         f"{row['replays_padded_eager_exactly']}; against the unpadded run durations equal "
+                         f"{row['durations_equal']}, log-spectral distance {row['lsd_db']:.3f} dB (bound "
+                         f"{PADDING_BOUND_DB}), SNR {row['snr_db']:.1f} dB |")
+        for row in check.get("precision", []):
+            lines.append(f"| {row['dtype']} graphed vs fp32 eager | {row['tokens']} | durations within 1 frame "
+                         f"{row['durations_within_1']:.1%}, log-spectral distance {row['lsd_db']:.2f} dB (bound "
+                         f"{PRECISION_BOUND_DB}) |")
+        if "noise_reproducible" in check:
+            lines.append(f"| noise on, same input twice | 40 | identical {check['noise_reproducible']} |")
+        lines += ["", "| dtype | capture s | graphs MiB | stage-1 / stage-2 graphs |", "|---|---|---|---|"]
+        for dtype, c in check.get("capture", {}).items():
+            lines.append(f"| {dtype} | " + ("FAILED | - | - |" if c is None else
+                                            f"{c['seconds']:.1f} | {c['mib']:.0f} | {c['stage1_graphs']} / {c['stage2_graphs']} |"))
+        if check.get("failures"):
+            lines += ["", "FAILED: " + "; ".join(check["failures"])]
+    bench = figures.get("bench")
+    if bench:
+        lines += ["", "## Engine: one chunk at a time (kokoro-fleet bench --device cuda)", "",
+                  "| phonemes | audio s | contender | p50 ms | p95 ms | audio-s/s (x real time) |", "|---|---|---|---|---|---|"]
+        for size, by_name in bench["results"].items():
+            for name, r in by_name.items():
+                lines.append(f"| {size} | {r['audio_s']:.2f} | {name} | {1000 * r['p50_s']:.1f} | {1000 * r['p95_s']:.1f} | "
+                             f"{r['audio_s_per_s']:.0f} |")
+        peak = bench["meta"].get("peak_memory_bytes", {})
+        if peak:
+            lines += ["", "Peak GPU memory per engine (torch allocator; the CUDA context adds ~500 MiB): "
+                      + ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in peak.items())]
+    batch = figures.get("batch")
+    if batch:
+        lines += ["", f"## Batched forward pass ({batch['meta']['dtype']}, eager, chunks of about "
+                      f"{batch['meta']['batch_phonemes']} phonemes)", "",
+                  "| batch | audio-s/s batched | batch p50 ms | audio-s/s one by one | speed-up |", "|---|---|---|---|---|"]
+        for size, r in batch["batch"].items():
+            lines.append(f"| {size} | {r['batched']['audio_s_per_s']:.0f} | {1000 * r['batched']['latency_p50_s']:.0f} | "
+                         f"{r['one_by_one']['audio_s_per_s']:.0f} | {r['speedup']:.2f}x |")
+    replicas = figures.get("replicas")
+    if replicas:
+        from worker.replica_sweep import markdown as replica_table
+
+        lines += ["", "## Replicas: N engine processes on one GPU (bf16, CUDA graphs, chunk mix "
+                      f"{replicas[0].get('chunk_mix')} phonemes)", "", replica_table(replicas)]
+    if figures.get("fleet_markdown"):
+        lines += ["", "## The whole fleet (kokoro-fleet serve --workers 8, random full-size weights)", "",
+                  figures["fleet_markdown"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"), help="where the results go")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for every step together")
+    parser.add_argument("--steps", default="tests,check,replicas,batch,fleet")
+    parser.add_argument("--fleet-bundle", default=".fleet", help="the carried wheels and packages of the fleet step")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kokoro-gpu-"))
+    harness = Harness(out, args.budget_s)
+    harness.say(f"environment: {json.dumps(harness.summary['environment'])}")
+    table = steps(work, Path(args.fleet_bundle))
+    for name in [s for s in args.steps.split(",") if s]:
+        if name == "fleet" and not Path(args.fleet_bundle).is_dir():
+            harness.summary["steps"][name] = {"status": "skipped", "why": f"no bundle at {args.fleet_bundle}"}
+            continue
+        command, cap = table[name]
+        harness.run(name, command, cap)
+        figures = collect(work, harness.summary)
+        (out / "gpu_results.json").write_text(json.dumps(figures, indent=2), encoding="utf-8")
+        (out / "gpu_results.md").write_text(markdown(figures), encoding="utf-8")
+    print((out / "gpu_results.md").read_text(encoding="utf-8"))
+    return 0 if all(s["status"] == "ok" for s in harness.summary["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
