@@ -1,0 +1,69 @@
+"""loadtest/gpu_fleet.py's pieces that need no GPU, bundle or server: which wheels it installs,
+the results it writes whatever stage it stopped at, and that it imports nothing beyond the standard
+library before the bundle is installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from loadtest import gpu_fleet
+
+
+def _wheel(directory: Path, dist: str, version: str) -> Path:
+    path = directory / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{dist.replace('-', '_')}/__init__.py", "")
+    return path
+
+
+def test_installs_what_is_missing_or_older_and_pydantic_with_its_core(tmp_path, monkeypatch):
+    have = {"fastapi": None, "anyio": "4.20.0", "typing-extensions": "4.10.0", "pydantic": "2.14.4",
+            "pydantic-core": "2.40.0"}
+    monkeypatch.setattr(gpu_fleet, "_installed_version", lambda dist: have[dist])
+    wheels = [_wheel(tmp_path, "fastapi", "0.165.0"), _wheel(tmp_path, "anyio", "4.16.0"),
+              _wheel(tmp_path, "typing_extensions", "4.16.0"), _wheel(tmp_path, "pydantic", "2.14.4"),
+              _wheel(tmp_path, "pydantic_core", "2.50.5")]
+    chosen, why = gpu_fleet.choose_wheels(wheels)
+    assert {gpu_fleet._dist_of(w) for w in chosen} == {"fastapi", "typing-extensions", "pydantic-core", "pydantic"}
+    assert why["anyio"].startswith("keep the box's 4.20.0")
+    assert why["pydantic"].startswith("install (with pydantic-core")
+
+
+def test_version_order():
+    key = gpu_fleet._version_key
+    assert key("4.9.0") < key("4.16.0") < key("4.16.1") and key("0.5.14") > key("0.5.9")
+    assert key("2026.10.19.post1") > key("2026.10.19")
+
+
+def test_results_are_written_whatever_stage_it_stopped_at(tmp_path):
+    result = {"meta": {"workers": 8, "engine": "torch", "weights": "random-full", "random_weights": True},
+              "levels": [{"concurrency": 1, "error": "no summary.json (exit 1)"}], "notes": [],
+              "error": "RuntimeError: serve exited with 1 while starting"}
+    gpu_fleet.write_results(tmp_path, result)
+    assert json.loads((tmp_path / gpu_fleet.OUT_JSON).read_text())["error"].startswith("RuntimeError")
+    md = (tmp_path / gpu_fleet.OUT_MD).read_text()
+    assert "RANDOM weights" in md and "Stopped early" in md and "no summary.json" in md
+    level = {"concurrency": 8, "ok": 10, "rejected_503": 2, "errors": 0, "requests_per_s": 1.5,
+             "audio_s_per_wall_s": 30.0, "mean_in_flight": 7.9, "gpu": {"util_pct_mean": 50.0, "util_pct_max": 90.0,
+                                                                       "mem_used_mib_max": 20000.0},
+             **{k: {"p50": 0.1, "p95": 0.2, "p99": 0.3} for k in ("ttfa_s", "e2e_s", "rtf")}}
+    gpu_fleet.write_results(tmp_path, {**result, "levels": [level], "error": None})
+    assert "| 8 | 10 | 2 | 0 | 1.50 | 30.0 | 100 | 200 | 300 |" in (tmp_path / gpu_fleet.OUT_MD).read_text()
+
+
+def test_the_script_imports_only_the_standard_library():
+    code = ("import sys; before = set(sys.modules); import loadtest.gpu_fleet; "
+            "extra = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'loadtest'}; "
+            "print(sorted(extra))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    assert out == "[]"
+
+
+def test_the_bundle_carries_one_wheel_per_package_and_no_cjk_dictionaries():
+    assert len({gpu_fleet._norm(n) for n in gpu_fleet.WHEELS}) == len(gpu_fleet.WHEELS)
+    assert not {"jieba", "pypinyin", "unidic-lite", "fugashi", "cn2an"} & set(gpu_fleet.WHEELS)
