@@ -99,14 +99,16 @@ class Settings:
         "model's length; never chosen automatically, and a simulated server says so in its log, /health, "
         "/ready, /metrics, `kokoro-fleet status` and an `X-Kokoro-Engine: sim` header.")
     sim_chunk_ms: float = setting(
-        "KOKORO_SIM_CHUNK_MS", 10.0,
-        "Simulated engine: fixed cost of one chunk (one batched pass), ms. An ASSUMPTION, not a measurement "
-        "(no H100 figures yet): with KOKORO_SIM_PHONEME_MS it makes 8 replicas give about 3,000 audio-s/s on "
-        "400-phoneme chunks.")
+        "KOKORO_SIM_CHUNK_MS", 34.0,
+        "Simulated engine: fixed cost of one chunk (one batched pass), ms. Measured (H200, 2026-11-26, bf16 CUDA "
+        "graphs): one replica alone takes 6.3 ms + 0.174 ms a phoneme, but replicas share the GPU, and eight "
+        "under MPS produce 561 audio-s/s together, 5.35 times slower each; these defaults are that loaded cost, so "
+        "8 simulated replicas produce what 8 real ones did (worker/sim_engine.py). An idle GPU's first chunk is "
+        "faster: KOKORO_SIM_CHUNK_MS=6.3 KOKORO_SIM_PHONEME_MS=0.174 simulates one replica alone.")
     sim_phoneme_ms: float = setting(
-        "KOKORO_SIM_PHONEME_MS", 0.175,
+        "KOKORO_SIM_PHONEME_MS", 0.93,
         "Simulated engine: cost per phoneme of a chunk, ms (a batch costs the fixed cost once plus this for "
-        "every item padded to the longest). An ASSUMPTION like KOKORO_SIM_CHUNK_MS.")
+        "every item padded to the longest). Measured like KOKORO_SIM_CHUNK_MS.")
 
     # --- HTTP API ---
     host: str = setting("KOKORO_HOST", "0.0.0.0", "Address the server listens on.")
@@ -256,9 +258,10 @@ class Settings:
         "for full-size weights (a bf16 replica serving 3000-character texts peaked at 2.0-2.13 GB, int8 and fp32 "
         "ones about as high), 1280 for `tiny` (1.2 GB)).", minimum=0)
     replica_gpu_mib: int = setting(
-        "KOKORO_REPLICA_GPU_MIB", 3072,
-        "GPU memory one replica needs (weights, CUDA graphs, activations); `serve` refuses to start more "
-        "replicas than the free GPU memory holds.")
+        "KOKORO_REPLICA_GPU_MIB", 6144,
+        "GPU memory one replica needs (CUDA context, weights, CUDA graphs, activations); `serve` refuses to start "
+        "more replicas than the free GPU memory holds. Measured: 16 bf16 replicas with captured graphs took 97.5 "
+        "GB of an H200, 6,094 MiB each (2026-11-26, before the engine gave back its warm-up cache).")
 
     # --- deployment (read by docker/entrypoint.sh) ---
     mps: Literal["auto", "on", "off"] = setting(
