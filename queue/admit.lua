@@ -13,7 +13,8 @@
 --   admitted: {1, arrival_ms, total_est_ms, live_replicas, leased} (leased: lease.lua's reply, {}
 --             without a replica)
 --   refused:  {0, reason ("requests"|"key"|"work"), admitted, queued_work_ms, inflight_work_ms,
---              new_work_ms, live_replicas, rate ("" until measured: audio s per busy s per replica)}
+--              new_work_ms, live_replicas, rate ("" until measured: audio s per busy s per replica),
+--              over_ms (the work that must drain before this request fits; 0 unless "work")}
 --             ("key": admitted is that key's requests)
 local rid, owner = ARGV[2], ARGV[3]
 local owner_ttl = tonumber(ARGV[4])
@@ -43,9 +44,44 @@ for i = 0, n - 1 do
   new_work = new_work + est[i]
 end
 
+-- The work bound as a schedule check: walking the queued jobs and this request's in deadline order,
+-- the work due by each deadline may exceed what the live replicas make before that deadline (at
+-- UTILIZATION of their measured rate) by at most max_work. Work due now must fit in max_work itself,
+-- as every first chunk must; a long text's later chunks, due only as its listener reaches them,
+-- count against what the replicas make until then, so one long request no longer shuts out every
+-- short one. Until a completion has measured the rate nothing is credited, and the check is the
+-- plain one: all queued work plus this request's within max_work. Returns how far the worst
+-- deadline is over the bound (<= 0: the request fits).
+local UTILIZATION = 0.8  -- of the measured rate: headroom for estimates and uneven chunks
+local WORK_SCAN = 512    -- queued jobs looked at one by one; the rest count as due with the last
+local function work_over(now, queued_work, new_est, n, max_work)
+  local rate = tonumber(redis.call('HGET', K_STATS, 'rate') or '') or 0
+  local made_per_ms = UTILIZATION * rate * live_replicas(now)  -- audio ms the fleet makes per ms
+  local head = redis.call('ZRANGE', K_QUEUE, 0, WORK_SCAN - 1, 'WITHSCORES')
+  local due, scanned, worst = 0, 0, -math.huge
+  local i, j, new_deadline = 1, 0, now
+  while i <= #head or j < n do
+    local deadline, est
+    if j < n and (i > #head or new_deadline <= tonumber(head[i + 1])) then
+      deadline, est = new_deadline, new_est[j]
+      new_deadline, j = new_deadline + est, j + 1
+    else
+      local rid, idx = split_job(head[i])
+      deadline = tonumber(head[i + 1])
+      est = num(redis.call('HGET', req_key(rid), 'est:' .. idx), 0)
+      scanned, i = scanned + est, i + 2
+      if i > #head then est = est + math.max(0, queued_work - scanned) end
+    end
+    due = due + est
+    worst = math.max(worst, due - max_work - made_per_ms * math.max(0, deadline - now))
+  end
+  return worst
+end
+
 local admitted = num(redis.call('HGET', K_STATS, 'admitted'), 0)
 local queued_work = num(redis.call('HGET', K_STATS, 'queued_work_ms'), 0)
 local reason = nil
+local over_ms = 0
 local key_is_full, key_holds = false, 0
 if not reserved then key_is_full, key_holds = key_full(key, key_max) end
 if not reserved and max_requests > 0 and admitted >= max_requests then
@@ -53,9 +89,10 @@ if not reserved and max_requests > 0 and admitted >= max_requests then
 elseif key_is_full then
   reason = 'key'
   redis.call('HINCRBY', K_STATS, 'key_refused_total', 1)
-elseif max_work > 0 and queued_work > 0 and queued_work + new_work > max_work then
+elseif max_work > 0 and queued_work > 0 then
   -- An empty queue admits any single request, however long: otherwise it could never run.
-  reason = 'work'
+  over_ms = work_over(now, queued_work, est, n, max_work)
+  if over_ms > 0 then reason = 'work' end
 end
 if reason then
   redis.call('HINCRBY', K_STATS, 'refused_total', 1)
@@ -66,7 +103,7 @@ if reason then
   end
   if reason == 'key' then admitted = key_holds end
   return {0, reason, admitted, queued_work, num(redis.call('HGET', K_STATS, 'inflight_work_ms'), 0),
-          new_work, live_replicas(now), redis.call('HGET', K_STATS, 'rate') or ''}
+          new_work, live_replicas(now), redis.call('HGET', K_STATS, 'rate') or '', math.ceil(over_ms)}
 end
 
 -- Register the request and its owner, who must keep alive:<owner> fresh or the reaper frees it.

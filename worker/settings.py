@@ -221,8 +221,11 @@ class Settings:
         "(0: two per replica).")
     queue_max_audio_seconds: float = setting(
         "KOKORO_QUEUE_MAX_AUDIO_SECONDS", 0.0,
-        "Estimated audio seconds of chunk jobs waiting for a replica in the shared queue; beyond it 503 "
-        "(0: 20 per replica).")
+        "Estimated audio seconds of chunk jobs waiting for a replica in the shared queue beyond what the "
+        "replicas produce before those jobs are due; beyond it 503 (0: 20 per replica). Chunks due now count "
+        "in full; a long text's later chunks, due only as its listener reaches them, count only past the "
+        "replicas' measured output by then (queue/PROTOCOL.md), so one long request does not refuse the "
+        "short ones behind it.")
     lease_seconds: float = setting(
         "KOKORO_LEASE_SECONDS", 10.0,
         "A replica's lease on a chunk job, renewed by heartbeats; a replica silent this long loses the job, "

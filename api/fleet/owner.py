@@ -61,7 +61,8 @@ class AdmissionBounds:
     """How much the fleet accepts before answering 503, or 429 to one API key (<= 0 means unbounded)."""
 
     max_requests: int            # admitted requests, queued or streaming
-    max_queued_seconds: float    # estimated audio seconds of chunk jobs waiting for a replica
+    max_queued_seconds: float    # estimated audio seconds of chunk jobs waiting beyond what is made by
+                                 # their deadlines (admit.lua's schedule check)
     key_max_requests: int = 0    # admitted requests of one API key (KOKORO_KEY_MAX_SHARE)
 
     @classmethod
@@ -252,13 +253,14 @@ class AdmissionClient(TracksAvailability):
 
     def _refused(self, reply: list) -> Refused:
         """The `Refused` for a refusal reply of admit.lua or reserve.lua, with its retry estimate."""
-        _, reason, admitted, queued_ms, inflight_ms, new_ms, live, rate = reply
+        _, reason, admitted, queued_ms, inflight_ms, new_ms, live, rate, *over = reply
         reason = reason.decode()
         rate = float(rate) if rate else None
         work_ahead_ms = queued_ms + inflight_ms
         if reason == "work":
-            # Enough queued work must drain for this request to fit under the bound.
-            must_drain_ms = queued_ms + new_ms - self.bounds.max_queued_seconds * 1000
+            # Enough queued work must drain for this request to fit under the bound: admit.lua
+            # says how much (its schedule check's worst excess).
+            must_drain_ms = over[0] if over else queued_ms + new_ms - self.bounds.max_queued_seconds * 1000
         else:
             # A slot frees when one admitted request finishes: about the average work per request.
             must_drain_ms = work_ahead_ms / max(1, admitted)

@@ -130,6 +130,44 @@ def test_work_bound_refuses_beyond_queued_audio_but_an_empty_queue_admits_anythi
     asyncio.run(go())
 
 
+def test_work_bound_credits_what_the_replicas_make_before_a_long_texts_later_chunks_are_due(redis_server):
+    """The work bound is a schedule check: a long text's later chunks, due only as its listener
+    reaches them, count only beyond what the replicas make by then (at 0.8 of the measured rate),
+    so short requests behind a long one are admitted; work due now still fits in the bound alone;
+    without a measured rate, all queued work counts."""
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=0, max_queued_seconds=10))
+        await replica(redis_server.url, "r0").lease()   # one live replica (the queue is empty)
+        stats_key = f"{client.prefix}:stats"
+        before_long = time.monotonic()
+        long = await client.admit(jobs(100, 100, 100, 100))   # 4 chunks of 7.5 s, due 7.5 s apart
+        assert long.estimated_seconds == pytest.approx(30.0)
+        with pytest.raises(Refused) as unmeasured:       # no rate yet: 30 + 1.5 s queued > 10 s
+            await client.admit(jobs(20))
+        assert unmeasured.value.reason == "work"
+
+        await client.client.hset(stats_key, "rate", "20")  # 20 audio-s per s: 16 audio-ms per ms credited
+        short = await client.admit(jobs(20))              # due now: 7.5 + 1.5 s; the rest is due later
+        with pytest.raises(Refused) as due_now:           # 7.5 + 1.5 + 1.5 s due now: over by 0.5 s
+            await client.admit(jobs(20))
+        assert due_now.value.reason == "work"
+        assert due_now.value.retry_after_ms == 100        # 0.5 s at 20x: 25 ms, clamped to the 100 ms floor
+
+        await client.client.hset(stats_key, "rate", "0.5")  # a slow fleet: 0.4 audio-ms per ms credited
+        with pytest.raises(Refused) as later:  # chunks of 0.75 s (due now) and 7.5 s (due 0.75 s on)
+            await client.admit(jobs(10, 100))
+        assert later.value.reason == "work"
+        # The worst deadline is the long text's last chunk, 22.5 s on: 30 + 1.5 + 0.75 + 7.5 = 39.75 s
+        # due by then against 10 + 0.4 x 22.5 = 19 s allowed, 20.75 s over; at 0.5x that drains in 41.5 s.
+        # Each ms since the long text arrived credits 0.4 ms less before its deadline: 0.8 ms more to wait.
+        since_long_ms = 1000 * (time.monotonic() - before_long)
+        assert 41_500 <= later.value.retry_after_ms <= 41_500 + 0.8 * since_long_ms + 2
+        for t in (long, short):
+            await client.cancel(t.request_id)
+        await assert_idle(client)
+    asyncio.run(go())
+
+
 def test_a_reservation_holds_a_slot_before_planning_and_gives_it_back_when_withdrawn_or_refused(redis_server):
     async def go():
         client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=2, max_queued_seconds=10))
