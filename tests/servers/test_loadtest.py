@@ -119,6 +119,17 @@ def _one(url: str, rid: str = "r", **spec) -> RequestResult:
     return asyncio.run(go())
 
 
+def _in_turn(url: str, rids: list[str], **spec) -> list[RequestResult]:
+    """Requests one after another from one event loop and client, as the generator sends them (a
+    fresh loop and client per request times cold paths that a load test never runs)."""
+    async def go():
+        async with make_client(4) as client:
+            return [await send_speech(client, RequestSpec(url=url + "/v1/audio/speech", text="hi", **spec),
+                                      RequestResult(request_id=rid), total_timeout=30) for rid in rids]
+
+    return asyncio.run(go())
+
+
 def _median(values):
     return float(np.median(values))
 
@@ -158,7 +169,44 @@ class _StubProcess:
 # issue's 5 ms; with both cores busy with other jobs (load 4-5) each wake-up of the stub or the
 # generator can cost a few ms more, which only the medians' looser bound absorbs. Every distinction
 # these tests draw (headers vs first audio vs last byte) is 50 ms or more.
+# Some machines add their own cost that no client avoids: on a Firecracker VM (2026-11-26) a process
+# idle in epoll for 0.3 s woke to its socket 3-5 ms after the write (0.5 ms after 10 ms idle), with
+# plain asyncio and no generator code. So each test also times the same requests with a bare
+# asyncio client (`_bare_errors`) and bounds the generator's error by the bare client's plus 5 ms:
+# what the generator itself adds.
 ACCURATE_S = 0.005
+
+
+def _bare_errors(stub: "_StubProcess", count: int, sse: bool = False) -> tuple[float, float]:
+    """The best (headers, first body bytes) error of a bare asyncio client over `count` requests on
+    fresh connections, against what the stub logged: this machine's own floor for those figures."""
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(stub.url)
+    body = json.dumps({"model": "kokoro", "input": "hi", "voice": "af_heart", "response_format": "pcm",
+                       **({"stream_format": "sse"} if sse else {})}).encode()
+
+    async def exchange(rid: str) -> tuple[float, float, float]:
+        t_wire = time.perf_counter()
+        reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        writer.write(f"POST /v1/audio/speech HTTP/1.1\r\nHost: {url.netloc}\r\nX-Request-Id: {rid}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        await reader.readuntil(b"\r\n\r\n")
+        t_headers = time.perf_counter()
+        await reader.read(1)
+        t_first = time.perf_counter()
+        writer.close()
+        return t_wire, t_headers, t_first
+
+    rids = [f"bare-{id(stub)}-{k}" for k in range(count)]
+    times = [asyncio.run(exchange(rid)) for rid in rids]
+    import httpx
+
+    events = httpx.get(stub.url + "/stub/log", trust_env=False).json()["events"]
+    headers = [(h - w) - (events[r]["headers"] - events[r]["recv"]) for r, (w, h, _) in zip(rids, times)]
+    first = [(f - w) - (events[r]["first_audio"] - events[r]["recv"]) for r, (w, _, f) in zip(rids, times)]
+    return min(headers), min(first)
 
 
 def test_ttfa_is_the_first_audio_byte_not_the_headers():
@@ -166,8 +214,9 @@ def test_ttfa_is_the_first_audio_byte_not_the_headers():
     # a tool that timed the headers would report ~0, one that timed the body's end ~700 ms
     delay = 0.300
     with _StubProcess(audio_seconds=0.5, first_byte_delay=delay, chunk_seconds=0.1, chunk_gap=0.1) as stub:
-        results = [_one(stub.url, rid=f"t{i}") for i in range(6)]
+        results = _in_turn(stub.url, [f"t{i}" for i in range(6)])
         produced = stub.produced(results)
+        _, bare_first = _bare_errors(stub, 4)
     for r in results:
         assert r.outcome == "ok", r.error
         assert r.headers_s < 0.05
@@ -177,20 +226,22 @@ def test_ttfa_is_the_first_audio_byte_not_the_headers():
     vs_delay = np.array([r.ttfa_s - delay for r in results]) * 1000
     vs_stub = np.array([r.ttfa_s - p[1] for r, p in zip(results, produced)]) * 1000
     print(f"\nTTFA - configured delay (ms): {np.round(vs_delay, 2).tolist()}\n"
-          f"TTFA - delay the stub applied (ms): {np.round(vs_stub, 2).tolist()}")
-    assert 0.0 <= vs_stub.min() < ACCURATE_S * 1000
+          f"TTFA - delay the stub applied (ms): {np.round(vs_stub, 2).tolist()}\n"
+          f"a bare asyncio client's best error on this machine (ms): {1000 * bare_first:.2f}")
+    assert 0.0 <= vs_stub.min() < (bare_first + ACCURATE_S) * 1000
     assert np.median(vs_stub) < 25.0
-    assert vs_delay.min() < 2 * ACCURATE_S * 1000  # plus the stub's own timer lag
+    assert vs_delay.min() < (bare_first + 2 * ACCURATE_S) * 1000  # plus the stub's own timer lag
 
 
 def test_header_delay_and_first_audio_delay_are_told_apart():
     with _StubProcess(audio_seconds=0.3, header_delay=0.2, first_byte_delay=0.15) as stub:
-        results = [_one(stub.url, rid=f"h{i}") for i in range(6)]
+        results = _in_turn(stub.url, [f"h{i}" for i in range(6)])
         produced = stub.produced(results)
+        bare_headers, bare_first = _bare_errors(stub, 4)
     headers_err = [r.headers_s - p[0] for r, p in zip(results, produced)]
     ttfa_err = [r.ttfa_s - p[1] for r, p in zip(results, produced)]
     assert all(r.headers_s >= 0.2 and r.ttfa_s >= 0.35 for r in results)
-    assert 0.0 <= min(headers_err) < ACCURATE_S and 0.0 <= min(ttfa_err) < ACCURATE_S
+    assert 0.0 <= min(headers_err) < bare_headers + ACCURATE_S and 0.0 <= min(ttfa_err) < bare_first + ACCURATE_S
     assert _median(headers_err) < 0.025 and _median(ttfa_err) < 0.025
 
 
@@ -206,15 +257,16 @@ def test_underrun_measured_end_to_end():
 
 def test_sse_ttfa_is_the_first_audio_delta():
     with _StubProcess(audio_seconds=0.6, first_byte_delay=0.2, chunk_seconds=0.2, chunk_gap=0.05) as stub:
-        results = [_one(stub.url, rid=f"s{i}", sse=True) for i in range(4)]
+        results = _in_turn(stub.url, [f"s{i}" for i in range(4)], sse=True)
         produced = stub.produced(results)
+        _, bare_first = _bare_errors(stub, 4, sse=True)
     for r in results:
         assert r.outcome == "ok", r.error
         assert r.reads == 3
         assert r.audio_s == pytest.approx(0.6)
         assert r.headers_s < 0.05 and r.ttfa_s >= 0.2
     # the first delta, not the headers (~0) nor the second delta (50 ms after the first)
-    assert 0.0 <= min(r.ttfa_s - p[1] for r, p in zip(results, produced)) < ACCURATE_S
+    assert 0.0 <= min(r.ttfa_s - p[1] for r, p in zip(results, produced)) < bare_first + ACCURATE_S
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "wav", "flac"])
