@@ -137,19 +137,19 @@ def _lines_until(process: subprocess.Popen, deadline: float):
 
 
 def environment() -> dict:
+    """The machine, read without opening a CUDA context here: the harness would hold one through
+    every step (memory the replica sweep counts, and a client outside the MPS daemon it starts)."""
     info = {"python": sys.version.split()[0]}
     try:
         import torch
 
         info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name()
-            info["gpu_memory_mib"] = torch.cuda.get_device_properties(0).total_memory // 2**20
     except Exception as error:  # the report says so rather than failing
         info["torch_error"] = repr(error)
     if shutil.which("nvidia-smi"):
         info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+        info["gpu"] = info["nvidia_smi"].split(",")[0].strip() or None
     return info
 
 
@@ -184,7 +184,7 @@ def collect(work: Path, summary: dict) -> dict:
 
 def markdown(figures: dict) -> str:
     env = figures["environment"]
-    lines = [f"# GPU harness: {env.get('gpu', 'no GPU')}", "",
+    lines = [f"# GPU harness: {env.get('gpu') or 'no GPU'}", "",
              f"torch {env.get('torch')}, python {env.get('python')}; {env.get('nvidia_smi', '')}", "",
              "| step | status | seconds |", "|---|---|---|"]
     lines += [f"| {n} | {s['status']} | {s.get('seconds', '-')} |" for n, s in figures["steps"].items()]
