@@ -1,9 +1,11 @@
 -- admit.lua: admit one request and enqueue its chunk jobs, or refuse it, atomically.
 -- ARGV: prefix, request_id, owner_id, owner_ttl_ms, max_requests, max_queued_work_ms,
 --       default_ms_per_phoneme, speed, n, key (the API key's name, '' for none), key_max (the
---       most requests one key may hold), then n pairs (phonemes_i, payload_i).
+--       most requests one key may hold), key_max_work_ms (that key's share of the work bound),
+--       then n pairs (phonemes_i, payload_i).
 -- A request id that reserve.lua holds already has its slot: only the work bound is checked, and a
--- refusal gives the reservation back (withdrawn_total). Any other id is checked against all three.
+-- refusal gives the reservation back (withdrawn_total), and so does its key's share of the work
+-- bound. Any other id is checked against all of them.
 -- A bound <= 0 means unbounded.
 -- Optionally, after the pairs: replica_id, lease_ms, replica_ttl_ms, own_owner, own_slack_ms,
 -- batch_max, batch_window_ms, batch_size_ratio (lease.lua's arguments): the caller's own replica is
@@ -12,9 +14,10 @@
 -- chunk, the job never waits for a wake-up or crosses processes. Returns
 --   admitted: {1, arrival_ms, total_est_ms, live_replicas, leased} (leased: lease.lua's reply, {}
 --             without a replica)
---   refused:  {0, reason ("requests"|"key"|"work"), admitted, queued_work_ms, inflight_work_ms,
---              new_work_ms, live_replicas, rate ("" until measured: audio s per busy s per replica),
---              over_ms (the work that must drain before this request fits; 0 unless "work")}
+--   refused:  {0, reason ("requests"|"key"|"key_work"|"work"), admitted, queued_work_ms,
+--              inflight_work_ms, new_work_ms, live_replicas, rate ("" until measured: audio s per
+--              busy s per replica), over_ms (the work that must drain before this request fits;
+--              0 unless "work" or "key_work": then the key's own work, at its share of the fleet)}
 --             ("key": admitted is that key's requests)
 local rid, owner = ARGV[2], ARGV[3]
 local owner_ttl = tonumber(ARGV[4])
@@ -22,7 +25,8 @@ local max_requests, max_work = tonumber(ARGV[5]), tonumber(ARGV[6])
 local speed = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
 local key, key_max = ARGV[10], tonumber(ARGV[11]) or 0
-local PAIRS = 12  -- ARGV index of the first pair
+local key_max_work = tonumber(ARGV[12]) or 0
+local PAIRS = 13  -- ARGV index of the first pair
 local now = now_ms()
 local rk = req_key(rid)
 
@@ -52,13 +56,23 @@ end
 -- short one. Until a completion has measured the rate nothing is credited, and the check is the
 -- plain one: all queued work plus this request's within max_work. Returns how far the worst
 -- deadline is over the bound (<= 0: the request fits).
+-- With `of_key` (an API key's name) the same check runs on that key's jobs alone, against its share
+-- of the bound and of what the replicas make (`share`): one product's long texts then fill at most
+-- its share of the queue, and another key's requests still find room. A key with nothing queued
+-- (among the jobs looked at) fits, as an empty queue admits any one request.
 local UTILIZATION = 0.8  -- of the measured rate: headroom for estimates and uneven chunks
 local WORK_SCAN = 512    -- queued jobs looked at one by one; the rest count as due with the last
-local function work_over(now, queued_work, new_est, n, max_work)
+local function work_over(now, queued_work, new_est, n, max_work, of_key, share)
   local rate = tonumber(redis.call('HGET', K_STATS, 'rate') or '') or 0
-  local made_per_ms = UTILIZATION * rate * live_replicas(now)  -- audio ms the fleet makes per ms
+  local made_per_ms = UTILIZATION * rate * live_replicas(now) * (share or 1)  -- audio ms made per ms
   local head = redis.call('ZRANGE', K_QUEUE, 0, WORK_SCAN - 1, 'WITHSCORES')
-  local due, scanned, worst = 0, 0, -math.huge
+  local key_of = {}  -- request id -> its API key's name ('' for none), read once per request
+  local function counted(rid)
+    if not of_key then return true end
+    if key_of[rid] == nil then key_of[rid] = redis.call('HGET', req_key(rid), 'key') or '' end
+    return key_of[rid] == of_key
+  end
+  local due, scanned, worst, queued_here = 0, 0, -math.huge, 0
   local i, j, new_deadline = 1, 0, now
   while i <= #head or j < n do
     local deadline, est
@@ -70,11 +84,15 @@ local function work_over(now, queued_work, new_est, n, max_work)
       deadline = tonumber(head[i + 1])
       est = num(redis.call('HGET', req_key(rid), 'est:' .. idx), 0)
       scanned, i = scanned + est, i + 2
-      if i > #head then est = est + math.max(0, queued_work - scanned) end
+      -- The jobs beyond the scan: all of them count for the fleet; a key's are not told apart.
+      if i > #head and not of_key then est = est + math.max(0, queued_work - scanned) end
+      if not counted(rid) then est = 0 end
+      queued_here = queued_here + est
     end
     due = due + est
     worst = math.max(worst, due - max_work - made_per_ms * math.max(0, deadline - now))
   end
+  if of_key and queued_here == 0 then return -math.huge end
   return worst
 end
 
@@ -89,7 +107,15 @@ if not reserved and max_requests > 0 and admitted >= max_requests then
 elseif key_is_full then
   reason = 'key'
   redis.call('HINCRBY', K_STATS, 'key_refused_total', 1)
-elseif max_work > 0 and queued_work > 0 then
+elseif key ~= '' and key_max_work > 0 and max_work > 0 and queued_work > 0 then
+  -- The key's share of the work bound first: a key over it hears so (429), not that the fleet is full.
+  over_ms = work_over(now, queued_work, est, n, key_max_work, key, key_max_work / max_work)
+  if over_ms > 0 then
+    reason = 'key_work'
+    redis.call('HINCRBY', K_STATS, 'key_refused_total', 1)
+  end
+end
+if not reason and max_work > 0 and queued_work > 0 then
   -- An empty queue admits any single request, however long: otherwise it could never run.
   over_ms = work_over(now, queued_work, est, n, max_work)
   if over_ms > 0 then reason = 'work' end

@@ -126,10 +126,11 @@ class Settings:
     key_max_share: float = setting(
         "KOKORO_KEY_MAX_SHARE", 1.0,
         "With KOKORO_API_KEYS: the largest share of the request bounds (KOKORO_QUEUE_MAX_REQUESTS for the fleet, "
-        "KOKORO_MAX_REQUESTS in each process) that one key's requests may hold at once, at least one request; "
-        "beyond it that key gets 429 `rate_limit_exceeded` with Retry-After while other keys are still admitted, "
-        "so one product's burst (a reader converting a book) cannot take the room another's callers need "
-        "(0.5: any one key at most half; 1: no per-key bound).", minimum=0.01)
+        "KOKORO_MAX_REQUESTS in each process) that one key's requests may hold at once, at least one request, "
+        "and of the fleet's queued audio (KOKORO_QUEUE_MAX_AUDIO_SECONDS, with that share of the replicas' output "
+        "credited to its later chunks); beyond either, that key gets 429 `rate_limit_exceeded` with Retry-After "
+        "while other keys are still admitted, so one product's burst (a reader converting a book) cannot take the "
+        "room another's callers need (0.5: any one key at most half; 1: no per-key bound).", minimum=0.01)
     cors_origins: str = setting(
         "KOKORO_CORS_ORIGINS", "*",
         "Comma-separated origins whose web pages may call the API from a browser (CORS), such as "

@@ -64,21 +64,32 @@ class AdmissionBounds:
     max_queued_seconds: float    # estimated audio seconds of chunk jobs waiting beyond what is made by
                                  # their deadlines (admit.lua's schedule check)
     key_max_requests: int = 0    # admitted requests of one API key (KOKORO_KEY_MAX_SHARE)
+    key_max_queued_seconds: float = 0.0  # one API key's share of max_queued_seconds (and of what the
+                                         # replicas make): the same schedule check on its jobs alone
+
+    @property
+    def key_work_share(self) -> float:
+        """The share of the fleet's work bound and output one key's jobs may hold (1: no such bound)."""
+        if self.key_max_queued_seconds <= 0 or self.max_queued_seconds <= 0:
+            return 1.0
+        return min(1.0, self.key_max_queued_seconds / self.max_queued_seconds)
 
     @classmethod
     def for_replicas(cls, replicas: int, max_requests: int = 0, max_queued_seconds: float = 0.0,
                      key_max_share: float = 1.0) -> "AdmissionBounds":
         """Defaults derived from the replica count: two requests per replica (one running, one
         waiting), and 20 s of queued audio per replica; explicit non-zero values win. One key may
-        hold `key_max_share` of the request bound."""
+        hold `key_max_share` of the request bound and of the work bound."""
         replicas = max(1, replicas)
         max_requests = max_requests or 2 * replicas
-        return cls(max_requests, max_queued_seconds or 20.0 * replicas, key_bound(key_max_share, max_requests))
+        max_queued_seconds = max_queued_seconds or 20.0 * replicas
+        key_work = key_max_share * max_queued_seconds if 0 < key_max_share < 1 else 0.0
+        return cls(max_requests, max_queued_seconds, key_bound(key_max_share, max_requests), key_work)
 
     @classmethod
     def from_settings(cls, settings, replicas: int) -> "AdmissionBounds":
         """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults;
-        KOKORO_KEY_MAX_SHARE of the request bound for one key."""
+        KOKORO_KEY_MAX_SHARE of both bounds for one key."""
         return cls.for_replicas(replicas, settings.queue_max_requests, settings.queue_max_audio_seconds,
                                 settings.key_max_share)
 
@@ -112,7 +123,8 @@ class Refused(Exception):
 
     def __init__(self, reason: str, retry_after_s: int, retry_after_ms: int, work_ahead_s: float,
                  admitted: int, live_replicas: int, rate: float | None):
-        # "requests" (too many admitted), "key" (this API key holds its share) or "work" (queue too long)
+        # "requests" (too many admitted), "key" (this API key holds its share of them), "work"
+        # (queue too long) or "key_work" (this API key's jobs hold its share of the queue)
         self.reason = reason
         self.retry_after_s = retry_after_s
         self.retry_after_ms = retry_after_ms
@@ -123,6 +135,11 @@ class Refused(Exception):
         if reason == "key":
             super().__init__(f"This API key holds its share of the server ({admitted} requests in progress, "
                              f"KOKORO_KEY_MAX_SHARE); retry in about {retry_after_s} s.")
+            return
+        if reason == "key_work":
+            super().__init__(f"This API key holds its share of the server's queued audio (KOKORO_KEY_MAX_SHARE; "
+                             f"its earlier requests have more audio waiting than the share allows); "
+                             f"retry in about {retry_after_s} s.")
             return
         what = "too many requests in progress" if reason == "requests" else "too much audio queued"
         super().__init__(f"The server is at capacity ({what}); retry in about {retry_after_s} s.")
@@ -239,7 +256,7 @@ class AdmissionClient(TracksAvailability):
         rid = request_id or uuid.uuid4().hex
         args: list = [self.prefix, rid, self.worker_id, self.owner_ttl_ms, self.bounds.max_requests,
                       int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs),
-                      key or "", self.bounds.key_max_requests]
+                      key or "", self.bounds.key_max_requests, int(self.bounds.key_max_queued_seconds * 1000)]
         for job in jobs:
             args += [int(job.phonemes), job.payload]
         if lease_for:
@@ -261,6 +278,9 @@ class AdmissionClient(TracksAvailability):
             # Enough queued work must drain for this request to fit under the bound: admit.lua
             # says how much (its schedule check's worst excess).
             must_drain_ms = over[0] if over else queued_ms + new_ms - self.bounds.max_queued_seconds * 1000
+        elif reason == "key_work":
+            # The key's own excess, which drains at its share of the fleet's output.
+            must_drain_ms = over[0] / self.bounds.key_work_share
         else:
             # A slot frees when one admitted request finishes: about the average work per request.
             must_drain_ms = work_ahead_ms / max(1, admitted)

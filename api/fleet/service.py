@@ -249,7 +249,7 @@ class FleetSpeechService:
         return math.ceil(bound / max(1, self.replicas, live)) if bound > 0 else math.inf
 
     def _refused(self, e: Refused) -> CapacityError:
-        if e.reason == "key":  # one key's share is full, not the fleet: no crowding to remember
+        if e.reason in ("key", "key_work"):  # one key's share is full, not the fleet: no crowding to remember
             return KeyShareError(e.retry_after_ms / 1000, str(e))
         self.counters.refused += 1
         self._refused_at = time.monotonic()
@@ -527,7 +527,8 @@ class FleetSpeechService:
             ("refused_total", "counter",
              "Admission decisions: requests refused, fleet-wide (503, and 429 for a key at its share)."),
             ("key_refused_total", "counter",
-             "Requests refused with 429 because their API key held its share (KOKORO_KEY_MAX_SHARE), fleet-wide."),
+             "Requests refused with 429 because their API key held its share (KOKORO_KEY_MAX_SHARE) of the requests "
+             "or of the queued audio, fleet-wide."),
             ("leased_total", "counter", "Chunk jobs leased by replicas, fleet-wide (a batch counts each of its jobs)."),
             ("lease_batches_total", "counter",
              "Leases that took at least one job, fleet-wide: leased_total / lease_batches_total is the mean batch."),

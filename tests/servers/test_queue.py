@@ -256,6 +256,67 @@ def test_one_api_key_holds_at_most_its_share_and_every_way_out_gives_its_place_b
     asyncio.run(go())
 
 
+def test_one_api_key_queues_at_most_its_share_of_the_work_bound_so_another_key_still_fits(redis_server):
+    """KOKORO_KEY_MAX_SHARE also shares out the work bound: a key whose own jobs would hold more
+    than its share of queued audio is refused ("key_work", a 429), so another key's request still
+    fits where, without the share, the first key's would have filled the bound and the other's been
+    a 503. The key's later chunks are credited at its share of what the replicas make."""
+    async def go():
+        shared = owner(redis_server.url, bounds=AdmissionBounds(0, max_queued_seconds=10, key_max_queued_seconds=5))
+        unshared = owner(redis_server.url, bounds=AdmissionBounds(0, max_queued_seconds=10))
+        await replica(redis_server.url, "r0").lease()   # one live replica (the queue is empty)
+        stats_key = f"{shared.prefix}:stats"
+        assert shared.bounds.key_work_share == 0.5
+
+        reading = await shared.admit(jobs(40), key="reader")          # 3 s queued
+        with pytest.raises(Refused) as over_share:                      # 7.5 s of the reader's > its 5 s
+            await shared.admit(jobs(60), key="reader")
+        assert over_share.value.reason == "key_work"
+        assert "This API key holds its share of the server's queued audio" in str(over_share.value)
+        # 2.5 s over its share, which drains at half the prior's 1 audio-s per s: 5 s.
+        assert over_share.value.retry_after_ms == 5000
+        bot = await shared.admit(jobs(40), key="support-bot")          # 6 s of 10: the bot still fits
+        anonymous_over = shared.admit(jobs(60))                         # no key: only the fleet's bound
+        with pytest.raises(Refused) as full:
+            await anonymous_over
+        assert full.value.reason == "work"
+        await shared.cancel(bot.request_id)
+
+        # Without the share, the reader's second text is admitted and the bot's request is the 503.
+        second = await unshared.admit(jobs(60), key="reader")
+        with pytest.raises(Refused) as crowded_out:
+            await unshared.admit(jobs(40), key="support-bot")
+        assert crowded_out.value.reason == "work"
+        await unshared.cancel(second.request_id)
+
+        # A reservation refused by its key's share gives its slot back, as the work bound's does.
+        reserved = await shared.reserve(key="reader")
+        with pytest.raises(Refused) as refused_reservation:
+            await shared.admit(jobs(60), request_id=reserved, key="reader")
+        assert refused_reservation.value.reason == "key_work"
+        assert not await shared.withdraw(reserved)
+        assert await shared.client.hgetall(f"{shared.prefix}:keys") == {b"reader": b"1"}
+
+        # Measured rate: the key's later chunks are credited at its share of the replicas' output.
+        # A text of 1.5 s (due now), 4.5 s (due 1.5 s on) and 4.5 s (6 s on) behind the reader's 3 s:
+        # at 5 audio-s/s the key is credited 0.5 x 0.8 x 5 = 2 audio-ms per ms, so 9 s due by 1.5 s on
+        # against 5 + 3 s allowed: 1 s over (the whole fleet's credit would have let it in), draining
+        # at 2.5 audio-s/s (its half of 5): 400 ms.
+        await shared.client.hset(stats_key, "rate", "5")
+        with pytest.raises(Refused) as half_credit:
+            await shared.admit(jobs(20, 60, 60), key="reader")
+        assert half_credit.value.reason == "key_work" and half_credit.value.retry_after_ms == 400
+        await shared.client.hset(stats_key, "rate", "20")               # 8 audio-ms per ms: it fits
+        later = await shared.admit(jobs(20, 60, 60), key="reader")
+
+        stats = await shared.stats()
+        assert stats["key_refused_total"] == 3 and stats["withdrawn_total"] == 1
+        for t in (reading, later):
+            await shared.cancel(t.request_id)
+        await assert_idle(shared)
+    asyncio.run(go())
+
+
 # --- Dispatch order and results -----------------------------------------------------------------
 
 def test_earliest_deadline_first_puts_a_new_first_chunk_before_older_later_chunks(redis_server):
@@ -808,6 +869,8 @@ def test_bounds_default_from_the_replica_count_and_settings_override_them():
         {"KOKORO_QUEUE_MAX_REQUESTS": "3", "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "12.5"}), replicas=4)
     assert configured == AdmissionBounds(3, 12.5)
     shared = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_KEY_MAX_SHARE": "0.5"}), replicas=4)
-    assert shared == AdmissionBounds(8, 80.0, key_max_requests=4)
+    assert shared == AdmissionBounds(8, 80.0, key_max_requests=4, key_max_queued_seconds=40.0)
+    assert shared.key_work_share == 0.5 and derived.key_work_share == 1.0
     least = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_KEY_MAX_SHARE": "0.1"}), replicas=2)
     assert least.key_max_requests == 1  # a key may always run one request
+    assert least.key_max_queued_seconds == pytest.approx(4.0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from api.status_cli import parse_metrics
 from loadtest.dispatch import FleetProcess
@@ -127,7 +128,8 @@ def test_a_fleet_holds_one_api_key_to_its_share_of_the_shared_queue(tmp_path):
     import concurrent.futures
 
     env = {"KOKORO_SIM_CHUNK_MS": "300", "KOKORO_SIM_PHONEME_MS": "1", "KOKORO_API_KEYS": "reader:k1,bot:k2",
-           "KOKORO_QUEUE_MAX_REQUESTS": "4", "KOKORO_KEY_MAX_SHARE": "0.5"}
+           "KOKORO_QUEUE_MAX_REQUESTS": "4", "KOKORO_KEY_MAX_SHARE": "0.5",
+           "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "600"}  # the request bound alone (the audio's share: below)
     text = " ".join(f"Sentence number {i} of a text that keeps a replica busy." for i in range(4))
     with FleetProcess(2, env=env, log_dir=tmp_path, name="keys", engine="sim") as fleet:
         def speak(key: str, body_text: str = text) -> httpx.Response:
@@ -149,6 +151,37 @@ def test_a_fleet_holds_one_api_key_to_its_share_of_the_shared_queue(tmp_path):
         assert speak("k1", "Later.").status_code == 200  # its places came back
         metrics = httpx.get(fleet.url + "/metrics", timeout=10, trust_env=False).text
         assert "kokoro_fleet_key_refused_total 1" in metrics.splitlines(), metrics
+
+
+def test_a_fleet_holds_one_api_key_to_its_share_of_the_queued_audio(tmp_path):
+    """KOKORO_KEY_MAX_SHARE=0.5 of 24 s of queued audio: a reader whose one long text left more than
+    12 s queued (replicas still on their first chunks, so no rate is measured and nothing of it is
+    credited) gets a 429 for its next text, even a short one, while another key's request fits in
+    the rest of the bound and is admitted."""
+    env = {"KOKORO_SIM_CHUNK_MS": "4000", "KOKORO_SIM_PHONEME_MS": "0", "KOKORO_API_KEYS": "reader:k1,bot:k2",
+           "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "24", "KOKORO_KEY_MAX_SHARE": "0.5"}
+    text = " ".join(f"Sentence number {i} of a chapter that fills the queue." for i in range(6))
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="keywork", engine="sim") as fleet:
+        def request(key: str, body_text: str):
+            return httpx.stream("POST", fleet.url + "/v1/audio/speech", timeout=60, trust_env=False,
+                                json={**SPEECH, "input": body_text, "response_format": "pcm"},
+                                headers={"Authorization": f"Bearer {key}", "Connection": "close"})
+
+        # The long text's stream stays open (leaving it would cancel its queued chunks).
+        with request("k1", text) as long:
+            assert long.status_code == 200
+            queued = redis.Redis.from_url(fleet.redis_url()).hget("{kf}:stats", "queued_work_ms")
+            assert 12_000 < int(queued) < 23_000, queued  # over the reader's share, under the bound
+            with request("k1", "Again.") as again:
+                again.read()
+            with request("k2", "Meanwhile.") as other:
+                assert other.status_code == 200, other.read()
+        assert again.status_code == 429, again.text
+        error = again.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and "share of the server's queued audio" in error["message"]
+        assert int(again.headers["retry-after"]) >= 1
+        stats = redis.Redis.from_url(fleet.redis_url()).hgetall("{kf}:stats")
+        assert int(stats[b"key_refused_total"]) == 1 and int(stats[b"refused_total"]) == 1
 
 
 def test_metrics_add_up_every_worker_whichever_one_a_scrape_reaches(tmp_path):
