@@ -333,8 +333,8 @@ def run(args: argparse.Namespace) -> int:
              f"fused={fused} torch={torch.__version__}",
              f"cpu: {cpu.summary()}",
              f"isa: {isa_in_use()} (onnxruntime: its own choice, native)",
-             *([f"malloc: keeps freed memory for every contender here (process-wide, set by the int8 engine; "
-                f"a bf16 or fp32 server runs with glibc's default)"] if _KEEP_FREED["applied"] else []),
+             *(["malloc: keeps freed memory for every contender here (process-wide, set by the int8 engine; "
+                "a bf16 or fp32 server runs with glibc's default)"] if _KEEP_FREED["applied"] else []),
              f"{'phonemes':>8} {'contender':<22} {'audio s/s':>10} {'p50 s':>8} {'p95 s':>8} {'audio s':>8} {'vs ref':>7}"
              f" {'vs onnxrt':>9} {'audio s/cpu s':>14} {'vs ref':>7}"]
     for size, by_name in results.items():

@@ -839,8 +839,6 @@ def test_audio_is_encoded_off_the_event_loop(monkeypatch):
     app = create_app(Settings(), service=ScriptedService())
 
     async def go():
-        nonlocal ticks
-
         async def ticker():
             nonlocal ticks
             while True:
