@@ -31,7 +31,7 @@ class ProcessSlot:
 
     admission: "ProcessAdmission"
     request_id: str
-    key: str | None = None      # the API key's name, when it counts against KOKORO_KEY_MAX_SHARE
+    key: str | None = None      # the API key's name (counted per key; bounded by KOKORO_KEY_MAX_SHARE)
     admitted_at: float = field(default_factory=time.monotonic)
     released: bool = False
 
@@ -65,6 +65,10 @@ class ProcessAdmission:
     def admitted(self) -> int:
         return len(self._slots)
 
+    def admitted_by_key(self) -> dict[str, int]:
+        """Admitted requests per API key's name (only keys holding some)."""
+        return dict(self._per_key)
+
     def retry_after_s(self) -> float:
         return min(60.0, max(0.05, self.mean_service_s / self.replicas))
 
@@ -77,8 +81,8 @@ class ProcessAdmission:
             wait = self.retry_after_s()
             raise CapacityError(wait, f"The server is at capacity ({self.max_requests} requests in progress); "
                                       f"retry in {wait:.2f} s.")
-        counted = key if key and self.key_max_requests else None
-        if counted and self._per_key.get(counted, 0) >= self.key_max_requests:
+        counted = key or None
+        if counted and self.key_max_requests and self._per_key.get(counted, 0) >= self.key_max_requests:
             wait = self.retry_after_s()
             raise KeyShareError(wait, f"This API key holds its share of the server ({self.key_max_requests} "
                                       f"requests in progress, KOKORO_KEY_MAX_SHARE); retry in {wait:.2f} s.")

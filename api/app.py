@@ -332,6 +332,17 @@ def _register_metrics(state: AppState) -> None:
                          "# TYPE kokoro_engine_info gauge", f'kokoro_engine_info{{engine="{engine}"}} 1'])
     m.gauge("kokoro_ready", "1 once the weights are loaded and warmed up.", lambda: float(state.ready))
     m.gauge("kokoro_admitted_requests", "Speech requests admitted and not yet finished.", lambda: state.admission.admitted)
+    if state.api_keys:
+        named = [name for name, _ in state.api_keys]
+
+        def key_lines() -> list[str]:  # every named key, 0 when idle, so its series never goes stale
+            held = state.admission.admitted_by_key()
+            return ["# HELP kokoro_key_admitted_requests Speech requests admitted and not yet finished, by the name "
+                    "of their API key: what KOKORO_KEY_MAX_SHARE bounds.",
+                    "# TYPE kokoro_key_admitted_requests gauge",
+                    *(f'kokoro_key_admitted_requests{{key="{name}"}} {held.get(name, 0)}'
+                      for name in dict.fromkeys(named))]
+        m.collector(key_lines)
     m.gauge("kokoro_queue_depth", "Admitted requests not being synthesized right now (waiting for the replica or sending).",
             lambda: max(0, state.admission.admitted - int(bool(replica(lambda s: s.busy)()))))
     m.gauge("kokoro_replica_busy", "1 while the replica runs an inference.", replica(lambda s: s.busy))

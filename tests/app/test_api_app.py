@@ -748,18 +748,24 @@ def test_one_api_key_holds_at_most_its_share_and_gets_429_while_others_are_serve
                               headers={"Authorization": f"Bearer {key}"})
             holding = [asyncio.ensure_future(speak("k1")) for _ in range(2)]
             await asyncio.sleep(0.2)  # both admitted and streaming
+            during = (await c.get("/metrics")).text
             third, other = await asyncio.gather(speak("k1", "Again."), speak("k2", "Meanwhile."))
             held = await asyncio.gather(*holding)
             after = await speak("k1", "Later.")  # the reader's places came back
-            return held, third, other, after, (await c.get("/metrics")).text
+            return held, third, other, after, during, (await c.get("/metrics")).text
 
-    held, third, other, after, metrics = asyncio.run(go())
+    held, third, other, after, during, metrics = asyncio.run(go())
     assert [r.status_code for r in held] == [200, 200] and other.status_code == 200 and after.status_code == 200
     error = assert_openai_error(third, 429)
     assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
     assert "This API key holds its share of the server (2 requests in progress" in error["message"]
     assert int(third.headers["retry-after"]) >= 1 and int(third.headers["retry-after-ms"]) > 0
     assert 'kokoro_key_requests_total{key="reader",status="429"} 1' in metrics
+    # What the share bounds, per key: the reader's two while they stream; every named key back at 0.
+    assert {'kokoro_key_admitted_requests{key="reader"} 2', 'kokoro_key_admitted_requests{key="bot"} 0'} <= set(
+        during.splitlines()), during
+    assert {'kokoro_key_admitted_requests{key="reader"} 0', 'kokoro_key_admitted_requests{key="bot"} 0'} <= set(
+        metrics.splitlines()), metrics
     assert sorted(service.admitted_keys) == ["bot", "reader", "reader", "reader"]
 
 
