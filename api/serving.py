@@ -68,12 +68,12 @@ async def speech_response(state: AppState, request: Request, phonemes: bool = Fa
     req = job.req
     if req.stream_format == "sse":
         return DisconnectAwareStreamingResponse(
-            _sse_events(state, job), media_type="text/event-stream",
+            _sse_events(state, job), media_type="text/event-stream", send_timeout_s=state.settings.send_timeout_seconds,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **job.headers()})
     if req.stream:
         return DisconnectAwareStreamingResponse(
             _audio_bytes(state, job, request), media_type=CONTENT_TYPES[req.response_format],
-            headers={"X-Accel-Buffering": "no", **job.headers()})
+            send_timeout_s=state.settings.send_timeout_seconds, headers={"X-Accel-Buffering": "no", **job.headers()})
     try:
         body = b"".join([b async for b in _audio_bytes(state, job, request, streamed=False)])
     except ClientGone:
@@ -87,6 +87,7 @@ async def captioned_response(state: AppState, request: Request) -> Response:
     req = job.req
     if req.stream:
         return DisconnectAwareStreamingResponse(_caption_lines(state, job), media_type="application/x-ndjson",
+                                                send_timeout_s=state.settings.send_timeout_seconds,
                                                 headers=job.headers())
     audio = bytearray()
     words: list[WordTimestampModel] = []
@@ -368,9 +369,10 @@ def pooled_encoder(state: AppState, fmt: str, streamed: bool, volume: float, sam
 
 async def _audio_bytes(state: AppState, job: AdmittedRequest, request: Request,
                        streamed: bool = True) -> AsyncIterator[bytes]:
-    async for data, _ in _encoded(state, job, request, streamed):
-        if data:
-            yield data
+    async with contextlib.aclosing(_encoded(state, job, request, streamed)) as pieces:
+        async for data, _ in pieces:
+            if data:
+                yield data
 
 
 async def _sse_events(state: AppState, job: AdmittedRequest) -> AsyncIterator[bytes]:
@@ -378,11 +380,12 @@ async def _sse_events(state: AppState, job: AdmittedRequest) -> AsyncIterator[by
     `speech.audio.done` with usage; an `error` event instead if synthesis fails midway."""
     samples = 0
     try:
-        async for data, piece in _encoded(state, job, None):
-            if piece is not None:
-                samples += len(piece.pcm)
-            if data:
-                yield _sse(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
+        async with contextlib.aclosing(_encoded(state, job, None)) as pieces:
+            async for data, piece in pieces:
+                if piece is not None:
+                    samples += len(piece.pcm)
+                if data:
+                    yield _sse(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
     except Exception:
         log.exception("synthesis failed midway through request %s", job.info.id)
         yield _sse(StreamError(error=internal_error().detail()))
@@ -400,13 +403,14 @@ async def _caption_lines(state: AppState, job: AdmittedRequest) -> AsyncIterator
     """NDJSON: one CaptionedSpeechResponse per piece (its bytes of the one encoded file and its
     words, in absolute seconds); the last line carries the encoder's tail."""
     try:
-        async for data, piece in _encoded(state, job, None):
-            if not data and piece is None:
-                continue
-            words = _word_models(job, piece) if piece is not None else []
-            line = CaptionedSpeechResponse(audio=base64.b64encode(data).decode(), audio_format=job.req.response_format,
-                                           timestamps=words)
-            yield line.model_dump_json().encode() + b"\n"
+        async with contextlib.aclosing(_encoded(state, job, None)) as pieces:
+            async for data, piece in pieces:
+                if not data and piece is None:
+                    continue
+                words = _word_models(job, piece) if piece is not None else []
+                line = CaptionedSpeechResponse(audio=base64.b64encode(data).decode(),
+                                               audio_format=job.req.response_format, timestamps=words)
+                yield line.model_dump_json().encode() + b"\n"
     except Exception:
         log.exception("synthesis failed midway through request %s", job.info.id)
         yield json.dumps(StreamError(error=internal_error().detail()).model_dump()).encode() + b"\n"

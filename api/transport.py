@@ -38,17 +38,31 @@ class RequestInfo:
             self.ttfa_s = time.perf_counter() - self.started
 
 
+class ClientStalled(Exception):
+    """The client took none of the bytes sent for the response's send timeout."""
+
+
 class DisconnectAwareStreamingResponse(StreamingResponse):
-    """A streaming response that stops producing the moment its client disconnects.
+    """A streaming response that stops producing the moment its client disconnects, or stalls.
 
     Starlette's own listens for `http.disconnect` only when the server speaks ASGI spec < 2.4;
     under 2.4 it notices a departed client when the next send fails, i.e. after the next chunk
     has been synthesized for nobody. Here a listener always runs and cancels the producer at
     once: the chunk in flight is the last one, and the request's slot frees immediately.
+
+    A client that stays connected but takes no bytes (it stopped reading, or vanished from the
+    network without a FIN: TCP then retries for 15 minutes and more) never disconnects; its sends
+    wait for buffer space forever and its request holds a place in the server. With `send_timeout_s`
+    a send that waits longer is given up: the request ends (outcome `stalled`) and Uvicorn closes
+    the connection (it logs that the response was not completed).
     """
 
+    def __init__(self, *args, send_timeout_s: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.send_timeout_s = send_timeout_s
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        producer = asyncio.ensure_future(self.stream_response(send))
+        producer = asyncio.ensure_future(self.stream_response(self._bounded(send)))
         listener = asyncio.ensure_future(self.listen_for_disconnect(receive))
         try:
             await asyncio.wait({producer, listener}, return_when=asyncio.FIRST_COMPLETED)
@@ -56,10 +70,34 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
             for task in (producer, listener):
                 task.cancel()
             await asyncio.gather(producer, listener, return_exceptions=True)
+            # The body's generator may be suspended at a send that failed: close it now, so the
+            # request's slot and queued work are freed at once rather than when it is collected.
+            closing = getattr(self.body_iterator, "aclose", None)
+            if closing is not None:
+                await closing()
         if producer.done() and not producer.cancelled():
             error = producer.exception()
-            if error is not None and not isinstance(error, OSError):  # OSError: the client went away mid-send
+            if isinstance(error, ClientStalled):
+                info = scope.get("state", {}).get("info")
+                if info is not None:
+                    info.outcome = "stalled"
+                access_log.warning("request %s: %s", getattr(info, "id", "?"), error)
+            elif error is not None and not isinstance(error, OSError):  # OSError: the client went away mid-send
                 raise error
+
+    def _bounded(self, send: Send) -> Send:
+        if not self.send_timeout_s:
+            return send
+
+        async def bounded_send(message: Message) -> None:
+            # Uvicorn waits for the connection to drain before it writes, so a send given up here
+            # has written nothing: the bytes on the wire stay whole.
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except asyncio.TimeoutError:
+                raise ClientStalled(f"the client took no bytes for {self.send_timeout_s:g} s "
+                                    "(KOKORO_SEND_TIMEOUT_SECONDS): closing its connection") from None
+        return bounded_send
 
 
 class AccessLogMiddleware:
@@ -111,17 +149,19 @@ class AccessLogMiddleware:
         if not completed and info.outcome == "ok":
             info.outcome = "disconnected"
         shown_status = status if status is not None else 500
+        gone = info.outcome in ("disconnected", "stalled")  # a stalled client is cut off: gone all the same
         m = self.metrics
-        m.count_request(route, shown_status if info.outcome != "disconnected" else "disconnected")
+        m.count_request(route, "disconnected" if gone else shown_status)
         if info.key is not None:
-            m.count_key(info.key, shown_status if info.outcome != "disconnected" else "disconnected", info.audio_s)
+            m.count_key(info.key, "disconnected" if gone else shown_status, info.audio_s)
         if status == 200 and info.stream is not None:  # a speech response
             if info.ttfa_s is not None:
                 m.ttfa.observe(info.ttfa_s)
             if info.outcome == "ok":
                 m.e2e.observe(e2e)
-            elif info.outcome == "disconnected":
+            elif gone:
                 m.disconnects += 1
+                m.stalls += info.outcome == "stalled"
         record = {
             "id": info.id, "method": scope.get("method"), "path": scope.get("path"), "status": shown_status,
             "outcome": info.outcome, "voice": info.voice, "chars": info.chars, "format": info.format,

@@ -496,3 +496,58 @@ def test_live_session_speaks_text_streamed_word_by_word(real_server):
     pcm = np.frombuffer(bytes(audio), "<i2") / 32768
     assert len(pcm) / SR == pytest.approx(len(whole) / 2 / SR, rel=0.10)
     assert np.sqrt(np.mean(pcm ** 2)) > 0.01  # speech, not silence
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_its_place_freed(tmp_path):
+    """A client that keeps its connection open but takes no more bytes (it stopped reading; a phone
+    that left the network looks the same to the server) would hold its request's place until TCP
+    gives up. With KOKORO_SEND_TIMEOUT_SECONDS=2 the server ends the stream once a send has waited
+    that long: the place frees, /metrics counts a stall, and the connection closes without the
+    chunked stream's last chunk, so the client can tell that its audio was cut. A client that reads
+    is served as before."""
+    server = ServerProcess(tmp_path, "stall", KOKORO_ENGINE="sim", KOKORO_WEIGHTS="tiny", KOKORO_SIM_CHUNK_MS="1",
+                           KOKORO_SIM_PHONEME_MS="0.05", KOKORO_MAX_REQUESTS="1",
+                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=180)
+    try:
+        text = " ".join(PARAGRAPHS)[:4000]  # minutes of audio: megabytes of pcm, more than the socket buffers hold
+        body = json.dumps({"input": text, "voice": "af_heart", "response_format": "pcm"}).encode()
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", server.port))
+        stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert stalled.recv(64).startswith(b"HTTP/1.1 200")
+        stopped_reading = time.monotonic()
+        time.sleep(1.0)
+        assert metric(server.url, "kokoro_admitted_requests") == 1  # held while the client reads nothing
+        full = httpx.post(server.url + "/v1/audio/speech", timeout=30,
+                          json={"input": "Full.", "voice": "af_heart", "response_format": "pcm"})
+        assert full.status_code == 503  # its one place is taken
+
+        deadline = time.monotonic() + 30
+        while metric(server.url, "kokoro_admitted_requests") != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        freed_after = time.monotonic() - stopped_reading
+        assert metric(server.url, "kokoro_admitted_requests") == 0, "the stalled request still holds its place"
+        assert metric(server.url, "kokoro_client_stalls_total") == 1
+        ok = httpx.post(server.url + "/v1/audio/speech", timeout=30,
+                        json={"input": "Served again.", "voice": "af_heart", "response_format": "pcm"})
+        assert ok.status_code == 200 and len(ok.content) > 0
+
+        stalled.settimeout(10)
+        received = b""
+        while chunk := stalled.recv(1 << 16):  # what was already on its way, then the server's close
+            received += chunk
+        stalled.close()
+        assert not received.endswith(b"\r\n0\r\n\r\n"), "the stream ended as if complete"
+        print(f"\nstalled client: place freed {freed_after:.1f} s after it stopped reading; "
+              f"{len(received) / 1e6:.2f} MB of pcm had reached it")
+    finally:
+        server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[-6000:]
+    # One access line says how it ended, written once its audio was counted (the request's
+    # generators are closed before the line is logged, not whenever they are collected).
+    (line,) = [json.loads(line.split("kokoro_fleet.access: ", 1)[1]) for line in log.splitlines()
+               if "kokoro_fleet.access: {" in line and '"stalled"' in line]
+    assert line["status"] == 200 and line["audio_s"] > 0, line
