@@ -184,6 +184,41 @@ def test_a_fleet_holds_one_api_key_to_its_share_of_the_queued_audio(tmp_path):
         assert int(stats[b"key_refused_total"]) == 1 and int(stats[b"refused_total"]) == 1
 
 
+def test_a_fleet_frees_a_stalled_clients_request_and_its_results_in_redis(tmp_path):
+    """A client that stops reading a stream (connection left open) in a 2-worker fleet: with
+    KOKORO_SEND_TIMEOUT_SECONDS=2 its request leaves the shared queue (the fleet's admitted count
+    back to 0, no result of it left in Redis: the replicas had made its chunks far ahead of the
+    reader), and the stall is counted in the whole server's /metrics."""
+    import json
+    import socket
+
+    env = {"KOKORO_SIM_CHUNK_MS": "1", "KOKORO_SIM_PHONEME_MS": "0.05", "KOKORO_SEND_TIMEOUT_SECONDS": "2"}
+    text = " ".join(f"Sentence number {i} of a long text whose reader stopped reading." for i in range(50))
+    with FleetProcess(2, env=env, log_dir=tmp_path, name="stall", engine="sim") as fleet:
+        queue = redis.Redis.from_url(fleet.redis_url())
+        body = json.dumps({**SPEECH, "input": text, "response_format": "pcm"}).encode()
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        stalled.connect(("127.0.0.1", fleet.port))
+        stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert stalled.recv(64).startswith(b"HTTP/1.1 200")
+        time.sleep(1.0)
+        assert int(queue.hget("{kf}:stats", "admitted") or 0) == 1  # held while its client reads nothing
+        deadline = time.monotonic() + 30
+        while int(queue.hget("{kf}:stats", "admitted") or 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert int(queue.hget("{kf}:stats", "admitted") or 0) == 0, "the stalled request still holds its place"
+        assert not list(queue.scan_iter("{kf}:res:*")) and not list(queue.scan_iter("{kf}:req:*"))
+        stalled.close()
+        stalls = 0.0
+        while time.monotonic() < deadline and stalls != 1:  # each worker publishes its figures for the others
+            lines = httpx.get(fleet.url + "/metrics", timeout=10, trust_env=False).text.splitlines()
+            stalls = next(float(line.split()[1]) for line in lines if line.startswith("kokoro_client_stalls_total "))
+            time.sleep(0.2)
+        assert stalls == 1
+
+
 def test_metrics_add_up_every_worker_whichever_one_a_scrape_reaches(tmp_path):
     """The requests a 2-worker fleet served, split between its workers, counted whole by every
     scrape (each on a fresh connection, so any worker answers); the fleet's own counters once."""
