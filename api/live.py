@@ -49,7 +49,7 @@ from api.protocol import (LiveCleared, LiveClear, LiveDone, LiveEnd, LiveFlush, 
                           LiveText, LiveWords, SpeechUsage, StreamError, WordTimestampModel)
 from api.serving import admit_speech, pooled_encoder, release_slot
 from api.state import AppState
-from api.transport import access_log
+from api.transport import ClientStalled, access_log
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.speech import AudioPiece, SpeechPlan
 from worker.text import NormalizationOptions
@@ -120,6 +120,10 @@ class LiveSession:
         self.waiting_chars = 0  # text queued and not yet spoken: bounded by KOKORO_MAX_INPUT_CHARS
         self.encoder = pooled_encoder(state, start.response_format, True, start.volume_multiplier, start.sample_rate)
         self.send_lock = asyncio.Lock()
+        # A client that takes no bytes for this long is cut off (KOKORO_SEND_TIMEOUT_SECONDS): its
+        # connection stays open, so nothing else would ever end the session and free its place.
+        self.send_timeout_s = state.settings.send_timeout_seconds
+        self.stalled = False
         self.speaker: asyncio.Task | None = None
         self.ending = False  # `end` came: no more text
         self.unsettled = False  # text came since the writer last paused: a pause may end a sentence
@@ -251,6 +255,9 @@ class LiveSession:
         except SessionOver as over:
             self.outcome = "error"
             await _close(self.ws, over)
+        except ClientStalled as stalled:  # nothing more can reach it: no error message, no close frame
+            self.outcome = "stalled"
+            access_log.warning("live session %s: %s", self.id, stalled)
         except (WebSocketDisconnect, OSError):  # the client left while we spoke
             self.outcome = "disconnected"
         except Exception:
@@ -335,7 +342,7 @@ class LiveSession:
         self.speaker = None
         with contextlib.suppress(Exception):
             data = await self.encoder.interrupted()
-            if WebSocketState.CONNECTED == self.ws.client_state == self.ws.application_state:
+            if not self.stalled and WebSocketState.CONNECTED == self.ws.client_state == self.ws.application_state:
                 await self._send_audio(data)
 
     # --- sending --------------------------------------------------------------------------------
@@ -348,15 +355,29 @@ class LiveSession:
         await self._send(self.ws.send_text(event.model_dump_json()))
 
     async def _send(self, sending: Awaitable[None]) -> None:
-        # One frame at a time, and never cut: a cancelled sender lets its frame finish.
+        # One frame at a time, and never cut: a cancelled sender lets its frame finish. A frame the
+        # client does not take within the send timeout ends the session (ClientStalled); it stays
+        # queued until the connection closes, and every later send fails at once.
+        if self.stalled:
+            getattr(sending, "close", lambda: None)()  # a coroutine never to be awaited
+            raise ClientStalled("the client stopped taking bytes")
+
         async def locked() -> None:
             async with self.send_lock:
                 await sending
-        await asyncio.shield(locked())
+        sent = asyncio.ensure_future(locked())
+        try:
+            await asyncio.wait_for(asyncio.shield(sent), self.send_timeout_s or None)
+        except asyncio.TimeoutError:
+            self.stalled = True
+            sent.add_done_callback(lambda task: task.cancelled() or task.exception())  # ends with the connection
+            raise ClientStalled(f"the client took no bytes for {self.send_timeout_s:g} s "
+                                "(KOKORO_SEND_TIMEOUT_SECONDS): ending the session") from None
 
     def _record(self) -> None:
         audio_s = self.samples / SAMPLE_RATE
-        status = 101 if self.outcome != "disconnected" else "disconnected"
+        status = "disconnected" if self.outcome in ("disconnected", "stalled") else 101
+        self.state.metrics.stalls += self.outcome == "stalled"
         self.state.metrics.count_request(LIVE_PATH, status)
         if self.key is not None:
             self.state.metrics.count_key(self.key, status, audio_s)

@@ -75,7 +75,7 @@ class Metrics:
         self.e2e = Histogram()
         self.audio_seconds = 0.0
         self.disconnects = 0
-        self.stalls = 0                    # of those, clients cut off for taking no bytes (KOKORO_SEND_TIMEOUT_SECONDS)
+        self.stalls = 0                    # streams and live sessions cut off for taking no bytes (KOKORO_SEND_TIMEOUT_SECONDS)
         self.live_sessions = 0             # open WS /v1/audio/speech/live sessions in this process
         self.live_piece_ttfa = Histogram()  # a live piece: from the speaker taking it to its first audio
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
@@ -158,8 +158,9 @@ class Metrics:
                   "# TYPE kokoro_audio_seconds_total counter", f"kokoro_audio_seconds_total {_fmt(self.audio_seconds)}"]
         lines += ["# HELP kokoro_client_disconnects_total Speech responses abandoned by their client before the end.",
                   "# TYPE kokoro_client_disconnects_total counter", f"kokoro_client_disconnects_total {self.disconnects}"]
-        lines += ["# HELP kokoro_client_stalls_total Of those, streams the server ended because their client took no "
-                  "bytes for KOKORO_SEND_TIMEOUT_SECONDS (stopped reading, or left the network without closing).",
+        lines += ["# HELP kokoro_client_stalls_total Speech streams (counted as disconnects too) and live sessions the "
+                  "server ended because their client took no bytes for KOKORO_SEND_TIMEOUT_SECONDS (stopped reading, "
+                  "or left the network without closing).",
                   "# TYPE kokoro_client_stalls_total counter", f"kokoro_client_stalls_total {self.stalls}"]
         lines += ["# HELP kokoro_live_sessions Live speech sessions (WS /v1/audio/speech/live) open now.",
                   "# TYPE kokoro_live_sessions gauge", f"kokoro_live_sessions {self.live_sessions}"]

@@ -156,8 +156,8 @@ class Settings:
         "Grace period after SIGTERM: in-flight requests finish, new ones get 503; then the server exits.")
     send_timeout_seconds: float = setting(
         "KOKORO_SEND_TIMEOUT_SECONDS", 60.0,
-        "Longest a streamed response waits for its client to take the bytes already sent (its connection's "
-        "buffers full: a client that stopped reading, or a phone that left the network without closing); "
+        "Longest a streamed response or a live session waits for its client to take the bytes already sent "
+        "(its connection's buffers full: a client that stopped reading, or a phone that left the network without closing); "
         "beyond it the connection is closed and the request's place in the server freed, instead of held "
         "for as long as TCP takes to give up (15 minutes and more). Above the longest chunk's audio (38 s), "
         "so a client that reads only as fast as it plays is never cut (0: no limit).", minimum=0)

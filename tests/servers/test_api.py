@@ -551,3 +551,54 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_place_freed(tmp_path):
     (line,) = [json.loads(line.split("kokoro_fleet.access: ", 1)[1]) for line in log.splitlines()
                if "kokoro_fleet.access: {" in line and '"stalled"' in line]
     assert line["status"] == 200 and line["audio_s"] > 0, line
+
+
+def _client_text_frame(text: str) -> bytes:
+    """One masked WebSocket text frame, as a client sends it (RFC 6455 5.2), for a raw-socket client."""
+    data, mask = text.encode(), os.urandom(4)
+    size = bytes([0x80 | len(data)]) if len(data) < 126 else bytes([0x80 | 126]) + len(data).to_bytes(2, "big")
+    return bytes([0x81]) + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+def test_a_live_session_whose_client_stops_reading_ends_and_frees_its_place(tmp_path):
+    """The live socket, same case: a client that sends a long reply and takes none of the audio.
+    Its session held its place for all of the 100 s watched before KOKORO_SEND_TIMEOUT_SECONDS
+    reached the live socket; with it at 2 s the session ends (outcome `stalled`), the place frees,
+    and the stall is counted."""
+    server = ServerProcess(tmp_path, "live-stall", KOKORO_ENGINE="sim", KOKORO_WEIGHTS="tiny", KOKORO_SIM_CHUNK_MS="1",
+                           KOKORO_SIM_PHONEME_MS="0.05", KOKORO_MAX_REQUESTS="1",
+                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=180)
+    try:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", server.port))
+        stalled.sendall(b"GET /v1/audio/speech/live HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\n"
+                        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                        b"Sec-WebSocket-Version: 13\r\n\r\n")
+        assert stalled.recv(64).startswith(b"HTTP/1.1 101")
+        stalled.sendall(_client_text_frame(json.dumps({"type": "start", "voice": "af_heart", "response_format": "pcm"})))
+        reply = " ".join(f"Sentence {i} of a long reply that nobody listens to." for i in range(100))
+        for at in range(0, len(reply), 100):
+            stalled.sendall(_client_text_frame(json.dumps({"type": "text", "text": reply[at:at + 100]})))
+        stalled.sendall(_client_text_frame(json.dumps({"type": "end"})))
+        stopped_reading = time.monotonic()
+        time.sleep(0.5)
+        assert metric(server.url, "kokoro_live_sessions") == 1
+        deadline = stopped_reading + 30
+        while metric(server.url, "kokoro_live_sessions") != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ended_after = time.monotonic() - stopped_reading
+        assert metric(server.url, "kokoro_live_sessions") == 0, "the stalled session is still open"
+        assert metric(server.url, "kokoro_admitted_requests") == 0 and metric(server.url, "kokoro_client_stalls_total") == 1
+        ok = httpx.post(server.url + "/v1/audio/speech", timeout=30,
+                        json={"input": "Served again.", "voice": "af_heart", "response_format": "pcm"})
+        assert ok.status_code == 200
+        stalled.close()
+        print(f"\nstalled live session ended {ended_after:.1f} s after its client stopped reading")
+    finally:
+        server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "never retrieved" not in log, log[-6000:]
+    (line,) = [json.loads(line.split("kokoro_fleet.access: ", 1)[1]) for line in log.splitlines()
+               if "kokoro_fleet.access: {" in line and '"WEBSOCKET"' in line]
+    assert line["outcome"] == "stalled" and line["audio_s"] > 0, line
