@@ -86,3 +86,12 @@ def test_cuda_engines_ask_for_float32_without_tf32_and_deterministic_cudnn():
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags
+
+
+def test_the_replica_step_measures_the_counts_and_mps_modes_asked_for(tmp_path):
+    command, _ = gpu_harness.steps(tmp_path, tmp_path / ".fleet", replica_counts="8,12,16", mps="on")["replicas"]
+    assert command[command.index("--counts") + 1] == "8,12,16"
+    assert command[command.index("--mps") + 1] == "on"
+    default, _ = gpu_harness.steps(tmp_path, tmp_path / ".fleet")["replicas"]
+    assert default[default.index("--mps") + 1] == "both"
+    assert default[default.index("--counts") + 1] == "1,2,4,8,12,16"
