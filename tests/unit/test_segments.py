@@ -98,6 +98,24 @@ def test_a_pause_ends_the_sentences_a_space_would_end():
     assert segmenter.settle() == ["晴れ。"]
 
 
+def test_a_pause_inside_a_number_being_written_ends_nothing():
+    # A model's tokens may stop for a moment anywhere: "$3." + pause + "50" is one price, not
+    # "three dollars." then "fifty".
+    segmenter = TextSegmenter()
+    assert segmenter.push("It costs $3.") == [] and segmenter.settle() == []
+    assert segmenter.push("50 a month.") == [] and segmenter.settle() == ["It costs $3.50 a month."]
+    assert segmenter.push("The total comes to about 1,") == [] and segmenter.settle() == []  # a clause mark too
+    assert segmenter.push("000 dollars, give or take") == ["The total comes to about 1,000 dollars,"]
+    assert segmenter.flush() == "give or take"
+    assert segmenter.push("We open at 9:") == [] and segmenter.settle() == []
+    assert segmenter.push("30 sharp.") == [] and segmenter.settle() == ["We open at 9:30 sharp."]
+    # A sentence that ends in a number waits for whatever comes next, and no longer than that.
+    assert segmenter.push("It was built in 1990.") == [] and segmenter.settle() == []
+    assert segmenter.push(" Since then") == ["It was built in 1990."]
+    assert segmenter.push(" nothing changed. Is it 3?") == ["Since then nothing changed."]
+    assert segmenter.settle() == ["Is it 3?"]  # no number goes on after a question mark
+
+
 def test_after_a_pause_the_turns_opening_ends_at_clauses_again():
     segmenter = TextSegmenter()
     assert segmenter.push("filler " * 40 + "end. ") == ["filler " * 40 + "end."]

@@ -25,8 +25,9 @@ pauses anyway.
   `<voice>` or `<prosody>` elements, cut from their opening tags, starts with those tags again.
 - When the writer pauses (a model calling a tool after "Let me check that."), `settle()` ends the
   pieces that the next characters would have ended, as if a space came: the listener hears "Let me
-  check that." during the pause, not after it. A word or sentence still unfinished waits. After a
-  pause the listener has caught up with the audio, so the next pieces are a turn's opening again.
+  check that." during the pause, not after it. A word or sentence still unfinished waits, and so does
+  a mark right after a digit ("costs $3." may become "$3.50", "1," "1,000"). After a pause the
+  listener has caught up with the audio, so the next pieces are a turn's opening again.
 
     segmenter = TextSegmenter()
     segmenter.push("Hello there. How")   # ["Hello there."]
@@ -179,13 +180,13 @@ class TextSegmenter:
                     return i + 1
             elif ch in _SENTENCE_ENDS or ch in _UNSPACED_SENTENCE_ENDS:
                 end = _after_closers(text, i + 1)
-                if end == len(text) and not settled:
+                if end == len(text) and (not settled or _number_may_go_on(text, i)):
                     return None  # what follows decides: wait for it
                 spaced = end == len(text) or text[end].isspace()
                 if ch in _UNSPACED_SENTENCE_ENDS or (spaced and not _is_abbreviation(text[:i + 1])):
                     return end
             elif (ch in _CLAUSE_MARKS and self.turn_chars < self.opening_chars and i + 1 >= self.clause_piece_min_chars
-                  and (text[i + 1].isspace() if i + 1 < len(text) else settled)):
+                  and (text[i + 1].isspace() if i + 1 < len(text) else settled and not _number_may_go_on(text, i))):
                 return i + 1
             if i + 1 >= self.max_piece_chars:
                 return _last_break(text[:i + 1])
@@ -211,6 +212,13 @@ def _after_closers(text: str, i: int) -> int:
         else:
             break
     return i
+
+
+def _number_may_go_on(text: str, i: int) -> bool:
+    """Whether the mark at `i`, the buffer's last character, follows a digit and may be inside a
+    number still being written ("$3." before "50", "1," before "000", "3:" before "30"): a writer's
+    pause there is no end; the next text, a flush or the end decides."""
+    return i + 1 == len(text) and text[i] in ".,:" and i > 0 and text[i - 1].isdigit()
 
 
 def _is_abbreviation(text: str) -> bool:
