@@ -125,6 +125,21 @@ CASES = [
     ("Dial (555) 123-4567 now", "Dial five five five, one two three, four five six seven now"),
     ("Text 555-123-4567", "Text five five five, one two three, four five six seven"),
     ("Call +1 555 123 4567", "Call plus one, five five five, one two three, four five six seven"),
+    # the area code in brackets is part of the number, not "four hundred fifteen"
+    ("Call (415) 555-0132 now.", "Call four one five, five five five, zero one three two now."),
+    ("Call +1 (415) 555-0132.", "Call plus one, four one five, five five five, zero one three two."),
+    # numbers outside North America: a country code and groups, 8 to 15 digits
+    ("+44 20 7946 0958", "plus four four, two zero, seven nine four six, zero nine five eight"),
+    ("Call +44 (0)20 7946 0958.", "Call plus four four, zero, two zero, seven nine four six, zero nine five eight."),
+    ("or +91-22-2778-0000", "or plus nine one, two two, two seven seven eight, zero zero zero zero"),
+    ("From +3 to +4 and +5 10", "From plus three to plus four and plus five ten"),  # too short for a number
+    # a phone's keys after press, dial, enter...
+    ("Press 1 for sales, or # to repeat.", "Press one for sales, or pound to repeat."),
+    ("Press * then 2.", "Press star then two."),  # the lone * was dropped as markup
+    ("Enter your PIN followed by the # key.", "Enter your PIN followed by the pound key."),
+    ("Dial *67 first; then # here.", "Dial star six seven first; then number here."),  # the clause ended
+    ("Press #1 for help", "Press number one for help"),
+    ("I press on, #1 fan!", "I press on, number one fan!"),
     ("Mail planning@example.org today", "Mail planning at example dot org today"),
     ("Write to john.doe@mail.com", "Write to john dot doe at mail dot com"),
     ("See example.com for more", "See example dot com for more"),
@@ -298,6 +313,7 @@ BRITISH_CASES = [  # lang_code b: "and" in numbers, day before month
     ("There were 173 people.", "There were one hundred and seventy-three people."),
     ("Born 04/07/1976", "Born the fourth of July nineteen seventy-six"),
     ("Meet on 14 October", "Meet on the fourteenth of October"),
+    ("Press # to go back.", "Press hash to go back."),
 ]
 
 

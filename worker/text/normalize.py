@@ -588,6 +588,27 @@ def _zip_code(m: re.Match, british: bool) -> str:
     return spoken + (f" {num.digits(m.group('plus4'))}" if m.group("plus4") else "")
 
 
+def _international_phone(m: re.Match, british: bool) -> str:
+    """+44 20 7946 0958: a country code and groups, 8 to 15 digits in all (E.164's longest), read as
+    a phone number; fewer digits are something else ("+5 10 20")."""
+    if not 8 <= sum(ch.isdigit() for ch in m.group(0)) <= 15:
+        return m.group(0)
+    return _say_phone(m.group(0))
+
+
+_KEY = re.compile(r"(?<![\w#*])(?:#|\*(?P<digits>\d+)?)(?![\w#*])")
+
+
+def _keypad(m: re.Match, british: bool) -> str:
+    """A phone's keys after "press", "dial", "enter"...: # is pound (hash in British English), * is
+    star, and digits after a star are keys too ("dial *67": star six seven). "#1" stays "number
+    one"; outside such a clause # is that or a hashtag, and a lone * is dropped as markup."""
+    def key(k: re.Match) -> str:
+        name = ("hash" if british else "pound") if k.group(0) == "#" else "star"
+        return name + (" " + num.digits(k.group("digits")) if k.group("digits") else "")
+    return _KEY.sub(key, m.group(0))
+
+
 def _local_phone(m: re.Match, british: bool) -> str:
     """555-0100, a number without its area code: one after "call" or "tel.", or whose second
     group starts with 0 (no range ends in "0100"); "200-1500" alone stays a range."""
@@ -669,13 +690,16 @@ _rule("emergency number", r"(?<![\w-])(?:(?P<verb>[Cc]all(?:ing|ed)?|[Dd]ial(?:i
       r"(?P<n>911|999|112|988)|(?P<n2>911))\b(?![\w-]|\s?(?:GT|Turbo|Carrera|Targa)\b)", _emergency_number)
 _rule("zip code", r"\b(?P<state>" + "|".join(_US_STATES) + r")\s+(?P<zip>\d{5})(?:-(?P<plus4>\d{4}))?(?![\w-])",
       _zip_code)
+# The whole number before a local number's rule, which would take "555-0132" of "(415) 555-0132".
+_rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
+      _phone, "phone_normalization")
+_rule("international phone", r"(?<![\w+])\+\d{1,3}(?:(?:[\s.-]?\(\d{1,4}\)[\s.-]?|[\s.-])\d{1,8}){2,6}(?![\w-]|[.,]\d)",
+      _international_phone, "phone_normalization")
 _rule("local phone", r"(?P<lead>\b(?:[Cc]all|[Tt]ext|[Dd]ial|[Pp]hone:?|[Tt]el[.:]|[Ff]ax:?)\s+)?(?<![\w.-])"
       r"(?P<n>[2-9]\d{2}-\d{4})(?![\w-])", _local_phone, "phone_normalization")
 _rule("street direction", r"(?<=\d )(?P<d>NE|NW|SE|SW|N|S|E|W)\.?(?= [A-Z0-9])",
       lambda m, b: {"N": "North", "S": "South", "E": "East", "W": "West", "NE": "Northeast", "NW": "Northwest",
                     "SE": "Southeast", "SW": "Southwest"}[m.group("d")])
-_rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
-      _phone, "phone_normalization")
 _rule("code", r"(?P<lead>(?<![Ss]tatus )(?<![Ee]rror )(?<![Ee]xit )(?<![Rr]esponse )(?<!HTTP )\b"
       r"(?:(?P<name>(?i:" + _CODE_NAMES + r"))|(?i:" + _CODE_NOUNS + r"))(?P<sign>" + _CODE_SIGN + r")*\s*)"
       r"(?P<code>(?=[A-Z0-9-]*\d)[A-Z0-9](?:[A-Z0-9-]*[A-Z0-9])?)(?![\w.,-]\w|[\w-])",
@@ -742,6 +766,8 @@ _rule("day abbreviation", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat)\.",
 _rule("doctor / saint", r"\b(?:Dr|St)\.(?=[\s,;:]|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
 _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
+_rule("keypad", r"\b(?:[Pp]ress(?:ing)?|[Dd]ial(?:ing)?|[Hh]it(?:ting)?|[Ee]nter(?:ing)?|[Tt]ap(?:ping)?|[Pp]ush(?:ing)?)\b"
+      r"[^.!?;\n]*?[#*][^.!?;\n]*", _keypad)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
 _rule("hashtag", r"(?<![\w#])#(?=[A-Za-z])", lambda m, b: "hashtag ", "replace_remaining_symbols")
 _rule("dotted name", r"\b[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
