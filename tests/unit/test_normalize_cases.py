@@ -16,6 +16,9 @@ CASES = [
     ("Your balance is $1,284.50 as of today.", "Your balance is one thousand two hundred eighty-four dollars and fifty cents as of today."),
     ("Total: $12.47", "Total: twelve dollars and forty-seven cents"),
     ("It costs $5.", "It costs five dollars."),
+    ("It costs £3.50 or €4,20.", "It costs three pounds and fifty pence or four euros and twenty cents."),
+    ("Only 4,20 € each", "Only four euros and twenty cents each"),  # a decimal comma, with the euro only
+    ("€1,000 fine", "one thousand euros fine"),  # three digits after the comma: thousands still
     ("Only $1 today", "Only one dollar today"),
     ("A $0.99 app", "A ninety-nine cents app"),
     ("Tip $0.01", "Tip one cent"),
@@ -87,6 +90,13 @@ CASES = [
     ("Leaves at 9:15.", "Leaves at nine fifteen."),
     ("Delivered at 3:42 today", "Delivered at three forty-two today"),
     ("Meet at 10:00", "Meet at ten o'clock"),
+    ("Open 10:00-11:30 tomorrow.", "Open ten o'clock to eleven thirty tomorrow."),  # not "o'clock-eleven"
+    ("From 9:30 am – 5:00 pm", "From nine thirty AM to five PM"),
+    ("The ETA is 5 min.", "The ETA is five minutes."),  # after a number "min." is no "minimum"
+    ("Wait 5 min. Then call.", "Wait five minutes. Then call."),
+    ("min. 5 people", "minimum five people"),
+    ("about 25 mins, 1 hr, 3 hrs and 45 secs", "about twenty-five minutes, one hour, three hours and forty-five seconds"),
+    ("a 5 min walk, an 8 hr shift", "a five-minute walk, an eight-hour shift"),
     ("Call at 9:05 p.m. Then rest.", "Call at nine oh five PM. Then rest."),
     ("Open until 5pm", "Open until five PM"),
     ("Starts at 9am sharp", "Starts at nine AM sharp"),
@@ -199,6 +209,13 @@ CASES = [
     ("~2h left", "about two hours left"),
     ("The 100m 200m and 400m races", "The one hundred m two hundred m and four hundred m races"),  # meters, not minutes
     # --- measurements, fractions ---
+    ("2 1/2 hours", "two and a half hours"),
+    ("add 1 3/4 cups", "add one and three quarters cups"),
+    ("a 2-1/2 inch pipe", "a two and a half inch pipe"),
+    ("Rated 4.5/5 by 1.2k users", "Rated four point five out of five by one point two thousand users"),
+    ("a 10k run", "a ten k run"),  # a whole number keeps its letter
+    ("He is 25 y/o.", "He is twenty-five years old."),
+    ("a 25 y/o man", "a twenty-five-year-old man"),
     ("Preheat to 220°", "Preheat to two hundred twenty degrees"),
     ("It is 72°F outside", "It is seventy-two degrees Fahrenheit outside"),
     ("Low of -3°C", "Low of minus three degrees Celsius"),
@@ -233,6 +250,7 @@ CASES = [
     # --- abbreviations ---
     ("Fruit, e.g. apples", "Fruit, for example apples"),
     ("Red, i.e. warm", "Red, that is warm"),
+    ("Approx. 3,000 users", "Approximately three thousand users"),
     ("Apples, pears, etc. Then more.", "Apples, pears, et cetera. Then more."),
     ("Cats vs. dogs", "Cats versus dogs"),
     ("Wait approx. 5 minutes", "Wait approximately five minutes"),

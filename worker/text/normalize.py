@@ -165,7 +165,7 @@ ABBREVIATIONS = {
     "Apt.": "Apartment", "Ste.": "Suite", "Mt.": "Mount", "Ft.": "Fort",
     "Inc.": "Incorporated", "Ltd.": "Limited", "Corp.": "Corporation", "Co.": "Company",
     "Dept.": "Department", "Univ.": "University", "Est.": "Established",
-    "approx.": "approximately", "dept.": "department", "est.": "estimated", "min.": "minimum",
+    "approx.": "approximately", "Approx.": "Approximately", "dept.": "department", "est.": "estimated", "min.": "minimum",
     "max.": "maximum", "misc.": "miscellaneous", "avg.": "average", "incl.": "including",
     "fig.": "figure", "Fig.": "Figure", "vol.": "volume", "Vol.": "Volume", "ch.": "chapter",
     "pp.": "pages", "p.": "page", "ext.": "extension", "tel.": "telephone", "Tel.": "Telephone",
@@ -588,6 +588,42 @@ def _zip_code(m: re.Match, british: bool) -> str:
     return spoken + (f" {num.digits(m.group('plus4'))}" if m.group("plus4") else "")
 
 
+def _time_unit(m: re.Match, british: bool) -> str:
+    """"5 min", "25 mins.", "3 hrs", "45 secs": time after a number, whatever unit_normalization
+    says ("min." alone is "minimum"; "hrs" would be spelled out); "a 5 min walk" is a five-minute
+    walk. A period that may end the sentence is kept for the splitter."""
+    unit = {"min": "minute", "hr": "hour", "sec": "second"}[m.group("u").rstrip("s")]
+    if m.group("a"):  # "a 5 min walk": a five-minute walk
+        spoken = f"{m.group('a')}{num.number(m.group('n'), british)}-{unit}"
+    else:
+        spoken = _count(m.group("n"), unit, british)
+    after = m.string[m.end():]
+    if m.group("dot") and (not after.strip(" ") or re.match(r"\s*\n|\s+[\"“(]?[A-Z]", after)):
+        spoken += "."
+    return spoken
+
+
+_FRACTION_WORDS = {(1, 2): "a half", (1, 3): "a third", (2, 3): "two thirds", (1, 4): "a quarter",
+                   (3, 4): "three quarters", (1, 8): "an eighth", (3, 8): "three eighths", (5, 8): "five eighths",
+                   (7, 8): "seven eighths"}
+
+
+def _mixed_fraction(m: re.Match, british: bool) -> str:
+    """2 1/2 -> two and a half; a pair that is no common fraction is left to the fraction rule."""
+    part = _FRACTION_WORDS.get((int(m.group("a")), int(m.group("b"))))
+    if part is None:
+        return m.group(0)
+    return f"{num.cardinal(int(m.group('w')), british)} and {part}"
+
+
+def _years_old(m: re.Match, british: bool) -> str:
+    """25 y/o: "years old", or "year-old" before a noun ("a 25 y/o man")."""
+    n = m.group("n")
+    if m.group("a"):
+        return f"{m.group('a')}{num.number(n, british)}-year-old"
+    return f"{num.number(n, british)} {'year' if n == '1' else 'years'} old"
+
+
 def _international_phone(m: re.Match, british: bool) -> str:
     """+44 20 7946 0958: a country code and groups, 8 to 15 digits in all (E.164's longest), read as
     a phone number; fewer digits are something else ("+5 10 20")."""
@@ -711,8 +747,14 @@ _rule("height", r"(?<![\w.'])(?P<ft>\d{1,2})\s?['’]\s?(?P<inch>\d{1,2}(?:\.\d+
 _rule("duration", r"(?<![\w.])(?:(?P<h>\d+)\s?(?:hrs?|h)\s?(?P<m>\d+)\s?(?:mins?|m)(?:\s?(?P<s>\d+)\s?(?:secs?|s))?"
       r"|(?P<m2>\d+)\s?(?:mins?|m)\s?(?P<s2>\d+(?:\.\d+)?)\s?(?:secs?|s)"
       r"|~\s?(?P<n>\d+(?:\.\d+)?)\s?(?P<unit>hrs?|h|mins?|secs?|s|ms))\b", _duration)
+_rule("time unit", r"(?P<a>\b[Aa]n? )?(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s?(?P<u>mins?|hrs?|secs?)\b(?P<dot>\.)?(?!/)",
+      _time_unit)
+_rule("years old", r"(?P<a>\b[Aa]n? )?(?P<n>\d{1,3})\s?y/?o\b", _years_old)
 _rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", _per,
       flags=re.IGNORECASE)
+# "10:00-11:30": two times, read "ten o'clock to eleven thirty" by the time rule after this one.
+_rule("time range", r"\b(?P<a>\d{1,2}:\d{2}(?:\s?[AaPp]\.?[Mm]\.?)?)\s?[-–]\s?(?P<b>\d{1,2}:\d{2})(?![\d:])",
+      lambda m, b: f"{m.group('a')} to {m.group('b')}")
 _rule("ratio", r"(?P<a>\d{1,2}):(?P<b>\d{1,2})(?![\d:])", _ratio)
 _TIME = r"\b(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<sec>\d{2}))?(?:\s?(?P<ampm>[AaPp]\.?[Mm]\.?(?![A-Za-z])))?"
 _rule("timestamp", r"\b(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})[T ](?P<h>\d{2}):(?P<mi>\d{2})"
@@ -730,6 +772,9 @@ _PER_UNIT = r"\s?(?:%|°\s?[CFK]?(?![A-Za-z]))"
 _rule("quantity range", r"(?<![\w.,-])(?P<c1>" + _CURRENCY_SIGN + r")?(?P<a>" + _NUM + r")(?P<u1>" + _PER_UNIT
       + r")?\s?[-–]\s?(?P<c2>" + _CURRENCY_SIGN + r")?(?P<b>" + _NUM + r")(?P<u2>" + _PER_UNIT + r")?(?![\w.,]\d)",
       _quantity_range)
+# "€4,20", "4,20 €": a euro amount with a decimal comma, as much of Europe writes it.
+_rule("euro decimal comma", r"(?P<pre>€\s?)(?P<a>\d+),(?P<c>\d{2})(?![\d,])|(?<![\d,.])(?P<a2>\d+),(?P<c2>\d{2})\s?€",
+      lambda m, b: f"€{m.group('a') or m.group('a2')}.{m.group('c') or m.group('c2')}")
 _rule("money", r"(?P<cur>US\$|[$£€¥₹₩₽])\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|bn|mm|[kKmMbBtT])\b)?"
       r"|(?P<cur2>USD|EUR|GBP|JPY)\s?(?P<amount2>" + _NUM + r")", lambda m, b: _money_any(m, b))
 _rule("money after", r"\b(?P<amount>" + _NUM + r")\s?(?P<cur>USD|EUR|GBP|JPY|€|£)(?![\w])", lambda m, b: _money_after(m, b))
@@ -739,9 +784,9 @@ _rule("temperature", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?°\s?(?P<scale>[CFK]
 _rule("version", r"(?:\b(?P<v>[vV])(?=\d)|(?<![\w.]))(?P<ver>\d+(?:\.\d+){2,})(?![\w.]\d)|\b(?P<v2>[vV])(?P<ver2>\d+\.\d+)\b",
       lambda m, b: _version_any(m, b))
 _rule("decade", r"(?<![\w'])'?(?P<n>\d{2}|1\d{3}|20\d{2})'?s\b", lambda m, b: _decade(m, b))
-# "1.5M views", "2.3bn": a decimal before M, B or T is a count. A whole number keeps its letter:
+# "1.5M views", "2.3bn", "1.2k users": a decimal before k, M, B or T is a count. A whole number keeps its letter:
 # "Room 3B", "3M" (the company), "a 7B model" (said "seven B"); so does a name's "-82M" and "5MB".
-_rule("scale", r"(?<![\w.,-])(?:(?P<n>" + _NUM + r")\s?(?P<scale>bn)|(?P<n2>\d+\.\d+)(?P<scale2>[MBT]))(?!\w|[.,]\d)",
+_rule("scale", r"(?<![\w.,-])(?:(?P<n>" + _NUM + r")\s?(?P<scale>bn)|(?P<n2>\d+\.\d+)(?P<scale2>[kKMBT]))(?!\w|[.,]\d)",
       lambda m, b: f"{num.number(m.group('n') or m.group('n2'), b)} {_SCALES[m.group('scale') or m.group('scale2')]}")
 _rule("dimensions", r"(?<![\w.])\d+(?:\.\d+)?x\d+(?:\.\d+)?(?:x\d+(?:\.\d+)?)?(?![\w.]\d|\w)", _dimensions)
 _rule("video resolution", r"\b(?P<n>480|576|720|1080|1440|2160)(?P<p>[pi])\b",
@@ -755,6 +800,7 @@ _rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
       lambda m, b: (f"{num.cardinal(int(m.group('w')), b)} and " if m.group("w") else "") + _UNICODE_FRACTIONS[m.group("f")])
 _rule("score", r"(?<![\w/.,])(?P<a>\d+\.\d+)\s?/\s?(?P<b>\d+(?:\.\d+)?)(?![\d/])",  # 4.5/5: a rating
       lambda m, b: f"{num.number(m.group('a'), b)} out of {num.number(m.group('b'), b)}")
+_rule("mixed fraction", r"(?<![\w/.,])(?P<w>\d+)[ -](?P<a>\d)/(?P<b>\d)(?![\d/])", _mixed_fraction)
 _rule("fraction", r"(?<![\d/.,])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
 _rule("unit", r"(?P<n>" + _NUM + r")\s?(?P<unit>" + "|".join(sorted((re.escape(u) for u in _UNITS), key=len, reverse=True)) + r")(?![\w/])",
       _unit, "unit_normalization")
