@@ -251,6 +251,10 @@ CASES = [
     ("Fruit, e.g. apples", "Fruit, for example apples"),
     ("Red, i.e. warm", "Red, that is warm"),
     ("Approx. 3,000 users", "Approximately three thousand users"),
+    ("Order no. 12345", "Order number one two three, four five"),  # then read as a code
+    ("Policy No. A-1234", "Policy number A, one two three four"),
+    ("No. 5 is best", "Number five is best"),
+    ("No. I will not.", "No. I will not."),
     ("Apples, pears, etc. Then more.", "Apples, pears, et cetera. Then more."),
     ("Cats vs. dogs", "Cats versus dogs"),
     ("Wait approx. 5 minutes", "Wait approximately five minutes"),

@@ -736,6 +736,9 @@ _rule("local phone", r"(?P<lead>\b(?:[Cc]all|[Tt]ext|[Dd]ial|[Pp]hone:?|[Tt]el[.
 _rule("street direction", r"(?<=\d )(?P<d>NE|NW|SE|SW|N|S|E|W)\.?(?= [A-Z0-9])",
       lambda m, b: {"N": "North", "S": "South", "E": "East", "W": "West", "NE": "Northeast", "NW": "Northwest",
                     "SE": "Southeast", "SW": "Southwest"}[m.group("d")])
+# "Order no. 12345", "Policy No. A-1234": the number sign, so the code rule after it reads the code.
+_rule("number abbreviation", r"\b[Nn]o\.(?=\s?(?:[A-Z]{1,3}-?)?\d)",
+      lambda m, b: "number" if m.string[:m.start()].rstrip()[-1:].isalnum() else "Number")
 _rule("code", r"(?P<lead>(?<![Ss]tatus )(?<![Ee]rror )(?<![Ee]xit )(?<![Rr]esponse )(?<!HTTP )\b"
       r"(?:(?P<name>(?i:" + _CODE_NAMES + r"))|(?i:" + _CODE_NOUNS + r"))(?P<sign>" + _CODE_SIGN + r")*\s*)"
       r"(?P<code>(?=[A-Z0-9-]*\d)[A-Z0-9](?:[A-Z0-9-]*[A-Z0-9])?)(?![\w.,-]\w|[\w-])",
