@@ -19,6 +19,11 @@ CASES = [
     ("It costs £3.50 or €4,20.", "It costs three pounds and fifty pence or four euros and twenty cents."),
     ("Only 4,20 € each", "Only four euros and twenty cents each"),  # a decimal comma, with the euro only
     ("€1,000 fine", "one thousand euros fine"),  # three digits after the comma: thousands still
+    ("A$20, C$15.50 or NZ$3", "twenty Australian dollars, fifteen Canadian dollars and fifty cents or three "
+                              "New Zealand dollars"),
+    ("CHF 20 or R$ 50", "twenty Swiss francs or fifty reais"),
+    ("20 CAD or 15 AUD", "twenty Canadian dollars or fifteen Australian dollars"),
+    ("₿0.5", "zero point five bitcoin"),
     ("Only $1 today", "Only one dollar today"),
     ("A $0.99 app", "A ninety-nine cents app"),
     ("Tip $0.01", "Tip one cent"),
@@ -216,6 +221,11 @@ CASES = [
     ("a 10k run", "a ten k run"),  # a whole number keeps its letter
     ("He is 25 y/o.", "He is twenty-five years old."),
     ("a 25 y/o man", "a twenty-five-year-old man"),
+    ("E = mc²", "E equals mc squared"),
+    ("3 × 10⁶ cells", "three times ten to the sixth cells"),
+    ("π ≈ 3.14", "pi about three point one four"),  # a Greek letter alone is named, not dropped
+    ("α and β testing", "alpha and beta testing"),
+    ("20µs and a 5 μm gap", "twenty microseconds and a five micrometers gap"),
     ("Preheat to 220°", "Preheat to two hundred twenty degrees"),
     ("It is 72°F outside", "It is seventy-two degrees Fahrenheit outside"),
     ("Low of -3°C", "Low of minus three degrees Celsius"),

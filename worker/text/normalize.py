@@ -132,6 +132,14 @@ _CURRENCIES = {  # symbol or code -> (singular, plural, cent singular, cent plur
     "₩": ("won", "won", "", ""), "₽": ("ruble", "rubles", "kopek", "kopeks"),
     "USD": ("dollar", "dollars", "cent", "cents"), "EUR": ("euro", "euros", "cent", "cents"),
     "GBP": ("pound", "pounds", "penny", "pence"), "JPY": ("yen", "yen", "", ""),
+    "A$": ("Australian dollar", "Australian dollars", "cent", "cents"), "AU$": ("Australian dollar", "Australian dollars", "cent", "cents"),
+    "AUD": ("Australian dollar", "Australian dollars", "cent", "cents"),
+    "C$": ("Canadian dollar", "Canadian dollars", "cent", "cents"), "CA$": ("Canadian dollar", "Canadian dollars", "cent", "cents"),
+    "CAD": ("Canadian dollar", "Canadian dollars", "cent", "cents"),
+    "NZ$": ("New Zealand dollar", "New Zealand dollars", "cent", "cents"), "NZD": ("New Zealand dollar", "New Zealand dollars", "cent", "cents"),
+    "HK$": ("Hong Kong dollar", "Hong Kong dollars", "cent", "cents"), "S$": ("Singapore dollar", "Singapore dollars", "cent", "cents"),
+    "R$": ("real", "reais", "centavo", "centavos"), "CHF": ("Swiss franc", "Swiss francs", "centime", "centimes"),
+    "INR": ("rupee", "rupees", "paisa", "paise"), "CNY": ("yuan", "yuan", "", ""), "₿": ("bitcoin", "bitcoin", "", ""),
 }
 _SCALES = {"k": "thousand", "K": "thousand", "m": "million", "M": "million", "mm": "million",
            "b": "billion", "B": "billion", "bn": "billion", "t": "trillion", "T": "trillion",
@@ -465,6 +473,21 @@ def _day_abbr(m: re.Match, british: bool) -> str:
     return _sentence_end_kept(m, _DAYS[m.group("d").lower()])
 
 
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
+
+
+def _power(m: re.Match, british: bool) -> str:
+    """x² -> x squared, m³ -> m cubed, 10⁶ -> 10 to the sixth."""
+    n = int(m.group("sup").translate(_SUPERSCRIPTS))
+    return {2: " squared", 3: " cubed"}.get(n, f" to the {num.ordinal(n, british)}")
+
+
+# A Greek letter on its own, in English text (math, physics, versions): its name.
+_GREEK = {"α": "alpha", "β": "beta", "γ": "gamma", "δ": "delta", "Δ": "delta", "ε": "epsilon", "θ": "theta",
+          "λ": "lambda", "μ": "mu", "π": "pi", "σ": "sigma", "Σ": "sigma", "τ": "tau", "φ": "phi", "χ": "chi",
+          "ψ": "psi", "ω": "omega", "Ω": "omega"}
+
+
 def _symbol_words(m: re.Match, british: bool) -> str:
     return {"&": " and ", "@": " at ", "+": " plus ", "=": " equals ", "%": " percent ", "×": " times ",
             "÷": " divided by ", "°": " degrees ", "§": " section ", "¶": " paragraph ", "~": " about ",
@@ -770,7 +793,8 @@ _rule("day month", r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>Januar
       _day_month)
 _rule("time", _TIME, _time)
 _rule("hour am/pm", r"\b(?P<h>\d{1,2})\s?(?P<ampm>[AaPp]\.[Mm]\.|[AaPp][Mm]\b)", _hour_ampm)
-_CURRENCY_SIGN = r"US\$|[$£€¥₹₩₽]"
+_CURRENCY_SIGN = r"(?<![A-Za-z])(?:US|AU|CA|NZ|HK|[ACSR])\$|[$£€¥₹₩₽₿]"
+_CURRENCY_CODE = r"USD|EUR|GBP|JPY|AUD|CAD|NZD|CHF|INR|CNY"
 _PER_UNIT = r"\s?(?:%|°\s?[CFK]?(?![A-Za-z]))"
 _rule("quantity range", r"(?<![\w.,-])(?P<c1>" + _CURRENCY_SIGN + r")?(?P<a>" + _NUM + r")(?P<u1>" + _PER_UNIT
       + r")?\s?[-–]\s?(?P<c2>" + _CURRENCY_SIGN + r")?(?P<b>" + _NUM + r")(?P<u2>" + _PER_UNIT + r")?(?![\w.,]\d)",
@@ -778,9 +802,9 @@ _rule("quantity range", r"(?<![\w.,-])(?P<c1>" + _CURRENCY_SIGN + r")?(?P<a>" + 
 # "€4,20", "4,20 €": a euro amount with a decimal comma, as much of Europe writes it.
 _rule("euro decimal comma", r"(?P<pre>€\s?)(?P<a>\d+),(?P<c>\d{2})(?![\d,])|(?<![\d,.])(?P<a2>\d+),(?P<c2>\d{2})\s?€",
       lambda m, b: f"€{m.group('a') or m.group('a2')}.{m.group('c') or m.group('c2')}")
-_rule("money", r"(?P<cur>US\$|[$£€¥₹₩₽])\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|bn|mm|[kKmMbBtT])\b)?"
-      r"|(?P<cur2>USD|EUR|GBP|JPY)\s?(?P<amount2>" + _NUM + r")", lambda m, b: _money_any(m, b))
-_rule("money after", r"\b(?P<amount>" + _NUM + r")\s?(?P<cur>USD|EUR|GBP|JPY|€|£)(?![\w])", lambda m, b: _money_after(m, b))
+_rule("money", r"(?P<cur>" + _CURRENCY_SIGN + r")\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|bn|mm|[kKmMbBtT])\b)?"
+      r"|\b(?P<cur2>" + _CURRENCY_CODE + r")\s?(?P<amount2>" + _NUM + r")", lambda m, b: _money_any(m, b))
+_rule("money after", r"\b(?P<amount>" + _NUM + r")\s?(?P<cur>" + _CURRENCY_CODE + r"|€|£)(?![\w])", lambda m, b: _money_after(m, b))
 _rule("cents", r"\b(?P<n>\d+)\s?¢", lambda m, b: f"{num.cardinal(int(m.group('n')), b)} {'cent' if m.group('n') == '1' else 'cents'}")
 _rule("percent", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?%", _percent)
 _rule("temperature", r"(?P<n>[-\u2212]?(?:" + _NUM + r"))\s?°\s?(?P<scale>[CFK](?![A-Za-z]))?", _temperature)
@@ -805,6 +829,9 @@ _rule("score", r"(?<![\w/.,])(?P<a>\d+\.\d+)\s?/\s?(?P<b>\d+(?:\.\d+)?)(?![\d/])
       lambda m, b: f"{num.number(m.group('a'), b)} out of {num.number(m.group('b'), b)}")
 _rule("mixed fraction", r"(?<![\w/.,])(?P<w>\d+)[ -](?P<a>\d)/(?P<b>\d)(?![\d/])", _mixed_fraction)
 _rule("fraction", r"(?<![\d/.,])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
+_rule("power", r"(?<=[\w)])(?P<sup>[⁰¹²³⁴⁵⁶⁷⁸⁹]+)", _power)
+_rule("micro unit", r"(?<![A-Za-z_\u0370-\u03ff])[μµ](?P<u>[mgsLl])\b",
+      lambda m, b: {"m": "micrometers", "g": "micrograms", "s": "microseconds"}.get(m.group("u"), "microliters"))
 _rule("unit", r"(?P<n>" + _NUM + r")\s?(?P<unit>" + "|".join(sorted((re.escape(u) for u in _UNITS), key=len, reverse=True)) + r")(?![\w/])",
       _unit, "unit_normalization")
 _rule("range", r"(?<![\w.,-])(?P<a>" + _NUM + r")\s?[-–]\s?(?P<b>" + _NUM + r")(?![\w.,]\d|-)", _range)
@@ -823,6 +850,8 @@ _rule("dotted name", r"\b[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
       lambda m, b: _dotted_name(m.group(0)), "url_normalization")
 _rule("number", _NUM, _plain_number)
 _rule("slash between words", r"(?<=[A-Za-z])/(?=[A-Za-z])", lambda m, b: " ")
+_rule("greek letter", r"(?<![\u0370-\u03ff\u1f00-\u1fff])[" + "".join(_GREEK) + r"](?![\u0370-\u03ff\u1f00-\u1fff])",
+      lambda m, b: f" {_GREEK[m.group(0)]} ", "replace_remaining_symbols")
 _rule("symbols", r"[&@+=%×÷°§¶~<>≤≥≈±→←#™®©|\\^*_`{}•·]", _symbol_words, "replace_remaining_symbols")
 
 
