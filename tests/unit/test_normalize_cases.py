@@ -215,6 +215,8 @@ CASES = [
     ("The 100m 200m and 400m races", "The one hundred m two hundred m and four hundred m races"),  # meters, not minutes
     # --- measurements, fractions ---
     ("2 1/2 hours", "two and a half hours"),
+    ("It happened on 3/4.", "It happened on March fourth."),  # after "on", a date
+    ("add 3/4 cup, due 1/2", "add three quarters cup, due January second"),
     ("add 1 3/4 cups", "add one and three quarters cups"),
     ("a 2-1/2 inch pipe", "a two and a half inch pipe"),
     ("Rated 4.5/5 by 1.2k users", "Rated four point five out of five by one point two thousand users"),

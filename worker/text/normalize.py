@@ -418,13 +418,13 @@ def _unit(m: re.Match, british: bool) -> str:
 
 
 def _fraction(m: re.Match, british: bool) -> str:
-    """1/2 and 3/4 are fractions; 7/10 and 4/5 are scores ("seven out of ten"); 12/25 is a date;
-    24/7 and 50/50 are read as two numbers."""
+    """1/2 and 3/4 are fractions, but dates after "on", "until", "due"...; 7/10 and 4/5 are scores
+    ("seven out of ten"); 12/25 is a date; 24/7 and 50/50 are read as two numbers."""
     a, b = int(m.group("a")), int(m.group("b"))
     if (a, b) == (9, 11):
         return "nine eleven"  # the day itself, as Americans name it
     names = {2: ("half", "halves"), 3: ("third", "thirds"), 4: ("quarter", "quarters")}
-    if 0 < a < b <= 10:
+    if 0 < a < b <= 10 and not _BEFORE_DATE.search(m.string, 0, m.start()):
         if b in names:
             word = names[b][0] if a == 1 else names[b][1]
             return f"{num.cardinal(a)} {word}"
@@ -434,6 +434,9 @@ def _fraction(m: re.Match, british: bool) -> str:
         return _say_date(None, month, day, british)
     return f"{num.cardinal(a)} {num.cardinal(b)}"
 
+
+# "on 3/4", "due 1/2": a date, not three quarters or one half.
+_BEFORE_DATE = re.compile(r"\b(?:[Oo]n|[Uu]ntil|[Ss]ince|[Dd]ue|[Tt]hrough|[Tt]hru)\s+$")
 
 _UNICODE_FRACTIONS = {"½": "one half", "⅓": "one third", "⅔": "two thirds", "¼": "one quarter",
                       "¾": "three quarters", "⅛": "one eighth", "⅜": "three eighths", "⅝": "five eighths",
