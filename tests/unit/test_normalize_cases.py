@@ -420,3 +420,32 @@ def test_suite_size():
     from test_g2p_cases import G2P_CASES
 
     assert len(CASES) + len(UNIT_CASES) + len(BRITISH_CASES) + len(MARKUP_CASES) + len(G2P_CASES) >= 150
+
+
+# espeak-ng reads the numbers of these languages, but a sign alone would be silent: its word is added.
+# cn2an reads Mandarin's.
+OTHER_LANGUAGE_CASES = [
+    ("e", "Cuesta 25,50 € y es el 50% del total.", "Cuesta 25,50 euros y es el 50 por ciento del total."),
+    ("e", "Son $20 o 1 €.", "Son 20 dólares o 1 euro."),
+    ("f", "Il coûte 12,99 € soit 5 %.", "Il coûte 12,99 euros soit 5 pour cent."),
+    ("i", "Costa 5 € al 50%.", "Costa 5 euro al 50 per cento."),
+    ("p", "Custa R$ 20,00 ou US$ 5.", "Custa 20,00 reais ou 5 dólares."),
+    ("h", "यह ₹25 का है, 10% छूट।", "यह 25 रुपये का है, 10 प्रतिशत छूट।"),
+    # Mandarin: a phone number or an area code digit by digit (1 as 幺), an amount as an amount
+    ("z", "我的电话是13812345678。", "我的电话是幺三八幺二三四五六七八。"),
+    ("z", "电话 010-12345678", "电话 零幺零-幺二三四五六七八"),
+    ("z", "价格是1500元，打8折。", "价格是一千五百元，打八折。"),
+]
+
+
+@pytest.mark.parametrize("lang, text, expected", OTHER_LANGUAGE_CASES, ids=[c[1] for c in OTHER_LANGUAGE_CASES])
+def test_signs_in_languages_espeak_reads(lang, text, expected):
+    assert normalize_text(text, lang_code=lang) == expected
+
+
+def test_the_sign_is_spoken_through_to_the_phonemes():
+    from worker.text import text_to_chunks
+
+    phonemes = " ".join(c.phonemes for c in text_to_chunks("Costa 5 € al 50%.", "i"))
+    plain = " ".join(c.phonemes for c in text_to_chunks("Costa 5 al 50.", "i"))
+    assert len(phonemes) > len(plain) + 10  # "euro" and "per cento" said, not dropped
