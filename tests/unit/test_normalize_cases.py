@@ -422,8 +422,8 @@ def test_suite_size():
     assert len(CASES) + len(UNIT_CASES) + len(BRITISH_CASES) + len(MARKUP_CASES) + len(G2P_CASES) >= 150
 
 
-# espeak-ng reads the numbers of these languages, but a sign alone would be silent: its word is added.
-# cn2an reads Mandarin's.
+# espeak-ng reads the numbers of these languages, but a sign alone would be silent and a date read
+# with its slashes (worker/text/localized.py). cn2an reads Mandarin's.
 OTHER_LANGUAGE_CASES = [
     ("e", "Cuesta 25,50 € y es el 50% del total.", "Cuesta 25,50 euros y es el 50 por ciento del total."),
     ("e", "Son $20 o 1 €.", "Son 20 dólares o 1 euro."),
@@ -431,6 +431,14 @@ OTHER_LANGUAGE_CASES = [
     ("i", "Costa 5 € al 50%.", "Costa 5 euro al 50 per cento."),
     ("p", "Custa R$ 20,00 ou US$ 5.", "Custa 20,00 reais ou 5 dólares."),
     ("h", "यह ₹25 का है, 10% छूट।", "यह 25 रुपये का है, 10 प्रतिशत छूट।"),
+    # dates, day first and with a year; clock times as each language says them
+    ("e", "La cita es el 3/4/2025 a las 14:30.", "La cita es el 3 de abril de 2025 a las 14 y 30."),
+    ("e", "a las 9:05, o a las 10:00", "a las 9 y 5, o a las 10 en punto"),
+    ("f", "Rendez-vous le 01/04/2025 à 14h30.", "Rendez-vous le premier avril 2025 à 14 heures 30."),
+    ("i", "Il 3/4/2025 alle 14:00.", "Il 3 aprile 2025 alle 14 in punto."),
+    ("p", "Em 03/04/25 às 14h.", "Em 3 de abril de 25 às 14 horas."),
+    ("h", "3/4/2025 को", "3 अप्रैल 2025 को"),
+    ("e", "el 3/4 y el 32/13/2025", "el 3/4 y el 32/13/2025"),  # no year, no such date: left as written
     # Mandarin: a phone number or an area code digit by digit (1 as 幺), an amount as an amount
     ("z", "我的电话是13812345678。", "我的电话是幺三八幺二三四五六七八。"),
     ("z", "电话 010-12345678", "电话 零幺零-幺二三四五六七八"),

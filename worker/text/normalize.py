@@ -18,6 +18,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Callable
 
+from worker.text import localized
 from worker.text import numbers as num
 from worker.text.lexicon import Lexicon
 from worker.text.markup import read_markup
@@ -77,43 +78,15 @@ def clean_text(text: str) -> str:
 
 _JAPANESE_RANGE = re.compile(r"[〜～](?=\d)")
 
-# The languages espeak-ng reads (worker/text/g2p.py): it reads their numbers, but a sign alone
-# ("50%", "25 €", "$20") is no word to it and would be silent. Each sign's words: (singular, plural).
-_SYMBOL_WORDS = {
-    "e": {"%": ("por ciento", "por ciento"), "€": ("euro", "euros"), "$": ("dólar", "dólares"),
-          "£": ("libra", "libras"), "R$": ("real", "reales"), "₹": ("rupia", "rupias"), "¥": ("yen", "yenes")},
-    "f": {"%": ("pour cent", "pour cent"), "€": ("euro", "euros"), "$": ("dollar", "dollars"),
-          "£": ("livre", "livres"), "R$": ("réal", "réais"), "₹": ("roupie", "roupies"), "¥": ("yen", "yens")},
-    "i": {"%": ("per cento", "per cento"), "€": ("euro", "euro"), "$": ("dollaro", "dollari"),
-          "£": ("sterlina", "sterline"), "R$": ("real", "real"), "₹": ("rupia", "rupie"), "¥": ("yen", "yen")},
-    "p": {"%": ("por cento", "por cento"), "€": ("euro", "euros"), "$": ("dólar", "dólares"),
-          "£": ("libra", "libras"), "R$": ("real", "reais"), "₹": ("rupia", "rupias"), "¥": ("iene", "ienes")},
-    "h": {"%": ("प्रतिशत", "प्रतिशत"), "€": ("यूरो", "यूरो"), "$": ("डॉलर", "डॉलर"), "£": ("पाउंड", "पाउंड"),
-          "R$": ("रियाल", "रियाल"), "₹": ("रुपया", "रुपये"), "¥": ("येन", "येन")},
-}
-_AMOUNT = r"\d+(?:[.,\s]\d{3})*(?:[.,]\d+)?"
-_SIGN_BEFORE = re.compile(r"(?P<sign>R\$|US\$|[$€£₹¥])\s?(?P<n>" + _AMOUNT + r")")
-_SIGN_AFTER = re.compile(r"(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥$])")
-
-
-def _spoken_symbols(text: str, lang_code: str) -> str:
-    """"al 50%" -> "al 50 per cento", "25,50 €" and "€25,50" -> "25,50 euros": the number stays for
-    espeak-ng to read, the sign becomes its word after it, singular after a bare 1."""
-    words = _SYMBOL_WORDS[lang_code]
-
-    def say(m: re.Match) -> str:
-        singular, plural = words[m.group("sign").replace("US$", "$")]
-        return f"{m.group('n')} {singular if m.group('n') == '1' else plural}"
-    return _SIGN_AFTER.sub(say, _SIGN_BEFORE.sub(say, text))
 
 
 def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a",
                    lexicon: Lexicon | None = None) -> str:
     """Normalize `text` for `lang_code` (English rules for `a` and `b`; Mandarin's numbers read out
     by cn2an, as misaki does, so "10%" becomes 百分之十; Japanese's wave dash before a number read
-    "kara"; Spanish, French, Italian, Portuguese and Hindi get their words for percent and currency
-    signs, which espeak-ng would drop, and read their numbers themselves, as misaki's Japanese
-    reader does). Markdown, HTML and SSML are first read as rendered text, in every
+    "kara"; Spanish, French, Italian, Portuguese and Hindi get dates, times and the signs espeak-ng
+    would drop in words (worker/text/localized.py), and espeak-ng reads their numbers, as misaki's
+    Japanese reader does). Markdown, HTML and SSML are first read as rendered text, in every
     language (`read_markup`); then the deployment's `lexicon` (KOKORO_LEXICON) marks its words as
     Kokoro's pronunciation links, which, like its pause tags, pass through untouched."""
     options = options or NormalizationOptions()
@@ -122,11 +95,11 @@ def normalize_text(text: str, options: NormalizationOptions | None = None, lang_
         text = read_markup(text)
     if lexicon:  # after the markup (a link's text is a word again), before any rule reads the words
         text = lexicon.mark(text, lang_code)
-    if not options.normalize or lang_code not in ("a", "b", "j", "z", *_SYMBOL_WORDS):
+    if not options.normalize or lang_code not in ("a", "b", "j", "z", *localized.LANGUAGES):
         return text
-    if lang_code in _SYMBOL_WORDS:
+    if lang_code in localized.LANGUAGES:
         def rules(piece: str) -> str:
-            return _spoken_symbols(piece, lang_code)
+            return localized.normalize(piece, lang_code)
     elif lang_code == "z":
         from worker.text.mandarin import spoken_numbers
 

@@ -1,0 +1,93 @@
+"""Dates, times and signs in the languages espeak-ng reads (Spanish `e`, French `f`, Italian `i`,
+Portuguese `p`, Hindi `h`; worker/text/g2p.py).
+
+espeak-ng reads their numbers well, so a number stays a number here. What it reads badly is what is
+around them: a sign alone is no word to it and is silent ("al 50%" came out "al cinquanta"), a date
+is read with its slashes ("tres barra cuatro barra dos mil veinticinco") and French "14h30" with the
+letter h ("quatorze ache trente"). So, before espeak-ng:
+
+    "Cuesta 25,50 € (50%)."     -> "Cuesta 25,50 euros (50 por ciento)."
+    "el 3/4/2025 a las 14:30"   -> "el 3 de abril de 2025 a las 14 y 30"
+    "le 01/04/2025 à 14h30"     -> "le premier avril 2025 à 14 heures 30"
+
+Dates are day first, as these languages write them, and only with a year: "3/4" alone may be a
+fraction. Times are read as people say a clock in each language, the hour then the minutes.
+"""
+
+from __future__ import annotations
+
+import re
+
+LANGUAGES = ("e", "f", "i", "p", "h")
+
+# Each sign's words: (singular, plural), said after the amount.
+_SIGNS = {
+    "e": {"%": ("por ciento", "por ciento"), "€": ("euro", "euros"), "$": ("dólar", "dólares"),
+          "£": ("libra", "libras"), "R$": ("real", "reales"), "₹": ("rupia", "rupias"), "¥": ("yen", "yenes")},
+    "f": {"%": ("pour cent", "pour cent"), "€": ("euro", "euros"), "$": ("dollar", "dollars"),
+          "£": ("livre", "livres"), "R$": ("réal", "réais"), "₹": ("roupie", "roupies"), "¥": ("yen", "yens")},
+    "i": {"%": ("per cento", "per cento"), "€": ("euro", "euro"), "$": ("dollaro", "dollari"),
+          "£": ("sterlina", "sterline"), "R$": ("real", "real"), "₹": ("rupia", "rupie"), "¥": ("yen", "yen")},
+    "p": {"%": ("por cento", "por cento"), "€": ("euro", "euros"), "$": ("dólar", "dólares"),
+          "£": ("libra", "libras"), "R$": ("real", "reais"), "₹": ("rupia", "rupias"), "¥": ("iene", "ienes")},
+    "h": {"%": ("प्रतिशत", "प्रतिशत"), "€": ("यूरो", "यूरो"), "$": ("डॉलर", "डॉलर"), "£": ("पाउंड", "पाउंड"),
+          "R$": ("रियाल", "रियाल"), "₹": ("रुपया", "रुपये"), "¥": ("येन", "येन")},
+}
+_AMOUNT = r"\d+(?:[.,\s]\d{3})*(?:[.,]\d+)?"
+_SIGN_BEFORE = re.compile(r"(?P<sign>R\$|US\$|[$€£₹¥])\s?(?P<n>" + _AMOUNT + r")")
+_SIGN_AFTER = re.compile(r"(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥$])")
+
+_MONTHS = {
+    "e": "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",
+    "f": "janvier février mars avril mai juin juillet août septembre octobre novembre décembre",
+    "i": "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre",
+    "p": "janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro",
+    "h": "जनवरी फ़रवरी मार्च अप्रैल मई जून जुलाई अगस्त सितंबर अक्टूबर नवंबर दिसंबर",
+}
+_DATE_FORMAT = {"e": "{d} de {month} de {y}", "f": "{d} {month} {y}", "i": "{d} {month} {y}",
+                "p": "{d} de {month} de {y}", "h": "{d} {month} {y}"}
+_FIRST_DAY = {"f": "premier", "i": "primo", "p": "primeiro"}  # "le premier avril", not "le un avril"
+_DATE = re.compile(r"(?<![\d/.-])(?P<d>\d{1,2})(?P<sep>[/.-])(?P<m>\d{1,2})(?P=sep)(?P<y>\d{4}|\d{2})(?![\d/.-]|[.,]\d)")
+
+# 24-hour clock times; French and Portuguese also write "14h30" and "14h".
+_CLOCK = re.compile(r"(?<![\d:])(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?![\d:])")
+_H_CLOCK = re.compile(r"(?<![\w:])(?P<h>[01]?\d|2[0-3])h(?P<m>[0-5]\d)?(?!\w)")
+
+
+def _time_words(lang: str, hour: int, minute: int) -> str | None:
+    if lang == "e":
+        return f"{hour} y {minute}" if minute else f"{hour} en punto"
+    if lang == "f":
+        hours = "heure" if hour <= 1 else "heures"
+        return f"{hour} {hours} {minute}" if minute else f"{hour} {hours}"
+    if lang == "i":
+        return f"{hour} e {minute}" if minute else f"{hour} in punto"
+    if lang == "p":
+        return f"{hour} e {minute}" if minute else f"{hour} {'hora' if hour == 1 else 'horas'}"
+    return None  # Hindi writes "14:30 बजे", which espeak-ng reads as it is
+
+
+def normalize(text: str, lang: str) -> str:
+    """Signs, dates and clock times of `text` in `lang` (one of LANGUAGES) as words espeak-ng reads."""
+    words = _SIGNS[lang]
+
+    def sign(m: re.Match) -> str:
+        singular, plural = words[m.group("sign").replace("US$", "$")]
+        return f"{m.group('n')} {singular if m.group('n') == '1' else plural}"
+
+    def date(m: re.Match) -> str:
+        day, month, year = int(m.group("d")), int(m.group("m")), m.group("y")
+        if not (1 <= day <= 31 and 1 <= month <= 12):
+            return m.group(0)
+        spoken_day = _FIRST_DAY.get(lang, "1") if day == 1 else str(day)
+        return _DATE_FORMAT[lang].format(d=spoken_day, month=_MONTHS[lang].split()[month - 1], y=year)
+
+    def clock(m: re.Match) -> str:
+        spoken = _time_words(lang, int(m.group("h")), int(m.group("m") or 0))
+        return spoken if spoken is not None else m.group(0)
+
+    text = _DATE.sub(date, text)
+    if lang in ("f", "p"):
+        text = _H_CLOCK.sub(clock, text)
+    text = _CLOCK.sub(clock, text)
+    return _SIGN_AFTER.sub(sign, _SIGN_BEFORE.sub(sign, text))
