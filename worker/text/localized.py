@@ -1,24 +1,29 @@
-"""Dates, times and signs in the languages espeak-ng reads (Spanish `e`, French `f`, Italian `i`,
-Portuguese `p`, Hindi `h`; worker/text/g2p.py).
+"""Dates, times and signs in the languages other than English (Spanish `e`, French `f`, Italian `i`,
+Portuguese `p`, Hindi `h`, read by espeak-ng; Mandarin `z` and Japanese `j`, read by misaki's
+readers after cn2an; worker/text/g2p.py).
 
-espeak-ng reads their numbers well, so a number stays a number here. What it reads badly is what is
-around them: a sign alone is no word to it and is silent ("al 50%" came out "al cinquanta"), a date
-is read with its slashes ("tres barra cuatro barra dos mil veinticinco") and French "14h30" with the
-letter h ("quatorze ache trente"). So, before espeak-ng:
+Those readers say the numbers well, so a number stays a number here. What they read badly is what
+is around them: a sign alone is no word to them and is silent ("al 50%" came out "al cinquanta",
+"$20です" "nijuu desu"), a date is read with its slashes ("tres barra cuatro barra dos mil
+veinticinco"; cn2an made "2025/4" a fraction) and French "14h30" with the letter h ("quatorze ache
+trente"). So, before them:
 
     "Cuesta 25,50 € (50%)."     -> "Cuesta 25,50 euros (50 por ciento)."
     "el 3/4/2025 a las 14:30"   -> "el 3 de abril de 2025 a las 14 y 30"
     "le 01/04/2025 à 14h30"     -> "le premier avril 2025 à 14 heures 30"
+    "2025/4/3 14:30、$20"        -> "2025年4月3日 14点30分、20美元" (Mandarin; Japanese 14時30分、20ドル)
 
-Dates are day first, as these languages write them, and only with a year: "3/4" alone may be a
-fraction. Times are read as people say a clock in each language, the hour then the minutes.
+Dates are day first in the languages that write them so, year first in Mandarin and Japanese, and
+only with a year: "3/4" alone may be a fraction. Times are read as people say a clock in each
+language, the hour then the minutes.
 """
 
 from __future__ import annotations
 
 import re
 
-LANGUAGES = ("e", "f", "i", "p", "h")
+LANGUAGES = ("e", "f", "i", "p", "h", "z", "j")
+_YEAR_FIRST = ("z", "j")
 
 # Each sign's words: (singular, plural), said after the amount.
 _SIGNS = {
@@ -32,10 +37,16 @@ _SIGNS = {
           "£": ("libra", "libras"), "R$": ("real", "reais"), "₹": ("rupia", "rupias"), "¥": ("iene", "ienes")},
     "h": {"%": ("प्रतिशत", "प्रतिशत"), "€": ("यूरो", "यूरो"), "$": ("डॉलर", "डॉलर"), "£": ("पाउंड", "पाउंड"),
           "R$": ("रियाल", "रियाल"), "₹": ("रुपया", "रुपये"), "¥": ("येन", "येन")},
+    # Mandarin's percent is cn2an's (百分之五十: the word comes first there)
+    "z": {"€": ("欧元", "欧元"), "$": ("美元", "美元"), "£": ("英镑", "英镑"), "R$": ("雷亚尔", "雷亚尔"),
+          "₹": ("卢比", "卢比"), "¥": ("元", "元"), "￥": ("元", "元")},
+    "j": {"%": ("パーセント", "パーセント"), "€": ("ユーロ", "ユーロ"), "$": ("ドル", "ドル"), "£": ("ポンド", "ポンド"),
+          "R$": ("レアル", "レアル"), "₹": ("ルピー", "ルピー"), "¥": ("円", "円"), "￥": ("円", "円")},
 }
 _AMOUNT = r"\d+(?:[.,\s]\d{3})*(?:[.,]\d+)?"
-_SIGN_BEFORE = re.compile(r"(?P<sign>R\$|US\$|[$€£₹¥])\s?(?P<n>" + _AMOUNT + r")")
-_SIGN_AFTER = re.compile(r"(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥$])")
+_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_SIGN_BEFORE = re.compile(r"(?P<sign>R\$|US\$|[$€£₹¥￥])\s?(?P<n>" + _AMOUNT + r")")
+_SIGN_AFTER = re.compile(r"(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥￥$])")
 
 _MONTHS = {
     "e": "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",
@@ -45,9 +56,15 @@ _MONTHS = {
     "h": "जनवरी फ़रवरी मार्च अप्रैल मई जून जुलाई अगस्त सितंबर अक्टूबर नवंबर दिसंबर",
 }
 _DATE_FORMAT = {"e": "{d} de {month} de {y}", "f": "{d} {month} {y}", "i": "{d} {month} {y}",
-                "p": "{d} de {month} de {y}", "h": "{d} {month} {y}"}
+                "p": "{d} de {month} de {y}", "h": "{d} {month} {y}", "z": "{y}年{m}月{d}日", "j": "{y}年{m}月{d}日"}
 _FIRST_DAY = {"f": "premier", "i": "primo", "p": "primeiro"}  # "le premier avril", not "le un avril"
 _DATE = re.compile(r"(?<![\d/.-])(?P<d>\d{1,2})(?P<sep>[/.-])(?P<m>\d{1,2})(?P=sep)(?P<y>\d{4}|\d{2})(?![\d/.-]|[.,]\d)")
+_YEAR_FIRST_DATE = re.compile(r"(?<![\d/.-])(?P<y>\d{4})(?P<sep>[/.-])(?P<m>\d{1,2})(?P=sep)(?P<d>\d{1,2})(?![\d/.-]|[.,]\d)")
+
+# Japanese phone numbers ("03-1234-5678", "09012345678"), digit by digit as they are said, the
+# groups apart; misaki would read each group as an amount ("san sen nihyaku...").
+_JA_PHONE = re.compile(r"(?<![\d-])\d{2,4}-\d{2,4}-\d{3,4}(?![\d-])|(?<![\d.,])0\d{9,10}(?![\d.,])")
+_JA_DIGITS = ("ゼロ", "イチ", "ニー", "サン", "ヨン", "ゴー", "ロク", "ナナ", "ハチ", "キュー")
 
 # 24-hour clock times; French and Portuguese also write "14h30" and "14h".
 _CLOCK = re.compile(r"(?<![\d:])(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?![\d:])")
@@ -64,6 +81,10 @@ def _time_words(lang: str, hour: int, minute: int) -> str | None:
         return f"{hour} e {minute}" if minute else f"{hour} in punto"
     if lang == "p":
         return f"{hour} e {minute}" if minute else f"{hour} {'hora' if hour == 1 else 'horas'}"
+    if lang == "z":
+        return f"{hour}点{minute}分" if minute else f"{hour}点"
+    if lang == "j":
+        return f"{hour}時{minute}分" if minute else f"{hour}時"
     return None  # Hindi writes "14:30 बजे", which espeak-ng reads as it is
 
 
@@ -71,14 +92,20 @@ def normalize(text: str, lang: str) -> str:
     """Signs, dates and clock times of `text` in `lang` (one of LANGUAGES) as words espeak-ng reads."""
     words = _SIGNS[lang]
 
+    space = "" if lang in _YEAR_FIRST else " "  # Mandarin and Japanese put no space before a unit
+
     def sign(m: re.Match) -> str:
-        singular, plural = words[m.group("sign").replace("US$", "$")]
-        return f"{m.group('n')} {singular if m.group('n') == '1' else plural}"
+        said = words.get(m.group("sign").replace("US$", "$"))
+        if said is None:  # Mandarin's %: cn2an's
+            return m.group(0)
+        return f"{m.group('n')}{space}{said[0] if m.group('n') == '1' else said[1]}"
 
     def date(m: re.Match) -> str:
         day, month, year = int(m.group("d")), int(m.group("m")), m.group("y")
         if not (1 <= day <= 31 and 1 <= month <= 12):
             return m.group(0)
+        if lang in _YEAR_FIRST:
+            return _DATE_FORMAT[lang].format(y=year, m=month, d=day)
         spoken_day = _FIRST_DAY.get(lang, "1") if day == 1 else str(day)
         return _DATE_FORMAT[lang].format(d=spoken_day, month=_MONTHS[lang].split()[month - 1], y=year)
 
@@ -86,7 +113,12 @@ def normalize(text: str, lang: str) -> str:
         spoken = _time_words(lang, int(m.group("h")), int(m.group("m") or 0))
         return spoken if spoken is not None else m.group(0)
 
-    text = _DATE.sub(date, text)
+    if lang == "j":
+        text = _JA_PHONE.sub(lambda m: "、".join("".join(_JA_DIGITS[int(c)] for c in group)
+                                                for group in m.group(0).split("-")), text)
+    if lang in _YEAR_FIRST:  # "1,500円": misaki and cn2an read a thousands comma as a pause
+        text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)
+    text = (_YEAR_FIRST_DATE if lang in _YEAR_FIRST else _DATE).sub(date, text)
     if lang in ("f", "p"):
         text = _H_CLOCK.sub(clock, text)
     text = _CLOCK.sub(clock, text)

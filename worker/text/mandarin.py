@@ -46,16 +46,20 @@ def _segmenter():
 # A run of 7 or more digits is a phone number, an ID or an order number, and one with a leading 0 an
 # area code ("010"): read digit by digit, 1 as 幺 (yāo) as Chinese speakers say it in numbers, not
 # as one amount ("13812345678" would be 一百三十八亿...).
-_DIGIT_RUN = regex.compile(r"(?<![\d.])(?:\d{7,}|0\d{2,})(?![\d.])")
+_DIGIT_RUN = regex.compile(r"(?<![\d.,])(?:\d{7,}|0\d{2,})(?![\d.]|,\d)")  # not a part of 1,400,000
 _DIGITS = str.maketrans("0123456789", "零幺二三四五六七八九")
 
 
+def digit_strings(text: str) -> str:
+    """Phone, order and area-code numbers as digits read one by one ("13812345678" ->
+    "幺三八幺二三四五六七八"), before anything reads them as amounts."""
+    return _DIGIT_RUN.sub(lambda m: m.group(0).translate(_DIGITS), text)
+
+
 def spoken_numbers(text: str) -> str:
-    """Arabic numerals -> Chinese numerals as read ("2024年" -> "二零二四年", "50%" -> "百分之五十",
-    "13812345678" -> "幺三八幺二三四五六七八")."""
+    """Arabic numerals -> Chinese numerals as read ("2024年" -> "二零二四年", "50%" -> "百分之五十")."""
     import cn2an
 
-    text = _DIGIT_RUN.sub(lambda m: m.group(0).translate(_DIGITS), text)
     try:
         return cn2an.transform(text, "an2cn")
     except (ValueError, KeyError, IndexError) as exc:  # cn2an raises on shapes it cannot read

@@ -82,11 +82,11 @@ _JAPANESE_RANGE = re.compile(r"[〜～](?=\d)")
 
 def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a",
                    lexicon: Lexicon | None = None) -> str:
-    """Normalize `text` for `lang_code` (English rules for `a` and `b`; Mandarin's numbers read out
-    by cn2an, as misaki does, so "10%" becomes 百分之十; Japanese's wave dash before a number read
-    "kara"; Spanish, French, Italian, Portuguese and Hindi get dates, times and the signs espeak-ng
-    would drop in words (worker/text/localized.py), and espeak-ng reads their numbers, as misaki's
-    Japanese reader does). Markdown, HTML and SSML are first read as rendered text, in every
+    """Normalize `text` for `lang_code` (English rules for `a` and `b`; in every other language,
+    dates, clock times and the signs its reader would drop in words (worker/text/localized.py), then
+    Mandarin's numbers read out by cn2an, as misaki does, so "10%" becomes 百分之十, and Japanese's
+    wave dash before a number read "kara"; espeak-ng and misaki's Japanese reader read their
+    numbers themselves). Markdown, HTML and SSML are first read as rendered text, in every
     language (`read_markup`); then the deployment's `lexicon` (KOKORO_LEXICON) marks its words as
     Kokoro's pronunciation links, which, like its pause tags, pass through untouched."""
     options = options or NormalizationOptions()
@@ -95,19 +95,19 @@ def normalize_text(text: str, options: NormalizationOptions | None = None, lang_
         text = read_markup(text)
     if lexicon:  # after the markup (a link's text is a word again), before any rule reads the words
         text = lexicon.mark(text, lang_code)
-    if not options.normalize or lang_code not in ("a", "b", "j", "z", *localized.LANGUAGES):
+    if not options.normalize or lang_code not in ("a", "b", *localized.LANGUAGES):
         return text
-    if lang_code in localized.LANGUAGES:
-        def rules(piece: str) -> str:
-            return localized.normalize(piece, lang_code)
-    elif lang_code == "z":
-        from worker.text.mandarin import spoken_numbers
+    if lang_code == "z":
+        from worker.text.mandarin import digit_strings, spoken_numbers
 
         def rules(piece: str) -> str:
-            return spoken_numbers(piece)
+            return spoken_numbers(localized.normalize(digit_strings(piece), lang_code))
     elif lang_code == "j":
+        def rules(piece: str) -> str:  # "10〜20人": from ten to twenty, as misaki reads it
+            return _JAPANESE_RANGE.sub("から", localized.normalize(piece, lang_code))
+    elif lang_code in localized.LANGUAGES:
         def rules(piece: str) -> str:
-            return _JAPANESE_RANGE.sub("から", piece)  # "10〜20人": from ten to twenty, as misaki reads it
+            return localized.normalize(piece, lang_code)
     else:
         def rules(piece: str) -> str:
             return _normalize_english(piece, options, lang_code == "b")
