@@ -136,7 +136,9 @@ CASES = [
     ("123 N. Main St.", "one hundred twenty-three North Main Street."),
     ("45 W 34th St.\nThe end.", "forty-five West thirty-fourth Street.\nThe end."),  # not "Saint" the next line
     # --- phone numbers, emails, URLs ---
-    ("Call 1-800-555-0199.", "Call one, eight zero zero, five five five, zero one nine nine."),
+    ("Call 1-800-555-0199.", "Call one eight hundred, five five five, zero one nine nine."),  # as said
+    ("or (800) 555-0199", "or eight hundred, five five five, zero one nine nine"),
+    ("or 1-888-555-0199", "or one, eight eight eight, five five five, zero one nine nine"),
     ("Dial (555) 123-4567 now", "Dial five five five, one two three, four five six seven now"),
     ("Text 555-123-4567", "Text five five five, one two three, four five six seven"),
     ("Call +1 555 123 4567", "Call plus one, five five five, one two three, four five six seven"),

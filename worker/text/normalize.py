@@ -364,13 +364,20 @@ def _phone(m: re.Match, british: bool) -> str:
 
 def _say_phone(number: str) -> str:
     """Each group of digits digit by digit, a comma between groups: "+1 555-0100" -> "plus one,
-    five five five, zero one zero zero"."""
+    five five five, zero one zero zero". An 800 or 900 area code is said as Americans say it:
+    "1-800-555-0199" -> "one eight hundred, five five five, zero one nine nine"."""
     groups = [g for g in re.split(r"[^\d+]+", number) if g]
     spoken = []
-    for g in groups:
+    for i, g in enumerate(groups):
         plus = g.startswith("+")
-        digits = num.digits(g)
-        spoken.append(("plus " if plus else "") + digits)
+        if g in ("800", "900") and (i == 0 or (i == 1 and groups[0].lstrip("+") == "1")) and len(groups) > i + 1:
+            hundred = f"{num.cardinal(int(g[0]))} hundred"
+            if i == 1:  # "one eight hundred", said as one
+                spoken[-1] += f" {hundred}"
+                continue
+            spoken.append(hundred)
+            continue
+        spoken.append(("plus " if plus else "") + num.digits(g))
     return ", ".join(spoken)
 
 
