@@ -199,6 +199,13 @@ CASES = [
     ("I think I can", "I think I can"),  # the pronoun is no numeral
     ("The 9/11 memorial", "The nine eleven memorial"),
     # --- schedules ---
+    ("Your flight DL 2417 departs.", "Your flight DL twenty-four seventeen departs."),  # in pairs
+    ("Flight UA123", "Flight UA one twenty-three"),
+    ("on Mon, Dec 1 at 3:45 PM.", "on Monday, December first at three forty-five PM."),
+    ("Sun, Moon and stars", "Sun, Moon and stars"),  # no date after it: a word
+    ("arrive between 2-4 PM", "arrive between two to four PM"),
+    ("Your account ending in 4821", "Your account ending in four eight two one"),  # digits, not an amount
+    ("card ending with ****1234.", "card ending with one two three four."),
     ("Open Mon-Fri 9am-5pm", "Open Monday to Friday nine AM to five PM"),
     ("Sat. 10-2", "Saturday ten to two"),
     ("A 3-5 day trip", "A three to five day trip"),
@@ -216,6 +223,9 @@ CASES = [
     ("~2h left", "about two hours left"),
     ("The 100m 200m and 400m races", "The one hundred m two hundred m and four hundred m races"),  # meters, not minutes
     # --- measurements, fractions ---
+    ("I give it 10/10! 5/5", "I give it ten out of ten! five out of five"),  # not October tenth
+    ("BP 120/80 mmHg, blood pressure was 135/85.", "BP one hundred twenty over eighty mmHg, blood pressure was "
+                                                  "one hundred thirty-five over eighty-five."),
     ("2 1/2 hours", "two and a half hours"),
     ("It happened on 3/4.", "It happened on March fourth."),  # after "on", a date
     ("add 3/4 cup, due 1/2", "add three quarters cup, due January second"),

@@ -437,6 +437,8 @@ def _fraction(m: re.Match, british: bool) -> str:
     if (a, b) == (9, 11):
         return "nine eleven"  # the day itself, as Americans name it
     names = {2: ("half", "halves"), 3: ("third", "thirds"), 4: ("quarter", "quarters")}
+    if b in (5, 10) and 0 <= a == b:  # "10/10", "5/5": a perfect score, not October tenth
+        return f"{num.cardinal(a)} out of {num.cardinal(b)}"
     if 0 < a < b <= 10 and not _BEFORE_DATE.search(m.string, 0, m.start()):
         if b in names:
             word = names[b][0] if a == 1 else names[b][1]
@@ -663,6 +665,23 @@ def _years_old(m: re.Match, british: bool) -> str:
     return f"{num.number(n, british)} {'year' if n == '1' else 'years'} old"
 
 
+def _flight_number(m: re.Match, british: bool) -> str:
+    """Flight DL 2417 -> "DL twenty-four seventeen", UA 1000 "ten hundred": in pairs, as said."""
+    n, lead = int(m.group("n")), m.group("lead")
+    if n < 100:
+        spoken = num.cardinal(n, british)
+    else:
+        high, low = divmod(n, 100)
+        tail = "hundred" if low == 0 else f"oh {num.cardinal(low)}" if low < 10 else num.cardinal(low)
+        spoken = f"{num.cardinal(high, british)} {tail}"
+    return f"{lead}{'' if lead.endswith(' ') else ' '}{spoken}"
+
+
+def _last_digits(m: re.Match, british: bool) -> str:
+    """"ending in 4821": the last digits of a card or account, digit by digit."""
+    return f"{m.group('lead')}{num.digits(m.group('n'))}"
+
+
 def _international_phone(m: re.Match, british: bool) -> str:
     """+44 20 7946 0958: a country code and groups, 8 to 15 digits in all (E.164's longest), read as
     a phone number; fewer digits are something else ("+5 10 20")."""
@@ -770,6 +789,8 @@ _rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{
       _phone, "phone_normalization")
 _rule("international phone", r"(?<![\w+])\+\d{1,3}(?:(?:[\s.-]?\(\d{1,4}\)[\s.-]?|[\s.-])\d{1,8}){2,6}(?![\w-]|[.,]\d)",
       _international_phone, "phone_normalization")
+_rule("flight number", r"(?P<lead>\b[Ff]light\s+(?:[A-Z]{2}|[A-Z]\d|\d[A-Z])\s?)(?P<n>\d{1,4})\b", _flight_number)
+_rule("last digits", r"(?P<lead>\b(?:ending|ends)\s+(?:in|with)\s+(?:\*+|x+|…|\.\.\.)?)(?P<n>\d{2,6})\b", _last_digits)
 _rule("local phone", r"(?P<lead>\b(?:[Cc]all|[Tt]ext|[Dd]ial|[Pp]hone:?|[Tt]el[.:]|[Ff]ax:?)\s+)?(?<![\w.-])"
       r"(?P<n>[2-9]\d{2}-\d{4})(?![\w-])", _local_phone, "phone_normalization")
 _rule("street direction", r"(?<=\d )(?P<d>NE|NW|SE|SW|N|S|E|W)\.?(?= [A-Z0-9])",
@@ -808,6 +829,8 @@ _rule("month day", r"\b(?P<mon>Jan(?:uary|\.)?|Feb(?:ruary|\.)?|Mar(?:ch|\.)?|Ap
 _rule("day month", r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>January|February|March|April|May|June|July|August|September|October|November|December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\b\.?(?:,?\s+(?P<y>\d{4})\b)?",
       _day_month)
 _rule("time", _TIME, _time)
+_rule("hour range am/pm", r"\b(?P<a>\d{1,2})\s?[-–]\s?(?P<b>\d{1,2}\s?(?:[AaPp]\.[Mm]\.|[AaPp][Mm]\b))",
+      lambda m, b: f"{m.group('a')} to {m.group('b')}")  # "2-4 PM": two to four PM
 _rule("hour am/pm", r"\b(?P<h>\d{1,2})\s?(?P<ampm>[AaPp]\.[Mm]\.|[AaPp][Mm]\b)", _hour_ampm)
 _CURRENCY_SIGN = r"(?<![A-Za-z])(?:US|AU|CA|NZ|HK|[ACSR])\$|[$£€¥₹₩₽₿]"
 _CURRENCY_CODE = r"USD|EUR|GBP|JPY|AUD|CAD|NZD|CHF|INR|CNY"
@@ -844,6 +867,9 @@ _rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
 _rule("score", r"(?<![\w/.,])(?P<a>\d+\.\d+)\s?/\s?(?P<b>\d+(?:\.\d+)?)(?![\d/])",  # 4.5/5: a rating
       lambda m, b: f"{num.number(m.group('a'), b)} out of {num.number(m.group('b'), b)}")
 _rule("mixed fraction", r"(?<![\w/.,])(?P<w>\d+)[ -](?P<a>\d)/(?P<b>\d)(?![\d/])", _mixed_fraction)
+_rule("blood pressure", r"(?P<lead>\b(?:BP|[Bb]lood pressure)\b[:\s]*(?:of\s+|is\s+|was\s+)?)(?P<a>\d{2,3})/(?P<b>\d{2,3})\b"
+      r"|(?P<a2>\d{2,3})/(?P<b2>\d{2,3})(?=\s?mm\s?Hg)",
+      lambda m, b: f"{m.group('lead') or ''}{m.group('a') or m.group('a2')} over {m.group('b') or m.group('b2')}")
 _rule("fraction", r"(?<![\d/.,])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
 _rule("power", r"(?<=[\w)])(?P<sup>[⁰¹²³⁴⁵⁶⁷⁸⁹]+)", _power)
 _rule("micro unit", r"(?<![A-Za-z_\u0370-\u03ff])[μµ](?P<u>[mgsLl])\b",
@@ -855,6 +881,9 @@ _rule("negative", r"(?<![\w.,])[-\u2212](?P<n>" + _NUM + r")\b", lambda m, b: "m
 _rule("day range", r"\b(?P<a>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\s?[-–]\s?(?P<b>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b",
       _day_range)
 _rule("day abbreviation", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat)\.", _day_abbr)
+# "Mon, December first": before a date a day's short name is the day ("Mon" alone may be a name).
+_rule("day before date", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun),?(?=\s+(?:January|February|March|April|May|"
+      r"June|July|August|September|October|November|December|the\s+\w+\s+of)\b)", lambda m, b: _DAYS[m.group("d").lower()] + ",")
 _rule("doctor / saint", r"\b(?:Dr|St)\.(?=[\s,;:]|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
 _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
