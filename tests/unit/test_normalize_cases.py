@@ -360,6 +360,14 @@ BRITISH_CASES = [  # lang_code b: "and" in numbers, day before month
     ("Born 04/07/1976", "Born the fourth of July nineteen seventy-six"),
     ("Meet on 14 October", "Meet on the fourteenth of October"),
     ("Press # to go back.", "Press hash to go back."),
+    # national numbers with their trunk 0, group by group
+    ("Call 020 7946 0958 or 07700 900123.", "Call zero two zero, seven nine four six, zero nine five eight or "
+                                            "zero seven seven zero zero, nine zero zero one two three."),
+    ("Tel: 0161 496 0000", "Tel: zero one six one, four nine six, zero zero zero zero"),
+    ("Mr Smith rang at 9.30am.", "Mr Smith rang at nine thirty AM."),  # a dotted time
+    ("Ring 999 now.", "Ring nine nine nine now."),
+    ("In 2024/25 the budget rose.", "In twenty twenty-four to twenty-five the budget rose."),  # a fiscal year
+    ("Ms Jones and Mx Lee", "Miz Jones and Mix Lee"),
 ]
 
 

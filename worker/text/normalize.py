@@ -682,6 +682,20 @@ def _last_digits(m: re.Match, british: bool) -> str:
     return f"{m.group('lead')}{num.digits(m.group('n'))}"
 
 
+def _national_phone(m: re.Match, british: bool) -> str:
+    if not 10 <= sum(ch.isdigit() for ch in m.group(0)) <= 11:
+        return m.group(0)
+    return _say_phone(m.group(0))
+
+
+def _fiscal_year(m: re.Match, british: bool) -> str:
+    """2024/25: a fiscal or school year, "twenty twenty-four to twenty-five"."""
+    first, second = int(m.group("y")), int(m.group("next"))
+    if second != (first + 1) % 100:
+        return m.group(0)
+    return f"{num.year(first, british)} to {num.cardinal(second, british) if second >= 10 else 'oh ' + num.cardinal(second)}"
+
+
 def _international_phone(m: re.Match, british: bool) -> str:
     """+44 20 7946 0958: a country code and groups, 8 to 15 digits in all (E.164's longest), read as
     a phone number; fewer digits are something else ("+5 10 20")."""
@@ -713,8 +727,8 @@ def _local_phone(m: re.Match, british: bool) -> str:
 
 
 def _emergency_number(m: re.Match, british: bool) -> str:
-    """911 is said digit by digit wherever it stands (the Porsche aside); 999, 112 and 988 after
-    "call" or "dial"."""
+    """911 is said digit by digit wherever it stands (the Porsche aside); 999, 112, 988 and 111
+    after "call", "dial" or "ring"."""
     if m.group("n2"):
         return num.digits(m.group("n2"))
     return f"{m.group('verb')} {num.digits(m.group('n'))}"
@@ -780,13 +794,16 @@ _rule("url", r"(?:(?:https?|ftp)://|www\.)[^\s<>\"]+|\b[A-Za-z0-9-]+(?:\.[A-Za-z
       _url, "url_normalization")
 _rule("vanity number", r"(?<![\w-])1-(?P<area>8[0-9]{2}|900)-(?P<word>[A-Z]{3,})(?![\w-])", _vanity_number,
       "phone_normalization")
-_rule("emergency number", r"(?<![\w-])(?:(?P<verb>[Cc]all(?:ing|ed)?|[Dd]ial(?:ing|ed|led)?|[Tt]ext)\s+"
-      r"(?P<n>911|999|112|988)|(?P<n2>911))\b(?![\w-]|\s?(?:GT|Turbo|Carrera|Targa)\b)", _emergency_number)
+_rule("emergency number", r"(?<![\w-])(?:(?P<verb>[Cc]all(?:ing|ed)?|[Dd]ial(?:ing|ed|led)?|[Tt]ext|[Rr]ing(?:ing)?)\s+"
+      r"(?P<n>911|999|112|988|111)|(?P<n2>911))\b(?![\w-]|\s?(?:GT|Turbo|Carrera|Targa)\b)", _emergency_number)
 _rule("zip code", r"\b(?P<state>" + "|".join(_US_STATES) + r")\s+(?P<zip>\d{5})(?:-(?P<plus4>\d{4}))?(?![\w-])",
       _zip_code)
 # The whole number before a local number's rule, which would take "555-0132" of "(415) 555-0132".
 _rule("phone", r"(?<![\w.-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])|(?<![\w.-])1-\d{3}-\d{3}-\d{4}(?![\w-])",
       _phone, "phone_normalization")
+# A national number with its trunk 0, in groups (UK "020 7946 0958", "07700 900123", "0161 496 0000";
+# most of Europe writes them so): 10 or 11 digits, read digit by digit, group by group.
+_rule("national phone", r"(?<![\w.,+-])0\d{2,4}(?:[ -]\d{3,6}){1,2}(?![\w-]|[.,]\d)", _national_phone, "phone_normalization")
 _rule("international phone", r"(?<![\w+])\+\d{1,3}(?:(?:[\s.-]?\(\d{1,4}\)[\s.-]?|[\s.-])\d{1,8}){2,6}(?![\w-]|[.,]\d)",
       _international_phone, "phone_normalization")
 _rule("flight number", r"(?P<lead>\b[Ff]light\s+(?:[A-Z]{2}|[A-Z]\d|\d[A-Z])\s?)(?P<n>\d{1,4})\b", _flight_number)
@@ -828,6 +845,9 @@ _rule("month day", r"\b(?P<mon>Jan(?:uary|\.)?|Feb(?:ruary|\.)?|Mar(?:ch|\.)?|Ap
       _month_day)
 _rule("day month", r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>January|February|March|April|May|June|July|August|September|October|November|December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\b\.?(?:,?\s+(?P<y>\d{4})\b)?",
       _day_month)
+_rule("dotted time", r"\b(?P<h>\d{1,2})\.(?P<m>[0-5]\d)(?=\s?(?:[AaPp]\.?[Mm]\.?)(?![A-Za-z]))",
+      lambda m, b: f"{m.group('h')}:{m.group('m')}")  # "9.30am", as British English writes it
+_rule("fiscal year", r"\b(?P<y>(?:19|20)\d{2})/(?P<next>\d{2})\b(?!/)", _fiscal_year)
 _rule("time", _TIME, _time)
 _rule("hour range am/pm", r"\b(?P<a>\d{1,2})\s?[-–]\s?(?P<b>\d{1,2}\s?(?:[AaPp]\.[Mm]\.|[AaPp][Mm]\b))",
       lambda m, b: f"{m.group('a')} to {m.group('b')}")  # "2-4 PM": two to four PM
@@ -884,6 +904,7 @@ _rule("day abbreviation", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat)\.",
 # "Mon, December first": before a date a day's short name is the day ("Mon" alone may be a name).
 _rule("day before date", r"\b(?P<d>Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun),?(?=\s+(?:January|February|March|April|May|"
       r"June|July|August|September|October|November|December|the\s+\w+\s+of)\b)", lambda m, b: _DAYS[m.group("d").lower()] + ",")
+_rule("title", r"\b(?P<t>Ms|Mx)\b(?=\s+[A-Z])", lambda m, b: {"Ms": "Miz", "Mx": "Mix"}[m.group("t")])
 _rule("doctor / saint", r"\b(?:Dr|St)\.(?=[\s,;:]|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
 _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
