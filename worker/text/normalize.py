@@ -634,8 +634,8 @@ def _time_unit(m: re.Match, british: bool) -> str:
     says ("min." alone is "minimum"; "hrs" would be spelled out); "a 5 min walk" is a five-minute
     walk. A period that may end the sentence is kept for the splitter."""
     unit = {"min": "minute", "hr": "hour", "sec": "second"}[m.group("u").rstrip("s")]
-    if m.group("a"):  # "a 5 min walk": a five-minute walk
-        spoken = f"{m.group('a')}{num.number(m.group('n'), british)}-{unit}"
+    if _AFTER_ARTICLE.search(m.string, 0, m.start()):  # "a 5 min walk": a five-minute walk
+        spoken = f"{num.number(m.group('n'), british)}-{unit}"
     else:
         spoken = _count(m.group("n"), unit, british)
     after = m.string[m.end():]
@@ -657,11 +657,14 @@ def _mixed_fraction(m: re.Match, british: bool) -> str:
     return f"{num.cardinal(int(m.group('w')), british)} and {part}"
 
 
+_AFTER_ARTICLE = re.compile(r"\b[Aa]n?\s$")
+
+
 def _years_old(m: re.Match, british: bool) -> str:
     """25 y/o: "years old", or "year-old" before a noun ("a 25 y/o man")."""
     n = m.group("n")
-    if m.group("a"):
-        return f"{m.group('a')}{num.number(n, british)}-year-old"
+    if _AFTER_ARTICLE.search(m.string, 0, m.start()):
+        return f"{num.number(n, british)}-year-old"
     return f"{num.number(n, british)} {'year' if n == '1' else 'years'} old"
 
 
@@ -827,9 +830,8 @@ _rule("height", r"(?<![\w.'])(?P<ft>\d{1,2})\s?['’]\s?(?P<inch>\d{1,2}(?:\.\d+
 _rule("duration", r"(?<![\w.])(?:(?P<h>\d+)\s?(?:hrs?|h)\s?(?P<m>\d+)\s?(?:mins?|m)(?:\s?(?P<s>\d+)\s?(?:secs?|s))?"
       r"|(?P<m2>\d+)\s?(?:mins?|m)\s?(?P<s2>\d+(?:\.\d+)?)\s?(?:secs?|s)"
       r"|~\s?(?P<n>\d+(?:\.\d+)?)\s?(?P<unit>hrs?|h|mins?|secs?|s|ms))\b", _duration)
-_rule("time unit", r"(?P<a>\b[Aa]n? )?(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s?(?P<u>mins?|hrs?|secs?)\b(?P<dot>\.)?(?!/)",
-      _time_unit)
-_rule("years old", r"(?P<a>\b[Aa]n? )?(?P<n>\d{1,3})\s?y/?o\b", _years_old)
+_rule("time unit", r"(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s?(?P<u>mins?|hrs?|secs?)\b(?P<dot>\.)?(?!/)", _time_unit)
+_rule("years old", r"(?<![\w.])(?P<n>\d{1,3})\s?y/?o\b", _years_old)
 _rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", _per,
       flags=re.IGNORECASE)
 # "10:00-11:30": two times, read "ten o'clock to eleven thirty" by the time rule after this one.
