@@ -176,38 +176,68 @@ def _is_to(tok: Token) -> bool:
     return tok.kind == "word" and tok.text in ("to", "To", "TO")
 
 
+# What espeak-ng is given of a word: the letters of the scripts it reads in that language, digits,
+# combining marks, and apostrophes and hyphens inside the word. Anything else it reads badly or
+# fatally: a Chinese character or an emoji by its Unicode name ("chino símbolo"), and libespeak-ng
+# 1.51 (Debian's) dies with SIGSEGV, taking the whole worker process with it, on some mixed
+# strings, e.g. in Hindi a punctuation mark, a hyphen and a kana or Chinese character ("_-的"), and
+# in every voice hyphens before a Devanagari word ("---लच्छेद"). tests/unit/test_g2p_cases.py
+# feeds it such strings in a child process.
+_ESPEAK_SCRIPTS = {"hi": r"\p{Latin}\p{Devanagari}"}
+
+
+def _unreadable(scripts: str) -> regex.Pattern:
+    """Runs of characters outside `scripts`, digits, apostrophes and hyphens, each with the
+    combining marks on it; a mark counts only on a kept character ("é" decomposed stays, a
+    Devanagari vowel sign without its consonant goes: espeak-ng would say its name)."""
+    kept = scripts + r"\p{N}'’\-"
+    return regex.compile(r"(?:(?:[^" + kept + r"\p{M}]|(?<![" + kept + r"\p{M}])\p{M})\p{M}*)+")
+
+
+_ESPEAK_READABLE = {voice: _unreadable(_ESPEAK_SCRIPTS.get(voice, r"\p{Latin}")) for voice in ESPEAK_LANGUAGES.values()}
+_ESPEAK_EDGES = "'’-"
+
+
+def espeak_readable(word: str, voice: str) -> str:
+    """`word` as espeak-ng may be given it in `voice`: unreadable characters become spaces, and the
+    pieces lose the apostrophes and hyphens at their edges ("" when nothing readable is left)."""
+    pieces = _ESPEAK_READABLE[voice].sub(" ", word).split()
+    return " ".join(p for p in (piece.strip(_ESPEAK_EDGES) for piece in pieces) if p)
+
+
 def _espeak_language(tokens: list[Token], voice: str) -> None:
     """Phonemize each run of words between punctuation as one clause, matched back to its words."""
-    run: list[Token] = []
+    run: list[tuple[Token, str]] = []  # (token, what espeak-ng reads of it)
 
     def flush() -> None:
         if not run:
             return
-        spoken = [t for t in run if t.source != "custom"]
-        if spoken:
-            clause = espeak.other_language(" ".join(t.text for t in spoken), voice).split()
-            if len(clause) == len(spoken):
-                for tok, ps in zip(spoken, clause):
-                    tok.phonemes, tok.source = ps, "espeak"
-            else:  # numbers or merges changed the word count: word by word keeps the alignment
-                for tok in spoken:
-                    tok.phonemes, tok.source = espeak.other_language(tok.text, voice).replace(" ", ""), "espeak"
-                    if not tok.phonemes:
-                        tok.source = "silent"
+        clause = espeak.other_language(" ".join(text for _, text in run), voice).split()
+        if len(clause) == len(run):
+            for (tok, _), ps in zip(run, clause):
+                tok.phonemes, tok.source = ps, "espeak"
+        else:  # numbers, merges or a word in pieces changed the word count: word by word keeps the alignment
+            for tok, text in run:
+                tok.phonemes, tok.source = espeak.other_language(text, voice).replace(" ", ""), "espeak"
+                if not tok.phonemes:
+                    tok.source = "silent"
         run.clear()
 
     for tok in tokens:
-        if tok.kind == "word" and tok.source != "custom" and not regex.search(r"[\p{L}\p{N}]", tok.text):
-            tok.source = "silent"  # emoji and symbols: espeak-ng would read their Unicode names
+        if tok.kind != "word" or tok.source == "custom":
+            flush()
             continue
-        if tok.kind == "word" and len(tok.text) <= WORD_LIMIT_CHARS and tok.source != "custom":
-            run.append(tok)
+        text = espeak_readable(tok.text, voice)
+        if not text:
+            tok.source = "silent"  # emoji, symbols, another script's characters
+            continue
+        if len(text) <= WORD_LIMIT_CHARS:
+            run.append((tok, text))
         else:
             flush()
-            if tok.kind == "word" and tok.source != "custom":
-                pieces = [tok.text[i:i + WORD_LIMIT_CHARS] for i in range(0, len(tok.text), WORD_LIMIT_CHARS)]
-                tok.phonemes = " ".join(espeak.other_language(p, voice) for p in pieces).strip()
-                tok.source = "espeak" if tok.phonemes else "silent"
+            pieces = [text[i:i + WORD_LIMIT_CHARS] for i in range(0, len(text), WORD_LIMIT_CHARS)]
+            tok.phonemes = " ".join(espeak.other_language(p, voice) for p in pieces).strip()
+            tok.source = "espeak" if tok.phonemes else "silent"
     flush()
 
 
