@@ -20,6 +20,7 @@ from functools import lru_cache
 
 _lock = threading.Lock()
 _JOINS_FORWARD = "ʔ"  # misaki writes a geminate stop against the next mora, with no space
+_FULL_SIZE_KANA = str.maketrans("ぁぃぅぇぉゃゅょゎァィゥェォャュョヮ", "あいうえおやゆよわアイウエオヤユヨワ")
 
 
 @lru_cache(maxsize=1)
@@ -36,7 +37,16 @@ def _reader():
 
         def _romaji_word(self, word):
             self.surfaces.append(word.surface)
-            return super()._romaji_word(word)
+            try:
+                return super()._romaji_word(word)
+            except (KeyError, IndexError, ValueError, AssertionError):
+                # A small kana where misaki's table has no pair for it ("ンャ": ん then ゃ) raised
+                # KeyError, and the whole request failed; read it as the full-size kana instead.
+                full = Word(word.surface, word.hira.translate(_FULL_SIZE_KANA), word.char_type)
+                try:
+                    return super()._romaji_word(full)
+                except (KeyError, IndexError, ValueError, AssertionError):
+                    return ""
 
         def words(self, text: str) -> list[tuple[str, str, bool]]:
             """[(surface, phonemes, space after)] of already `_normalize_text`ed text, as misaki's

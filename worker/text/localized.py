@@ -44,6 +44,7 @@ _SIGNS = {
           "R$": ("レアル", "レアル"), "₹": ("ルピー", "ルピー"), "¥": ("円", "円"), "￥": ("円", "円")},
 }
 _AMOUNT = r"\d+(?:[.,\s]\d{3})*(?:[.,]\d+)?"
+_FULLWIDTH_SEPARATOR = re.compile(r"(?<=\d)[，．](?=\d)")
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
 _SIGN_BEFORE = re.compile(r"(?P<sign>R\$|US\$|[$€£₹¥￥])\s?(?P<n>" + _AMOUNT + r")")
 _SIGN_AFTER = re.compile(r"(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥￥$])")
@@ -116,7 +117,8 @@ def normalize(text: str, lang: str) -> str:
     if lang == "j":
         text = _JA_PHONE.sub(lambda m: "、".join("".join(_JA_DIGITS[int(c)] for c in group)
                                                 for group in m.group(0).split("-")), text)
-    if lang in _YEAR_FIRST:  # "1,500円": misaki and cn2an read a thousands comma as a pause
+    if lang in _YEAR_FIRST:  # "1,500円", "１，５００円": misaki and cn2an read a thousands comma as a pause
+        text = _FULLWIDTH_SEPARATOR.sub(lambda m: "," if m.group(0) == "，" else ".", text)
         text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)
     text = (_YEAR_FIRST_DATE if lang in _YEAR_FIRST else _DATE).sub(date, text)
     if lang in ("f", "p"):

@@ -70,9 +70,16 @@ def spoken_numbers(text: str) -> str:
 def _word_phonemes(word: str) -> str:
     from misaki.zh import ZHG2P
 
+    try:
+        ipa = ZHG2P.word2ipa(word)
+    except ValueError:  # a Han character pypinyin has no reading for (々, Japanese's repeat mark)
+        if len(word) == 1:
+            log.debug("no Mandarin reading for %r", word)
+            return ""
+        return "".join(_word_phonemes(ch) for ch in word)  # the characters it can read, read
     # U+032F (combining inverted breve) marks non-syllabic vowels in misaki's IPA; Kokoro's
     # vocabulary has no such symbol, and misaki's legacy path drops it too.
-    return ZHG2P.word2ipa(word).replace("\u032f", "")
+    return ipa.replace("\u032f", "")
 
 
 def mandarin_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str]]]:

@@ -57,8 +57,9 @@ MARKUP = re.compile(r"\[[^\[\]]+\]\(/[^()]*/\)|\[pause:\s*\d+(?:\.\d+)?\s*m?s\]"
 
 def clean_text(text: str) -> str:
     """Always applied, even with normalization off: control characters become spaces, invisible
-    format characters (zero-width joiners, soft hyphens, BOM) go, whitespace runs collapse. Newlines
-    survive (they mark paragraph ends for the splitter)."""
+    format characters (zero-width joiners, soft hyphens, BOM) go, every script's decimal digits
+    become ASCII ones (fullwidth ３, Devanagari ३), whitespace runs collapse. Newlines survive (they
+    mark paragraph ends for the splitter)."""
     out = []
     for ch in text:
         cat = unicodedata.category(ch)
@@ -68,6 +69,8 @@ def clean_text(text: str) -> str:
             out.append(" " if ch not in "\r\u2028\u2029" else "\n")
         elif cat in ("Cf", "Cs", "Co", "Cn") and not ch.isspace():
             continue
+        elif cat == "Nd" and not ch.isascii():
+            out.append(str(unicodedata.digit(ch)))  # "３", "٣", "३": misaki's Japanese numbers died on all but ASCII
         else:
             out.append(ch)
     cleaned = "".join(out)
