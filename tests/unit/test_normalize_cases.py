@@ -237,6 +237,7 @@ CASES = [
     ("a 25 y/o man", "a twenty-five-year-old man"),
     ("E = mc²", "E equals mc squared"),
     ("3 × 10⁶ cells", "three times ten to the sixth cells"),
+    ("2^10 = 1024, x^2 and 10^-3", "two to the tenth equals one thousand twenty-four, x squared and ten to the minus third"),
     ("π ≈ 3.14", "pi about three point one four"),  # a Greek letter alone is named, not dropped
     ("α and β testing", "alpha and beta testing"),
     ("20µs and a 5 μm gap", "twenty microseconds and a five micrometers gap"),

@@ -498,8 +498,10 @@ _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
 
 
 def _power(m: re.Match, british: bool) -> str:
-    """x² -> x squared, m³ -> m cubed, 10⁶ -> 10 to the sixth."""
-    n = int(m.group("sup").translate(_SUPERSCRIPTS))
+    """x² and x^2 -> x squared, m³ -> m cubed, 10⁶ and 10^6 -> 10 to the sixth, 10^-3 to the minus third."""
+    n = int(m.group("sup").translate(_SUPERSCRIPTS)) if m.group("sup") else int(m.group("caret"))
+    if n < 0:
+        return f" to the minus {num.ordinal(-n, british)}"
     return {2: " squared", 3: " cubed"}.get(n, f" to the {num.ordinal(n, british)}")
 
 
@@ -896,7 +898,7 @@ _rule("blood pressure", r"(?P<lead>\b(?:BP|[Bb]lood pressure)\b[:\s]*(?:of\s+|is
       r"|(?P<a2>\d{2,3})/(?P<b2>\d{2,3})(?=\s?mm\s?Hg)",
       lambda m, b: f"{m.group('lead') or ''}{m.group('a') or m.group('a2')} over {m.group('b') or m.group('b2')}")
 _rule("fraction", r"(?<![\d/.,])(?P<a>\d{1,2})/(?P<b>\d{1,2})(?![\d/])", _fraction)
-_rule("power", r"(?<=[\w)])(?P<sup>[⁰¹²³⁴⁵⁶⁷⁸⁹]+)", _power)
+_rule("power", r"(?<=[\w)])(?:(?P<sup>[⁰¹²³⁴⁵⁶⁷⁸⁹]+)|\^(?P<caret>-?\d{1,3})\b)", _power)
 _rule("micro unit", r"(?<![A-Za-z_\u0370-\u03ff])[μµ](?P<u>[mgsLl])\b",
       lambda m, b: {"m": "micrometers", "g": "micrograms", "s": "microseconds"}.get(m.group("u"), "microliters"))
 _rule("unit", r"(?P<n>" + _NUM + r")\s?(?P<unit>" + "|".join(sorted((re.escape(u) for u in _UNITS), key=len, reverse=True)) + r")(?![\w/])",
