@@ -5,7 +5,11 @@ measured with espeak-ng's cache emptied so out-of-lexicon words are paid for. Wi
 also synthesizes the same texts on this machine's engine (KOKORO_WEIGHTS, default the offline
 bundle) and prints the frontend's share of the whole: the text step must stay a small fraction
 (under 5%) of the synthesis it feeds. With `--first-request --lang z` it times a fresh server
-process's first request in a language, its reader loaded on demand and preloaded.
+process's first request in a language, its reader loaded on demand and preloaded. With
+`--worst-case` it normalizes inputs built to make regular expressions backtrack (a request's
+4,096 characters of one repeated piece: "1", "a-", "2 1/"...) in every language and prints the
+slowest: a pattern that is tried at every position of a long run and scans to its end each time
+costs seconds of CPU per request.
 """
 
 from __future__ import annotations
@@ -139,6 +143,30 @@ def compare_first_requests(lang_code: str, repeats: int = 2) -> list[dict]:
     return results
 
 
+# Pieces that, repeated, make a long run that many patterns start on: digits, words, separators.
+WORST_CASE_PIECES = ("a", "1", " ", ".", "-", "1.", "1 ", "a.", "a-", "1-", "1,", "1/", "1:", "$1", "a@", "a.b",
+                     "<", "<a", "[", "](", "*", "_", "`", "#", "1 1", "a a", "A.", "Dr. ", "Mon ", "ending in ",
+                     "Press ", "+1 ", "0 ", "10:00-", "2 1/", "x^", "€", "1 ½", "a1", "1a", "a-1", "@a.", "www.a",
+                     "(1)", "1%")
+WORST_CASE_LANGS = ("a", "b", "e", "f", "h", "i", "p", "j", "z")
+
+
+def worst_cases(chars: int = 4096, top: int = 8) -> list[tuple[float, str, str]]:
+    """(seconds, language, piece) of the slowest normalizations of `chars` characters of one piece
+    repeated, units read too (the most rules on)."""
+    from worker.text.normalize import NormalizationOptions, normalize_text
+
+    options = NormalizationOptions(unit_normalization=True)
+    times = []
+    for piece in WORST_CASE_PIECES:
+        text = piece * (chars // len(piece))
+        for lang in WORST_CASE_LANGS:
+            started = time.perf_counter()
+            normalize_text(text, options, lang_code=lang)
+            times.append((time.perf_counter() - started, lang, piece))
+    return sorted(times, reverse=True)[:top]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="text files (default: tests/data/texts/*.txt)")
@@ -147,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-request", action="store_true",
                         help="a fresh server process's first request in --lang: its admission time and the longest "
                              "event-loop stall, the language loaded on demand vs preloaded (KOKORO_PRELOAD_LANGUAGES)")
+    parser.add_argument("--worst-case", action="store_true",
+                        help="the slowest normalizations of 4,096 characters built to make patterns backtrack")
     parser.add_argument("--first-request-child", metavar="LANG", help=argparse.SUPPRESS)
     parser.add_argument("--preloaded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -154,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         print(json.dumps(first_request(args.first_request_child, args.preloaded)))
+        return 0
+    if args.worst_case:
+        print(f"normalization of 4,096 characters of one piece repeated, slowest {len(WORST_CASE_PIECES)} pieces x "
+              f"{len(WORST_CASE_LANGS)} languages:")
+        for seconds, lang, piece in worst_cases():
+            print(f"  {seconds * 1000:7.1f} ms  {lang}  {piece!r}")
         return 0
     if args.first_request:
         for r in compare_first_requests(args.lang):

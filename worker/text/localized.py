@@ -47,7 +47,7 @@ _AMOUNT = r"\d+(?:[.,\s]\d{3})*(?:[.,]\d+)?"
 _FULLWIDTH_SEPARATOR = re.compile(r"(?<=\d)[，．](?=\d)")
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
 _SIGN_BEFORE = re.compile(r"(?P<sign>R\$|US\$|[$€£₹¥￥])\s?(?P<n>" + _AMOUNT + r")")
-_SIGN_AFTER = re.compile(r"(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥￥$])")
+_SIGN_AFTER = re.compile(r"(?<![\d.,])(?P<n>" + _AMOUNT + r")\s?(?P<sign>R\$|[%€£₹¥￥$])")
 
 _MONTHS = {
     "e": "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",

@@ -786,7 +786,9 @@ def _spell_code(part: str) -> str:
     return " ".join(words)
 
 
-_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
+# A number starts where a run of digits starts: inside "1111..." a match tried at every digit would
+# scan to the run's end each time (4,096 digits took a second, a request's worth of CPU).
+_NUM = r"(?<!\d)(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 
 # (name, pattern, function, option that enables it or None). Order matters.
 RULES: list[tuple[str, re.Pattern, _Rule, str | None]] = []
@@ -798,7 +800,7 @@ def _rule(name: str, pattern: str, fn: _Rule, option: str | None = None, flags: 
 
 _rule("email", r"(?<![\w.@])(?P<user>[A-Za-z0-9._%+-]+)@(?P<domain>[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})\b",
       _email, "email_normalization")
-_rule("url", r"(?:(?:https?|ftp)://|www\.)[^\s<>\"]+|\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|app|info)(?:/[^\s<>\"]*)?(?![\w@])",
+_rule("url", r"(?:(?:https?|ftp)://|www\.)[^\s<>\"]+|(?<![A-Za-z0-9-])[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|app|info)(?:/[^\s<>\"]*)?(?![\w@])",
       _url, "url_normalization")
 _rule("vanity number", r"(?<![\w-])1-(?P<area>8[0-9]{2}|900)-(?P<word>[A-Z]{3,})(?![\w-])", _vanity_number,
       "phone_normalization")
@@ -889,7 +891,7 @@ _rule("roman numeral", r"\b(?:(?P<word>Chapter|Part|Volume|Vol\.|Book|Act|Scene|
       r"(?:\s[A-Z][a-z]+){1,2}))\s(?P<roman>[IVXLC]{1,7})\b(?![.'’]\w)", _roman_numeral)
 _rule("multiplier", r"\b(?P<n>\d+(?:\.\d+)?)x\b", lambda m, b: f"{num.number(m.group('n'), b)} times")
 _rule("ordinal", r"\b(?P<n>\d{1,3}(?:,\d{3})*|\d+)(?:st|nd|rd|th)\b", _ordinal)
-_rule("unicode fraction", r"(?P<w>\d+)?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
+_rule("unicode fraction", r"(?:(?<!\d)(?P<w>\d+))?\s?(?P<f>[½⅓⅔¼¾⅛⅜⅝⅞⅕])",
       lambda m, b: (f"{num.cardinal(int(m.group('w')), b)} and " if m.group("w") else "") + _UNICODE_FRACTIONS[m.group("f")])
 _rule("score", r"(?<![\w/.,])(?P<a>\d+\.\d+)\s?/\s?(?P<b>\d+(?:\.\d+)?)(?![\d/])",  # 4.5/5: a rating
       lambda m, b: f"{num.number(m.group('a'), b)} out of {num.number(m.group('b'), b)}")
@@ -919,7 +921,7 @@ _rule("keypad", r"\b(?:[Pp]ress(?:ing)?|[Dd]ial(?:ing)?|[Hh]it(?:ting)?|[Ee]nter
       r"[^.!?;\n]*?[#*][^.!?;\n]*", _keypad)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
 _rule("hashtag", r"(?<![\w#])#(?=[A-Za-z])", lambda m, b: "hashtag ", "replace_remaining_symbols")
-_rule("dotted name", r"\b[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
+_rule("dotted name", r"(?<![\w-])[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
       lambda m, b: _dotted_name(m.group(0)), "url_normalization")
 _rule("number", _NUM, _plain_number)
 _rule("slash between words", r"(?<=[A-Za-z])/(?=[A-Za-z])", lambda m, b: " ")
