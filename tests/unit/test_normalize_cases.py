@@ -469,12 +469,30 @@ OTHER_LANGUAGE_CASES = [
     ("j", "2025/4/3の14:30から、50%オフで$20です。", "2025年4月3日の14時30分から、50パーセントオフで20ドルです。"),
     ("j", "¥1,500です", "1500円です"),  # misaki reads a thousands comma as a pause
     ("j", "電話は03-1234-5678です。", "電話はゼロサン、イチニーサンヨン、ゴーロクナナハチです。"),
+    # misaki reads at most 9 digits: a longer amount in 万/億/兆, a long ID and a leading 0 digit by digit
+    ("j", "予算は10,000,000,000円です", "予算は100億円です"),
+    ("j", "$12345678901", "123億4567万8901ドル"),
+    ("j", "注文番号1234567890123", "注文番号イチニーサンヨンゴーロクナナハチキューゼロイチニーサン"),
+    ("j", "コードは007です", "コードはゼロゼロナナです"),
+    ("j", "0.5秒で10.05ドル", "0点ゴ秒で10点ゼロゴドル"),  # misaki read the point as a pause
+    ("j", "192.168.0.1", "192.168.0.1"),
 ]
 
 
 @pytest.mark.parametrize("lang, text, expected", OTHER_LANGUAGE_CASES, ids=[c[1] for c in OTHER_LANGUAGE_CASES])
 def test_signs_in_languages_espeak_reads(lang, text, expected):
     assert normalize_text(text, lang_code=lang) == expected
+
+
+def test_long_japanese_numbers_are_read_as_japanese():
+    from worker.text import text_to_chunks
+
+    for text, said in (("1" * 40, "iʨi"), ("12345678901", "okɯ"), ("10,000,000,000円", "çakɯ okɯ eɴ"),
+                       ("1" * 20 + "円", "iʨi")):
+        phonemes = " ".join(c.phonemes for c in text_to_chunks(text, "j"))
+        # misaki's error message ("Number length too long, choose less than 10 digits") was read as phonemes
+        assert "choose" not in phonemes and "umber" not in phonemes, phonemes
+        assert said in phonemes, phonemes
 
 
 def test_the_sign_is_spoken_through_to_the_phonemes():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -153,6 +154,16 @@ def test_unknown_symbols_in_custom_phonemes_are_dropped_with_a_warning(caplog):
     chunks = text_to_chunks("Say [it](/ɪtΩ/) now")
     assert chunks[0].phonemes == "sˈA ɪt nˈW"
     assert any("not in Kokoro's vocabulary" in r.message for r in caplog.records)
+
+
+def test_a_dropped_symbol_is_warned_about_once(caplog):
+    caplog.set_level(logging.WARNING, logger="worker.text.vocab")
+    text_to_chunks(" ".join(["Say [it](/ɪtЖ/) now"] * 50))
+    warned = [r for r in caplog.records if "not in Kokoro's vocabulary" in r.message and r.levelno == logging.WARNING]
+    assert len(warned) <= 1  # 50 in one request logged 50 lines
+    caplog.clear()
+    text_to_chunks("Say [it](/ɪtЖ/) now")
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
 def test_word_spans_point_at_the_words_phonemes():

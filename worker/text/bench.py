@@ -9,7 +9,8 @@ process's first request in a language, its reader loaded on demand and preloaded
 `--worst-case` it normalizes inputs built to make regular expressions backtrack (a request's
 4,096 characters of one repeated piece: "1", "a-", "2 1/"...) in every language and prints the
 slowest: a pattern that is tried at every position of a long run and scans to its end each time
-costs seconds of CPU per request.
+costs seconds of CPU per request. Then the same through the whole frontend, where a reader's own
+quadratic step shows (misaki's Japanese grouping took minutes on 4,096 'の').
 """
 
 from __future__ import annotations
@@ -147,23 +148,33 @@ def compare_first_requests(lang_code: str, repeats: int = 2) -> list[dict]:
 WORST_CASE_PIECES = ("a", "1", " ", ".", "-", "1.", "1 ", "a.", "a-", "1-", "1,", "1/", "1:", "$1", "a@", "a.b",
                      "<", "<a", "[", "](", "*", "_", "`", "#", "1 1", "a a", "A.", "Dr. ", "Mon ", "ending in ",
                      "Press ", "+1 ", "0 ", "10:00-", "2 1/", "x^", "€", "1 ½", "a1", "1a", "a-1", "@a.", "www.a",
-                     "(1)", "1%")
+                     "(1)", "1%", "の", "。", "日本", "的", "ー", "っ", "१", "¿", "«", "—", "'", "a'")
 WORST_CASE_LANGS = ("a", "b", "e", "f", "h", "i", "p", "j", "z")
 
 
-def worst_cases(chars: int = 4096, top: int = 8) -> list[tuple[float, str, str]]:
+def worst_cases(chars: int = 4096, top: int = 8, whole: bool = False) -> list[tuple[float, str, str]]:
     """(seconds, language, piece) of the slowest normalizations of `chars` characters of one piece
-    repeated, units read too (the most rules on)."""
+    repeated, units read too (the most rules on); with `whole`, of the whole frontend (normalize,
+    G2P, split into chunks) on the language's loaded reader, as a warm replica pays it."""
+    import sys
+
+    from worker.text import load_language, text_to_chunks
     from worker.text.normalize import NormalizationOptions, normalize_text
 
     options = NormalizationOptions(unit_normalization=True)
     times = []
-    for piece in WORST_CASE_PIECES:
-        text = piece * (chars // len(piece))
-        for lang in WORST_CASE_LANGS:
+    for lang in WORST_CASE_LANGS:
+        if whole:
+            load_language(lang)
+        for piece in WORST_CASE_PIECES:
+            text = piece * (chars // len(piece))
             started = time.perf_counter()
-            normalize_text(text, options, lang_code=lang)
+            if whole:
+                text_to_chunks(text, lang, options)
+            else:
+                normalize_text(text, options, lang_code=lang)
             times.append((time.perf_counter() - started, lang, piece))
+        print(f"  {lang}: slowest so far {max(times)[0] * 1000:.0f} ms", file=sys.stderr, flush=True)
     return sorted(times, reverse=True)[:top]
 
 
@@ -176,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a fresh server process's first request in --lang: its admission time and the longest "
                              "event-loop stall, the language loaded on demand vs preloaded (KOKORO_PRELOAD_LANGUAGES)")
     parser.add_argument("--worst-case", action="store_true",
-                        help="the slowest normalizations of 4,096 characters built to make patterns backtrack")
+                        help="the slowest normalizations, and whole frontends, of 4,096 characters built to make "
+                             "patterns backtrack")
     parser.add_argument("--first-request-child", metavar="LANG", help=argparse.SUPPRESS)
     parser.add_argument("--preloaded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -186,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(first_request(args.first_request_child, args.preloaded)))
         return 0
     if args.worst_case:
-        print(f"normalization of 4,096 characters of one piece repeated, slowest {len(WORST_CASE_PIECES)} pieces x "
-              f"{len(WORST_CASE_LANGS)} languages:")
-        for seconds, lang, piece in worst_cases():
-            print(f"  {seconds * 1000:7.1f} ms  {lang}  {piece!r}")
+        for whole, stage in ((False, "normalization"), (True, "normalize + G2P + split")):
+            print(f"{stage} of 4,096 characters of one piece repeated ({len(WORST_CASE_PIECES)} pieces x "
+                  f"{len(WORST_CASE_LANGS)} languages), slowest:")
+            for seconds, lang, piece in worst_cases(whole=whole):
+                print(f"  {seconds * 1000:7.1f} ms  {lang}  {piece!r}")
         return 0
     if args.first_request:
         for r in compare_first_requests(args.lang):

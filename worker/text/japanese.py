@@ -20,6 +20,7 @@ from functools import lru_cache
 
 _lock = threading.Lock()
 _JOINS_FORWARD = "ʔ"  # misaki writes a geminate stop against the next mora, with no space
+_SLICE = 16  # groups misaki makes tokens of at a time; its own grouping is cubic in this
 _FULL_SIZE_KANA = str.maketrans("ぁぃぅぇぉゃゅょゎァィゥェォャュョヮ", "あいうえおやゆよわアイウエオヤユヨワ")
 
 
@@ -28,7 +29,9 @@ def _reader():
     """misaki's Cutlet, recording the surface of each word it romanizes (in the order its tokens
     come out, one per word), which misaki itself drops."""
     import jaconv
-    from misaki.cutlet import Cutlet, Word
+    from misaki.cutlet import JA_WORDS, Cutlet, Word
+
+    longest_word = max(map(len, JA_WORDS))
 
     class SurfaceKeepingCutlet(Cutlet):
         def __init__(self) -> None:
@@ -48,6 +51,26 @@ def _reader():
                 except (KeyError, IndexError, ValueError, AssertionError):
                     return ""
 
+        def _romaji_tokens(self, words):
+            """misaki's tokens, without its cubic cost: misaki groups a run of one character type
+            into dictionary words by joining every stretch of the run from its far end, so 4,096
+            'の' (or '.', or '1 ') took minutes. We group first, trying only stretches no longer
+            than the longest dictionary word (a longer one cannot be in it), then let misaki make
+            the tokens of `_SLICE` groups at a time (its grouping of groups changes nothing). Each
+            slice after the first starts with the previous slice's last group again, because a
+            token's spacing depends on the word after it."""
+            groups = _dictionary_groups(words)
+            tokens = []
+            for start in range(0, len(groups), _SLICE):
+                first = len(self.surfaces)
+                sliced = super()._romaji_tokens(groups[max(start - 1, 0):start + _SLICE])
+                if start:  # the overlap: keep its spacing as the next group set it, drop the rest
+                    tokens[-1].space = sliced[0].space
+                    sliced = sliced[1:]
+                    del self.surfaces[first]
+                tokens.extend(sliced)
+            return tokens
+
         def words(self, text: str) -> list[tuple[str, str, bool]]:
             """[(surface, phonemes, space after)] of already `_normalize_text`ed text, as misaki's
             `__call__` builds its string from them."""
@@ -58,6 +81,28 @@ def _reader():
             tokens = self._romaji_tokens(nodes)
             assert len(tokens) == len(self.surfaces), (text, len(tokens), len(self.surfaces))
             return [(surface, tok.surface.strip(), tok.space) for surface, tok in zip(self.surfaces, tokens)]
+
+    def _dictionary_groups(words: list) -> list:
+        """misaki's grouping (from each word, the longest stretch of the same character type
+        whose surfaces together are a dictionary word, else the word alone), in linear time."""
+        run_end = [len(words)] * len(words)
+        for i in range(len(words) - 2, -1, -1):
+            same = words[i + 1].char_type == words[i].char_type
+            run_end[i] = run_end[i + 1] if same else i + 1
+        groups, i = [], 0
+        while i < len(words):
+            stretches, surface = [], ""
+            for j in range(i + 1, run_end[i] + 1):
+                surface += words[j - 1].surface
+                if len(surface) > longest_word:
+                    break
+                stretches.append((j, surface))
+            j = next((j for j, s in reversed(stretches) if s in JA_WORDS), i + 1)
+            group = words[i:j]
+            groups.append(group[0] if len(group) == 1 else Word(
+                "".join(w.surface for w in group), "".join(w.hira for w in group), group[0].char_type))
+            i = j
+        return groups
 
     return SurfaceKeepingCutlet()
 

@@ -66,6 +66,34 @@ _YEAR_FIRST_DATE = re.compile(r"(?<![\d/.-])(?P<y>\d{4})(?P<sep>[/.-])(?P<m>\d{1
 # groups apart; misaki would read each group as an amount ("san sen nihyaku...").
 _JA_PHONE = re.compile(r"(?<![\d-])\d{2,4}-\d{2,4}-\d{3,4}(?![\d-])|(?<![\d.,])0\d{9,10}(?![\d.,])")
 _JA_DIGITS = ("ゼロ", "イチ", "ニー", "サン", "ヨン", "ゴー", "ロク", "ナナ", "ハチ", "キュー")
+# misaki reads a number of at most 9 digits; a longer one came out as its error message ("Number
+# length too long, choose less than 10 digits") in English phonemes. An amount (a unit after it, or
+# thousands commas) is said in 万, 億 and 兆 ("12345678901円" -> "123億4567万8901円"); any other long
+# run, and a run with a leading 0, is a code or an ID, read digit by digit.
+_JA_AMOUNT = re.compile(r"(?<![\d.,])[1-9]\d{9,15}(?=\s?(?:円|ドル|ユーロ|ポンド|レアル|ルピー|元|人|件|個|台|株|票|枚|本|回|倍))")
+_JA_CODE = re.compile(r"(?<![\d.,])(?:\d{10,}|0\d+)(?![\d.]|,\d)")
+_MYRIADS = (("兆", 10**12), ("億", 10**8), ("万", 10**4))
+# misaki cuts "0.5" into "0", "." and "5": a pause, and "10.05" lost its 0. Said "れい てん ご" with
+# the digits after the point one by one.
+_JA_DECIMAL = re.compile(r"(?<![\d.,])(?P<whole>\d+)\.(?P<fraction>\d+)(?![\d.])")
+_JA_FRACTION_DIGITS = ("ゼロ", "イチ", "ニ", "サン", "ヨン", "ゴ", "ロク", "ナナ", "ハチ", "キュウ")
+
+
+def _ja_digits(digits: str) -> str:
+    return "".join(_JA_DIGITS[int(c)] for c in digits)
+
+
+def _ja_myriads(digits: str) -> str:
+    """A number of up to 16 digits in the groups of four Japanese counts in; a longer one digit by digit."""
+    n = int(digits)
+    if n >= 10**16:
+        return _ja_digits(digits)
+    said = []
+    for unit, size in _MYRIADS:
+        count, n = divmod(n, size)
+        if count:
+            said.append(f"{count}{unit}")
+    return "".join(said) + (str(n) if n or not said else "")
 
 # 24-hour clock times; French and Portuguese also write "14h30" and "14h".
 _CLOCK = re.compile(r"(?<![\d:])(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?![\d:])")
@@ -114,14 +142,23 @@ def normalize(text: str, lang: str) -> str:
         spoken = _time_words(lang, int(m.group("h")), int(m.group("m") or 0))
         return spoken if spoken is not None else m.group(0)
 
+    def without_commas(m: re.Match) -> str:
+        digits = m.group(0).replace(",", "")
+        return _ja_myriads(digits) if lang == "j" and len(digits) > 9 else digits
+
     if lang == "j":
-        text = _JA_PHONE.sub(lambda m: "、".join("".join(_JA_DIGITS[int(c)] for c in group)
-                                                for group in m.group(0).split("-")), text)
+        text = _JA_PHONE.sub(lambda m: "、".join(_ja_digits(group) for group in m.group(0).split("-")), text)
     if lang in _YEAR_FIRST:  # "1,500円", "１，５００円": misaki and cn2an read a thousands comma as a pause
         text = _FULLWIDTH_SEPARATOR.sub(lambda m: "," if m.group(0) == "，" else ".", text)
-        text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)
+        text = _THOUSANDS.sub(without_commas, text)
     text = (_YEAR_FIRST_DATE if lang in _YEAR_FIRST else _DATE).sub(date, text)
     if lang in ("f", "p"):
         text = _H_CLOCK.sub(clock, text)
     text = _CLOCK.sub(clock, text)
-    return _SIGN_AFTER.sub(sign, _SIGN_BEFORE.sub(sign, text))
+    text = _SIGN_AFTER.sub(sign, _SIGN_BEFORE.sub(sign, text))
+    if lang == "j":
+        text = _JA_DECIMAL.sub(lambda m: m.group("whole") + "点" + "".join(
+            _JA_FRACTION_DIGITS[int(c)] for c in m.group("fraction")), text)
+        text = _JA_AMOUNT.sub(lambda m: _ja_myriads(m.group(0)), text)
+        text = _JA_CODE.sub(lambda m: _ja_digits(m.group(0)), text)
+    return text

@@ -8,6 +8,7 @@ import logging
 from functools import lru_cache
 
 log = logging.getLogger(__name__)
+_dropped: set[str] = set()  # symbols this process has warned about
 
 
 @lru_cache(maxsize=1)
@@ -27,8 +28,11 @@ def to_ids(phonemes: str) -> list[int]:
     ids = [table[c] for c in phonemes if c in table]
     if len(ids) != len(phonemes):
         unknown = sorted({c for c in phonemes if c not in table})
-        log.warning("dropping phoneme symbols not in Kokoro's vocabulary: %s (in %r)",
-                    " ".join(f"{c!r} U+{ord(c):04X}" for c in unknown), phonemes[:80])
+        # A warning the first time a symbol is dropped: a request of 4,096 of them logged 4,096 lines.
+        level = logging.DEBUG if _dropped.issuperset(unknown) else logging.WARNING
+        _dropped.update(unknown)
+        log.log(level, "dropping phoneme symbols not in Kokoro's vocabulary: %s (in %r)",
+                " ".join(f"{c!r} U+{ord(c):04X}" for c in unknown), phonemes[:80])
     return ids
 
 
