@@ -460,6 +460,15 @@ OTHER_LANGUAGE_CASES = [
     ("p", "Em 03/04/25 às 14h.", "Em 3 de abril de 25 às 14 horas."),
     ("h", "3/4/2025 को", "3 अप्रैल 2025 को"),
     ("e", "el 3/4 y el 32/13/2025", "el 3/4 y el 32/13/2025"),  # no year, no such date: left as written
+    # numbers in the form each language's espeak-ng voice reads: a US-form amount in the local form,
+    # French thousands spaces closed up, Hindi's thousands commas dropped
+    ("e", "Cuesta $1,000.50.", "Cuesta 1000,50 dólares."),
+    ("i", "Sono 1,234,567 persone", "Sono 1234567 persone"),
+    ("e", "Cuesta 1.000,50 €", "Cuesta 1.000,50 euros"),  # already the local form
+    ("e", "Son 1,000 personas", "Son 1,000 personas"),  # one comma: a decimal comma as much as a thousands one
+    ("f", "1 000,50 € pour 3 000 000 habitants", "1000,50 euros pour 3000000 habitants"),
+    ("f", "en 1990 200 personnes", "en 1990 200 personnes"),
+    ("h", "₹1,000.50 और 12,34,567", "1000.50 रुपये और 1234567"),
     # Mandarin: a phone number or an area code digit by digit (1 as 幺), an amount as an amount
     ("z", "我的电话是13812345678。", "我的电话是幺三八幺二三四五六七八。"),
     ("z", "电话 010-12345678", "电话 零幺零-幺二三四五六七八"),
@@ -493,6 +502,18 @@ def test_long_japanese_numbers_are_read_as_japanese():
         # misaki's error message ("Number length too long, choose less than 10 digits") was read as phonemes
         assert "choose" not in phonemes and "umber" not in phonemes, phonemes
         assert said in phonemes, phonemes
+
+
+@pytest.mark.parametrize("lang, text, number", [
+    ("e", "Cuesta $1,000.50 hoy", "mˈilkomˌaθinkwˈɛnta"),   # mil coma cincuenta, not "uno coma cero cero cero"
+    ("e", "Cuesta 1.000,50 € hoy", "mˈilkˌomaθinkwˈɛnta"),  # the point and the comma reach espeak-ng whole
+    ("f", "Il coûte 1 000,50 €", "milviʁɡylsɛ̃kˈɑ̃t"),         # mille virgule cinquante, not "un zéro zéro zéro"
+    ("h", "₹1,000.50", "dˌəsəmlˈoː"),                        # the decimals, which espeak-ng dropped
+])
+def test_numbers_reach_espeak_as_numbers(lang, text, number):
+    from worker.text import text_to_chunks
+
+    assert number in " ".join(c.phonemes for c in text_to_chunks(text, lang))
 
 
 def test_the_sign_is_spoken_through_to_the_phonemes():

@@ -59,7 +59,8 @@ _TOKEN = regex.compile(
     r"|(?P<link>\[(?P<ltext>[^\[\]]+)\]\(/(?P<lps>[^()]*)/\))"
     # An initialism keeps its last period when the sentence goes on ("the U.S. economy").
     r"|(?P<initialism>(?:[A-Za-z]\.){2,}(?=\s+[a-z0-9]))"
-    r"|(?P<word>[\p{L}\p{M}\p{N}_'’]+(?:[-.'’/_+&@][\p{L}\p{M}\p{N}_'’]+)*)"
+    # A comma between digits is a number's ("1.000,50", "1,000"), not a pause.
+    r"|(?P<word>[\p{L}\p{M}\p{N}_'’]+(?:(?:[-.'’/_+&@]|(?<=\p{N}),(?=\p{N}))[\p{L}\p{M}\p{N}_'’]+)*)"
     r"|(?P<dots>\.{2,})"
     r"|(?P<dash>-{2,})"
     r"|(?P<space>\s+)"
@@ -187,11 +188,12 @@ _ESPEAK_SCRIPTS = {"hi": r"\p{Latin}\p{Devanagari}"}
 
 
 def _unreadable(scripts: str) -> regex.Pattern:
-    """Runs of characters outside `scripts`, digits, apostrophes and hyphens, each with the
-    combining marks on it; a mark counts only on a kept character ("é" decomposed stays, a
+    """Runs of characters outside `scripts`, digits, the points and commas inside numbers,
+    apostrophes and hyphens, each with the combining marks on it; a mark counts only on a kept character ("é" decomposed stays, a
     Devanagari vowel sign without its consonant goes: espeak-ng would say its name)."""
     kept = scripts + r"\p{N}'’\-"
-    return regex.compile(r"(?:(?:[^" + kept + r"\p{M}]|(?<![" + kept + r"\p{M}])\p{M})\p{M}*)+")
+    number_mark = r"(?<=\p{N})[.,](?=\p{N})"  # "1.000,50": espeak-ng reads the number whole
+    return regex.compile(r"(?:(?:(?!" + number_mark + r")[^" + kept + r"\p{M}]|(?<![" + kept + r"\p{M}])\p{M})\p{M}*)+")
 
 
 _ESPEAK_READABLE = {voice: _unreadable(_ESPEAK_SCRIPTS.get(voice, r"\p{Latin}")) for voice in ESPEAK_LANGUAGES.values()}

@@ -11,6 +11,7 @@ trente"). So, before them:
     "Cuesta 25,50 € (50%)."     -> "Cuesta 25,50 euros (50 por ciento)."
     "el 3/4/2025 a las 14:30"   -> "el 3 de abril de 2025 a las 14 y 30"
     "le 01/04/2025 à 14h30"     -> "le premier avril 2025 à 14 heures 30"
+    "cuesta $1,000.50"          -> "cuesta 1000,50 dólares"
     "2025/4/3 14:30、$20"        -> "2025年4月3日 14点30分、20美元" (Mandarin; Japanese 14時30分、20ドル)
 
 Dates are day first in the languages that write them so, year first in Mandarin and Japanese, and
@@ -95,6 +96,21 @@ def _ja_myriads(digits: str) -> str:
             said.append(f"{count}{unit}")
     return "".join(said) + (str(n) if n or not said else "")
 
+# Numbers as espeak-ng reads them. Its Spanish, French, Italian and Portuguese read "1.000,50"; a
+# number in US form, unambiguous with a comma then a point or with two thousands commas ("$1,000.50",
+# "1,234,567"), came out "uno coma cero cero cero cincuenta". French groups thousands with spaces
+# ("1 000,50": "un zéro zéro zéro"). Hindi's reads "1000.50" and "1,00,000", but drops the
+# decimals after a thousands comma ("1,000.50": "ek hazaar").
+_US_NUMBER = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3}\.\d+|(?:,\d{3}){2,}(?:\.\d+)?)(?![\d,]|\.\d)")
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?: \d{3})+(?![\d.]|,\d{3})")
+_HINDI_GROUPED = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{2,3})*,\d{3}(?![\d,])")
+
+
+def _local_number(m: re.Match) -> str:
+    whole, _, fraction = m.group(0).replace(",", "").partition(".")
+    return f"{whole},{fraction}" if fraction else whole
+
+
 # 24-hour clock times; French and Portuguese also write "14h30" and "14h".
 _CLOCK = re.compile(r"(?<![\d:])(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?![\d:])")
 _H_CLOCK = re.compile(r"(?<![\w:])(?P<h>[01]?\d|2[0-3])h(?P<m>[0-5]\d)?(?!\w)")
@@ -146,6 +162,12 @@ def normalize(text: str, lang: str) -> str:
         digits = m.group(0).replace(",", "")
         return _ja_myriads(digits) if lang == "j" and len(digits) > 9 else digits
 
+    if lang in ("e", "f", "i", "p"):
+        text = _US_NUMBER.sub(_local_number, text)
+    if lang == "f":
+        text = _SPACED_THOUSANDS.sub(lambda m: m.group(0).replace(" ", ""), text)
+    if lang == "h":
+        text = _HINDI_GROUPED.sub(lambda m: m.group(0).replace(",", ""), text)
     if lang == "j":
         text = _JA_PHONE.sub(lambda m: "、".join(_ja_digits(group) for group in m.group(0).split("-")), text)
     if lang in _YEAR_FIRST:  # "1,500円", "１，５００円": misaki and cn2an read a thousands comma as a pause
