@@ -155,8 +155,8 @@ class LiveSession:
                     for piece in self.segmenter.settle():
                         await self._queue(piece)
                     continue
-                if receive not in done:  # the speaker ended the session (its end, or a failure)
-                    return
+                if self.speaker in done:  # it ended the session (its end, or a failure): a message
+                    return                # that came with its close has no one left to answer it
                 message, receive = receive.result(), None
                 if message["type"] == "websocket.disconnect":
                     if self.outcome == "ok" and not self.finished:
@@ -196,6 +196,8 @@ class LiveSession:
             await self._queue(self.segmenter.flush())
             self.work.put_nowait(_FLUSHED)
         elif isinstance(event, LiveClear):
+            if self.finished:  # everything was spoken: `done` and the close are on their way, and
+                return         # cancelling them would leave a `cleared` to send on a closed socket
             self.segmenter.clear()
             await self._stop_speaker()
             self.work = asyncio.Queue()

@@ -4,6 +4,7 @@ each), driven by the `websockets` client as an agent or a phone bot would drive 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
+from starlette.websockets import WebSocketState
 
 from api.app import create_app
 from test_api_app import PIECE_AUDIO_S, PIECE_SECONDS, SR, ScriptedService, ThreadServer, metric
@@ -283,7 +285,6 @@ def test_server_stall_counts_only_silence_the_server_caused():
 def test_loadtest_live_measures_the_servers_share(server):
     """Against the scripted service (0.15 s of synthesis a piece): every piece's audio comes at
     least one synthesis after its text was complete, and a word waits longer than its piece."""
-    import asyncio
 
     from loadtest.live import run_session, summarize_step
 
@@ -300,7 +301,6 @@ def test_loadtest_live_measures_the_servers_share(server):
 def test_loadtest_live_times_the_sentence_before_a_tool_pause(server):
     """With a tool pause after "One two three.", that sentence's audio comes `pause_ms` plus one
     synthesis after its last word; with `pause_ms` off, only once the writer resumes."""
-    import asyncio
 
     from loadtest.live import run_session, summarize_step
 
@@ -316,15 +316,81 @@ def test_loadtest_live_times_the_sentence_before_a_tool_pause(server):
 
 
 def test_clear_after_end_still_ends_the_session(server):
+    # 30 pieces take the scripted replica 4.5 s, so the clear reaches the server long before the
+    # last of them (one that comes after it is the next test's case)
     with open_session(server, response_format="pcm") as session:
         session.receive_until("started")
-        session.send(type="text", text=" ".join(f"Sentence {i}." for i in range(10)))
+        session.send(type="text", text=" ".join(f"Sentence {i}." for i in range(30)))
         session.send(type="end")
         session.receive_audio()
         session.send(type="clear")
         session.receive_until("cleared")
         session.receive_until("done")
-    assert len(session.audio) < 10 * PIECE_BYTES
+    assert len(session.audio) < 30 * PIECE_BYTES
+
+
+class ClosingSocket:
+    """A WebSocket double whose close frame is held until the test lets it go, to put a message in
+    the moment between `done` and the close, which a real connection only hits under load. Like
+    Starlette's, it refuses to send once the close is sent."""
+
+    def __init__(self):
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        self.sent: list = []
+        self.closing, self.may_close = asyncio.Event(), asyncio.Event()
+        self.closed = False
+        self.client_state = self.application_state = WebSocketState.CONNECTED
+
+    def deliver(self, **message) -> None:
+        self.incoming.put_nowait({"type": "websocket.receive", "text": json.dumps(message)})
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+    async def send_text(self, data: str) -> None:
+        self._refuse_after_close()
+        self.sent.append(json.loads(data)["type"])
+
+    async def send_bytes(self, data: bytes) -> None:
+        self._refuse_after_close()
+        self.sent.append("audio")
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        self._refuse_after_close()
+        self.closing.set()
+        await self.may_close.wait()
+        self.closed = True
+        self.sent.append(f"close {code}")
+
+    def _refuse_after_close(self) -> None:
+        if self.closed:
+            raise RuntimeError('Cannot call "send" once a close message has been sent.')
+
+
+def test_a_clear_that_comes_as_the_session_closes_is_dropped_not_answered(service):
+    """Everything spoken and `done` sent: a `clear` now has nothing to clear, and the close goes
+    on (it used to cancel the close, then fail sending `cleared` on the closed socket)."""
+    from api.live import LiveSession
+    from api.protocol import LiveStart
+
+    async def scenario() -> tuple[LiveSession, ClosingSocket]:
+        app = create_app(Settings().replace(max_requests=2), service=service)
+        ws = ClosingSocket()
+        session = LiveSession(app.state.kokoro, ws, LiveStart(type="start", timestamps=False), "live_test")
+        running = asyncio.create_task(session.run())
+        ws.deliver(type="text", text="Only sentence.")
+        ws.deliver(type="end")
+        await asyncio.wait_for(ws.closing.wait(), 10)
+        ws.deliver(type="clear")
+        for _ in range(20):  # let the receiving loop take the clear while the close is held
+            await asyncio.sleep(0)
+        ws.may_close.set()
+        await asyncio.wait_for(running, 10)
+        return session, ws
+
+    session, ws = asyncio.run(scenario())
+    assert ws.sent == ["started", "audio", "done", "close 1000"]
+    assert session.outcome == "ok"
 
 
 def test_player_course_splits_each_silence_by_cause():
@@ -341,7 +407,6 @@ def test_player_course_splits_each_silence_by_cause():
 
 
 def test_loadtest_live_draws_the_sessions_timeline(server, tmp_path):
-    import asyncio
 
     from PIL import Image
 
