@@ -77,6 +77,9 @@ _MYRIADS = (("兆", 10**12), ("億", 10**8), ("万", 10**4))
 # misaki cuts "0.5" into "0", "." and "5": a pause, and "10.05" lost its 0. Said "れい てん ご" with
 # the digits after the point one by one.
 _JA_DECIMAL = re.compile(r"(?<![\d.,])(?P<whole>\d+)\.(?P<fraction>\d+)(?![\d.])")
+# Money with cents is said in two units, as a price is: "3.50ドル" -> "3ドル50セント", not "3 点 ゴ ゼロ ドル".
+_JA_CENTS = re.compile(r"(?<![\d.,])(?P<whole>\d+)\.(?P<cents>\d{2})(?P<unit>ドル|ユーロ|ポンド)")
+_JA_CENT_WORD = {"ドル": "セント", "ユーロ": "セント", "ポンド": "ペンス"}
 _JA_FRACTION_DIGITS = ("ゼロ", "イチ", "ニ", "サン", "ヨン", "ゴ", "ロク", "ナナ", "ハチ", "キュウ")
 
 
@@ -179,6 +182,8 @@ def normalize(text: str, lang: str) -> str:
     text = _CLOCK.sub(clock, text)
     text = _SIGN_AFTER.sub(sign, _SIGN_BEFORE.sub(sign, text))
     if lang == "j":
+        text = _JA_CENTS.sub(lambda m: m.group("whole") + m.group("unit") + (
+            f"{int(m.group('cents'))}{_JA_CENT_WORD[m.group('unit')]}" if int(m.group("cents")) else ""), text)
         text = _JA_DECIMAL.sub(lambda m: m.group("whole") + "点" + "".join(
             _JA_FRACTION_DIGITS[int(c)] for c in m.group("fraction")), text)
         text = _JA_AMOUNT.sub(lambda m: _ja_myriads(m.group(0)), text)
