@@ -368,13 +368,15 @@ class LiveSession:
             async with self.send_lock:
                 await sending
         sent = asyncio.ensure_future(locked())
-        try:
-            await asyncio.wait_for(asyncio.shield(sent), self.send_timeout_s or None)
-        except asyncio.TimeoutError:
+        sent.add_done_callback(lambda task: task.cancelled() or task.exception())  # read below, or by no one
+        # asyncio.wait, not wait_for: wait_for (before Python 3.12) drops a cancel that lands as the
+        # frame goes out, and a `clear` that cancelled the speaker then let it speak on.
+        done, _ = await asyncio.wait({sent}, timeout=self.send_timeout_s or None)
+        if not done:  # the frame stays queued and ends with the connection
             self.stalled = True
-            sent.add_done_callback(lambda task: task.cancelled() or task.exception())  # ends with the connection
             raise ClientStalled(f"the client took no bytes for {self.send_timeout_s:g} s "
-                                "(KOKORO_SEND_TIMEOUT_SECONDS): ending the session") from None
+                                "(KOKORO_SEND_TIMEOUT_SECONDS): ending the session")
+        sent.result()
 
     def _record(self) -> None:
         audio_s = self.samples / SAMPLE_RATE

@@ -91,12 +91,18 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
 
         async def bounded_send(message: Message) -> None:
             # Uvicorn waits for the connection to drain before it writes, so a send given up here
-            # has written nothing: the bytes on the wire stay whole.
+            # has written nothing: the bytes on the wire stay whole. asyncio.wait, not wait_for:
+            # wait_for (before Python 3.12) drops a cancel that lands as the send completes, and the
+            # producer, cancelled for a departed client, synthesized the rest for nobody.
+            sending = asyncio.ensure_future(send(message))
             try:
-                await asyncio.wait_for(send(message), self.send_timeout_s)
-            except asyncio.TimeoutError:
+                done, _ = await asyncio.wait({sending}, timeout=self.send_timeout_s)
+            finally:
+                sending.cancel()  # given up (timed out, or we were cancelled); nothing once it is done
+            if not done:
                 raise ClientStalled(f"the client took no bytes for {self.send_timeout_s:g} s "
-                                    "(KOKORO_SEND_TIMEOUT_SECONDS): closing its connection") from None
+                                    "(KOKORO_SEND_TIMEOUT_SECONDS): closing its connection")
+            sending.result()
         return bounded_send
 
 

@@ -209,6 +209,48 @@ def decode(data: bytes, fmt: str) -> tuple[float, int]:
     return n / rate, rate
 
 
+async def cancel_after_turns(task: asyncio.Task, turns: int) -> tuple[bool, bool]:
+    """Cancel `task` after `turns` turns of the event loop, then wait for it: (whether it accepted
+    the cancel, whether it ended cancelled). Swept over the turns, one lands as whatever it waits
+    on completes."""
+    loop = asyncio.get_running_loop()
+    accepted: list[bool] = []
+
+    def turn(left: int) -> None:
+        if left:
+            loop.call_soon(turn, left - 1)
+        else:
+            accepted.append(task.cancel())
+    loop.call_soon(turn, turns)
+    try:
+        await task
+    except asyncio.CancelledError:
+        return accepted[0], True
+    return bool(accepted and accepted[0]), False  # it may end before the cancel comes
+
+
+def test_a_stream_cancelled_as_its_send_completes_stops():
+    """The producer of a streamed response is cancelled when its client leaves. A cancel that
+    lands just as a send completes must still stop it: asyncio.wait_for (before Python 3.12)
+    returned the send's result and dropped the cancel, and the rest was synthesized for nobody."""
+    from api.transport import DisconnectAwareStreamingResponse
+
+    async def attempt(turns: int) -> tuple[bool, bool, int]:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+        bounded = DisconnectAwareStreamingResponse(iter(()), send_timeout_s=60)._bounded(send)
+        sender = asyncio.ensure_future(bounded({"type": "http.response.body", "body": b"x", "more_body": True}))
+        accepted, cancelled = await cancel_after_turns(sender, turns)
+        return accepted, cancelled, len(sent)
+
+    for turns in range(12):  # from before the send starts to well after it is done
+        accepted, cancelled, sent = asyncio.run(attempt(turns))
+        assert cancelled == accepted, f"cancel after {turns} turns: accepted {accepted}, cancelled {cancelled}"
+        assert cancelled or sent == 1
+
+
 def metric(http: httpx.Client, name: str) -> float:
     for line in http.get("/metrics").text.splitlines():
         if line.startswith(name + " "):

@@ -18,7 +18,8 @@ from websockets.sync.client import connect
 from starlette.websockets import WebSocketState
 
 from api.app import create_app
-from test_api_app import PIECE_AUDIO_S, PIECE_SECONDS, SR, ScriptedService, ThreadServer, metric
+from test_api_app import (PIECE_AUDIO_S, PIECE_SECONDS, SR, ScriptedService, ThreadServer, cancel_after_turns,
+                          metric)
 from worker.audio import SAMPLES_PER_FRAME
 from worker.settings import Settings
 
@@ -523,3 +524,28 @@ def test_with_markdown_off_a_code_block_is_read(server):
         session.receive_until("done")
     words = [w["word"] for e in session.of("words") for w in e["words"]]
     assert "ls" in words and len(session.audio) == 2 * PIECE_BYTES  # the bare closing fence: nothing to say
+
+
+def test_a_speaker_cancelled_as_its_frame_goes_out_stops(service):
+    """`clear` cancels the speaker, which is mostly waiting on a frame going out. A cancel that
+    lands just as that frame is sent must still stop it: asyncio.wait_for (before Python 3.12)
+    returned the send's result and dropped the cancel, and the speaker spoke on through all the
+    cleared text (CI saw it as a `cleared` sent after the session's close). Whatever the moment,
+    a cancel the sender accepted ends it cancelled, and its frame still goes out whole."""
+    from api.live import LiveSession
+    from api.protocol import LiveStart
+
+    state = create_app(Settings().replace(max_requests=2), service=service).state.kokoro
+
+    async def attempt(turns: int) -> tuple[bool, bool, list]:
+        ws = ClosingSocket()
+        session = LiveSession(state, ws, LiveStart(type="start"), "live_test")
+        sender = asyncio.ensure_future(session._send(ws.send_bytes(b"frame")))
+        accepted, cancelled = await cancel_after_turns(sender, turns)
+        await asyncio.sleep(0.01)  # a frame under way when the cancel came finishes
+        return accepted, cancelled, ws.sent
+
+    for turns in range(12):  # from before the frame starts to well after it has gone
+        accepted, cancelled, sent = asyncio.run(attempt(turns))
+        assert cancelled == accepted, f"cancel after {turns} turns: accepted {accepted}, cancelled {cancelled}"
+        assert sent == ["audio"]
