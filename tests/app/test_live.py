@@ -136,9 +136,10 @@ def test_clear_stops_the_speech_in_flight_and_drops_the_rest(server, service):
         session.send(type="clear")
         session.receive_until("cleared")
         spoken = len(session.audio)
-        # the piece in flight is the last of the dropped text
+        started = service.pieces_started
+        # the piece in flight was the last of the dropped text: none starts after `cleared`
         time.sleep(3 * PIECE_SECONDS)
-        assert service.pieces_started - before <= 3
+        assert service.pieces_started == started < before + 20
         session.send(type="text", text="After the interruption.")
         session.send(type="end")
         session.receive_until("done")
@@ -263,11 +264,13 @@ def test_a_cleared_stream_stays_one_decodable_file(server, fmt):
         session.receive_until("cleared")
         session.send(type="text", text="After the interruption.")
         session.send(type="end")
-        session.receive_until("done")
+        done = session.receive_until("done")
     container = av.open(io.BytesIO(bytes(session.audio)))
     seconds = sum(frame.samples / frame.sample_rate for frame in container.decode(container.streams.audio[0]))
+    sent_s = done["usage"]["output_tokens"] * SAMPLES_PER_FRAME / SR  # the server's count of what it sent
+    assert abs(seconds - sent_s) < 0.1, (seconds, sent_s)  # mp3 adds its padding
     pieces = seconds / PIECE_AUDIO_S
-    assert 2 <= round(pieces) <= 4 and abs(pieces - round(pieces)) < 0.25, seconds  # mp3 adds its padding
+    assert 2 <= round(pieces) < 10 and abs(pieces - round(pieces)) < 0.25, seconds
 
 
 # --- the instrument: python -m loadtest live ----------------------------------------------------
