@@ -215,6 +215,8 @@ CASES = [
     ("Only $9.99/mo", "Only nine dollars and ninety-nine cents per month"),
     ("$199/yr after that", "one hundred ninety-nine dollars per year after that"),
     ("Take at most 8/day", "Take at most eight per day"),
+    ("Walk 30 mins/day, 3 times/week.", "Walk thirty minutes per day, three times per week."),  # was "mins day"
+    ("50 GB/month for 1 person/night", "fifty GB per month for one person per night"),
     ("$25/hr", "twenty-five dollars per hour"),
     ("It took 1h 20m", "It took one hour twenty minutes"),
     ("Done in 2m30s", "Done in two minutes thirty seconds"),

@@ -837,6 +837,11 @@ _rule("height", r"(?<![\w.'])(?P<ft>\d{1,2})\s?['’]\s?(?P<inch>\d{1,2}(?:\.\d+
 _rule("duration", r"(?<![\w.])(?:(?P<h>\d+)\s?(?:hrs?|h)\s?(?P<m>\d+)\s?(?:mins?|m)(?:\s?(?P<s>\d+)\s?(?:secs?|s))?"
       r"|(?P<m2>\d+)\s?(?:mins?|m)\s?(?P<s2>\d+(?:\.\d+)?)\s?(?:secs?|s)"
       r"|~\s?(?P<n>\d+(?:\.\d+)?)\s?(?P<unit>hrs?|h|mins?|secs?|s|ms))\b", _duration)
+# "/day" after a counted word: "30 mins/day", "3 times/week", "50 GB/month" (before the time unit
+# rule, which leaves a unit with a slash after it alone)
+_rule("counted per", r"(?<![\w.])(?P<counted>\d+(?:\.\d+)?\s?[A-Za-z]{1,15})\s?/\s?(?P<per>"
+      + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", lambda m, b: m.group("counted") + _per(m, b),
+      flags=re.IGNORECASE)
 _rule("time unit", r"(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s?(?P<u>mins?|hrs?|secs?)\b(?P<dot>\.)?(?!/)", _time_unit)
 _rule("years old", r"(?<![\w.])(?P<n>\d{1,3})\s?y/?o\b", _years_old)
 _rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", _per,
