@@ -477,12 +477,13 @@ OTHER_LANGUAGE_CASES = [
     ("z", "价格是1500元，打8折。", "价格是一千五百元，打八折。"),
     ("z", "人口1,400,000", "人口一百四十万"),  # an amount with thousands commas is no phone number
     ("z", "会议在2025/4/3 14:30开始，价格$20，折扣50%。", "会议在二零二五年四月三日 十四点三十分开始，价格二十美元，折扣百分之五十。"),
-    ("j", "2025/4/3の14:30から、50%オフで$20です。", "2025年4月3日の14時30分から、50パーセントオフで20ドルです。"),
-    ("j", "¥1,500です", "1500円です"),  # misaki reads a thousands comma as a pause
+    ("j", "2025/4/3の14:30から、50%オフで$20です。", "二千二十五年4月3日の14時30分から、50パーセントオフで20ドルです。"),
+    ("j", "¥1,500です", "千五百円です"),  # misaki reads a thousands comma as a pause
     ("j", "電話は03-1234-5678です。", "電話はゼロサン、イチニーサンヨン、ゴーロクナナハチです。"),
     # misaki reads at most 9 digits: a longer amount in 万/億/兆, a long ID and a leading 0 digit by digit
-    ("j", "予算は10,000,000,000円です", "予算は100億円です"),
-    ("j", "$12345678901", "123億4567万8901ドル"),
+    ("j", "予算は10,000,000,000円です", "予算は百億円です"),
+    ("j", "$12345678901", "百二十三億四千五百六十七万八千九百一ドル"),
+    ("j", "300円で50000人、3本", "三百円で五万人、3本"),  # from 100 up in kanji, which misaki reads better
     ("j", "注文番号1234567890123", "注文番号イチニーサンヨンゴーロクナナハチキューゼロイチニーサン"),
     ("j", "コードは007です", "コードはゼロゼロナナです"),
     ("j", "0.5秒で10.5キロ", "0点ゴ秒で10点ゴキロ"),  # misaki read the point as a pause
@@ -494,6 +495,18 @@ OTHER_LANGUAGE_CASES = [
 @pytest.mark.parametrize("lang, text, expected", OTHER_LANGUAGE_CASES, ids=[c[1] for c in OTHER_LANGUAGE_CASES])
 def test_signs_in_languages_espeak_reads(lang, text, expected):
     assert normalize_text(text, lang_code=lang) == expected
+
+
+@pytest.mark.parametrize("text, said, not_said", [
+    ("300円", "sambʲakɯ", "bʲija"),      # misaki read the digits 'saɴ bʲija kɯ'
+    ("800本", "haʔpʲakɯ", "pʲi ja"),     # 'haʔpʲi ja kɯ'
+    ("50000人", "maɲɲiɴ", "çito"),        # 'ɡoma ɴ çito': 人 read as a word of its own
+])
+def test_japanese_hundreds_and_myriads_are_said_whole(text, said, not_said):
+    from worker.text import text_to_chunks
+
+    phonemes = " ".join(c.phonemes for c in text_to_chunks(text, "j"))
+    assert said in phonemes and not_said not in phonemes, phonemes
 
 
 def test_long_japanese_numbers_are_read_as_japanese():

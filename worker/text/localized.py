@@ -69,11 +69,17 @@ _JA_PHONE = re.compile(r"(?<![\d-])\d{2,4}-\d{2,4}-\d{3,4}(?![\d-])|(?<![\d.,])0
 _JA_DIGITS = ("ゼロ", "イチ", "ニー", "サン", "ヨン", "ゴー", "ロク", "ナナ", "ハチ", "キュー")
 # misaki reads a number of at most 9 digits; a longer one came out as its error message ("Number
 # length too long, choose less than 10 digits") in English phonemes. An amount (a unit after it, or
-# thousands commas) is said in 万, 億 and 兆 ("12345678901円" -> "123億4567万8901円"); any other long
-# run, and a run with a leading 0, is a code or an ID, read digit by digit.
+# thousands commas) is said in 万, 億 and 兆; any other long run, and a run with a leading 0, is a
+# code or an ID, read digit by digit.
 _JA_AMOUNT = re.compile(r"(?<![\d.,])[1-9]\d{9,15}(?=\s?(?:円|ドル|ユーロ|ポンド|レアル|ルピー|元|人|件|個|台|株|票|枚|本|回|倍))")
 _JA_CODE = re.compile(r"(?<![\d.,])(?:\d{10,}|0\d+)(?![\d.]|,\d)")
+# A number from 100 up is given to misaki in kanji: its own reading of the digits splits 百 after
+# 3, 6 and 8 ("300" 'saɴ bʲija kɯ', "800" 'haʔpʲi ja kɯ', not 'sambʲakɯ', 'haʔpʲakɯ') and cuts a
+# round 万 from the word after it ("50000人" 'ɡoma ɴ çito', "五万人" 'ɡo maɲɲiɴ'). Below 100 the digits
+# stay: there its dictionary reads some counters better from digits ("3本"; "三本" is a surname).
+_JA_NUMBER = re.compile(r"(?<![\d.,])[1-9]\d{2,8}(?![\d.]|,\d)")
 _MYRIADS = (("兆", 10**12), ("億", 10**8), ("万", 10**4))
+_KANJI_DIGITS = "〇一二三四五六七八九"  # by value: 〇 is never said (no count of 0 is written)
 # misaki cuts "0.5" into "0", "." and "5": a pause, and "10.05" lost its 0. Said "れい てん ご" with
 # the digits after the point one by one.
 _JA_DECIMAL = re.compile(r"(?<![\d.,])(?P<whole>\d+)\.(?P<fraction>\d+)(?![\d.])")
@@ -87,17 +93,26 @@ def _ja_digits(digits: str) -> str:
     return "".join(_JA_DIGITS[int(c)] for c in digits)
 
 
-def _ja_myriads(digits: str) -> str:
-    """A number of up to 16 digits in the groups of four Japanese counts in; a longer one digit by digit."""
+def _ja_kanji(digits: str) -> str:
+    """A number of up to 16 digits in kanji, counted in groups of four ("12345" -> "一万二千三百四十五");
+    a longer one digit by digit."""
     n = int(digits)
     if n >= 10**16:
         return _ja_digits(digits)
-    said = []
+
+    def below_a_myriad(n: int) -> str:  # 1 before 十, 百 and 千 is not said: 千二百, not 一千二百
+        said = ""
+        for unit, size in (("千", 1000), ("百", 100), ("十", 10)):
+            count, n = divmod(n, size)
+            said += "" if not count else unit if count == 1 else _KANJI_DIGITS[count] + unit
+        return said + (_KANJI_DIGITS[n] if n else "")
+    said = ""
     for unit, size in _MYRIADS:
         count, n = divmod(n, size)
         if count:
-            said.append(f"{count}{unit}")
-    return "".join(said) + (str(n) if n or not said else "")
+            said += below_a_myriad(count) + unit
+    return said + below_a_myriad(n)
+
 
 # Numbers as espeak-ng reads them. Its Spanish, French, Italian and Portuguese read "1.000,50"; a
 # number in US form, unambiguous with a comma then a point or with two thousands commas ("$1,000.50",
@@ -163,7 +178,7 @@ def normalize(text: str, lang: str) -> str:
 
     def without_commas(m: re.Match) -> str:
         digits = m.group(0).replace(",", "")
-        return _ja_myriads(digits) if lang == "j" and len(digits) > 9 else digits
+        return _ja_kanji(digits) if lang == "j" and len(digits) > 9 else digits
 
     if lang in ("e", "f", "i", "p"):
         text = _US_NUMBER.sub(_local_number, text)
@@ -186,6 +201,7 @@ def normalize(text: str, lang: str) -> str:
             f"{int(m.group('cents'))}{_JA_CENT_WORD[m.group('unit')]}" if int(m.group("cents")) else ""), text)
         text = _JA_DECIMAL.sub(lambda m: m.group("whole") + "点" + "".join(
             _JA_FRACTION_DIGITS[int(c)] for c in m.group("fraction")), text)
-        text = _JA_AMOUNT.sub(lambda m: _ja_myriads(m.group(0)), text)
+        text = _JA_AMOUNT.sub(lambda m: _ja_kanji(m.group(0)), text)
         text = _JA_CODE.sub(lambda m: _ja_digits(m.group(0)), text)
+        text = _JA_NUMBER.sub(lambda m: _ja_kanji(m.group(0)), text)
     return text
