@@ -477,7 +477,7 @@ OTHER_LANGUAGE_CASES = [
     ("z", "价格是1500元，打8折。", "价格是一千五百元，打八折。"),
     ("z", "人口1,400,000", "人口一百四十万"),  # an amount with thousands commas is no phone number
     ("z", "会议在2025/4/3 14:30开始，价格$20，折扣50%。", "会议在二零二五年四月三日 十四点三十分开始，价格二十美元，折扣百分之五十。"),
-    ("j", "2025/4/3の14:30から、50%オフで$20です。", "二千二十五年4月3日の14時30分から、50パーセントオフで20ドルです。"),
+    ("j", "2025/4/3の14:30から、50%オフで$20です。", "二千二十五年四月三日の十四時三十分から、50パーセントオフで20ドルです。"),
     ("j", "¥1,500です", "千五百円です"),  # misaki reads a thousands comma as a pause
     ("j", "電話は03-1234-5678です。", "電話はゼロサン、イチニーサンヨン、ゴーロクナナハチです。"),
     # misaki reads at most 9 digits: a longer amount in 万/億/兆, a long ID and a leading 0 digit by digit
@@ -501,6 +501,8 @@ def test_signs_in_languages_espeak_reads(lang, text, expected):
     ("300円", "sambʲakɯ", "bʲija"),      # misaki read the digits 'saɴ bʲija kɯ'
     ("800本", "haʔpʲakɯ", "pʲi ja"),     # 'haʔpʲi ja kɯ'
     ("50000人", "maɲɲiɴ", "çito"),        # 'ɡoma ɴ çito': 人 read as a word of its own
+    ("12月3日", "ʥɨːɲiɡaʦɨ mʲiʔka", "ʦɨkʲi"),  # 'ʥɨːɲi ʦɨkʲi saɴ ɲiʨi'
+    ("2人で30分の1", "ɸɯtaɾʲi", "ɸɯɴ no"),    # 'ɲi çito'; the fraction stays 'saɴ ʥɨː bɯɴ no iʨi'
 ])
 def test_japanese_hundreds_and_myriads_are_said_whole(text, said, not_said):
     from worker.text import text_to_chunks

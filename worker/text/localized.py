@@ -12,7 +12,7 @@ trente"). So, before them:
     "el 3/4/2025 a las 14:30"   -> "el 3 de abril de 2025 a las 14 y 30"
     "le 01/04/2025 à 14h30"     -> "le premier avril 2025 à 14 heures 30"
     "cuesta $1,000.50"          -> "cuesta 1000,50 dólares"
-    "2025/4/3 14:30、$20"        -> "2025年4月3日 14点30分、20美元" (Mandarin; Japanese 14時30分、20ドル)
+    "2025/4/3 14:30、$20"        -> "2025年4月3日 14点30分、20美元" (Mandarin; Japanese 十四時三十分、20ドル)
 
 Dates are day first in the languages that write them so, year first in Mandarin and Japanese, and
 only with a year: "3/4" alone may be a fraction. Times are read as people say a clock in each
@@ -78,6 +78,10 @@ _JA_CODE = re.compile(r"(?<![\d.,])(?:\d{10,}|0\d+)(?![\d.]|,\d)")
 # round 万 from the word after it ("50000人" 'ɡoma ɴ çito', "五万人" 'ɡo maɲɲiɴ'). Below 100 the digits
 # stay: there its dictionary reads some counters better from digits ("3本"; "三本" is a surname).
 _JA_NUMBER = re.compile(r"(?<![\d.,])[1-9]\d{2,8}(?![\d.]|,\d)")
+# Below 100, before the counters of dates, clock times and people, whose kanji misaki reads as they
+# are said and whose digits it does not: 2月 'ɲi ʦɨkʲi' (二月 'ɲiɡaʦɨ'), 12時 'ʥɨːɲi tokʲi', 3日 'saɴ ɲiʨi'
+# (三日 'mʲiʔka'), 2人 'ɲi çito' (二人 'ɸɯtaɾʲi'), 5分 'ɡo bɯɴ' (五分 'ɡo ɸɯɴ'; but 30分の1 is a fraction).
+_JA_COUNTED = re.compile(r"(?<![\d.,])[1-9]\d?(?=[月時日人]|分(?!の))")
 _MYRIADS = (("兆", 10**12), ("億", 10**8), ("万", 10**4))
 _KANJI_DIGITS = "〇一二三四五六七八九"  # by value: 〇 is never said (no count of 0 is written)
 # misaki cuts "0.5" into "0", "." and "5": a pause, and "10.05" lost its 0. Said "れい てん ご" with
@@ -204,4 +208,5 @@ def normalize(text: str, lang: str) -> str:
         text = _JA_AMOUNT.sub(lambda m: _ja_kanji(m.group(0)), text)
         text = _JA_CODE.sub(lambda m: _ja_digits(m.group(0)), text)
         text = _JA_NUMBER.sub(lambda m: _ja_kanji(m.group(0)), text)
+        text = _JA_COUNTED.sub(lambda m: _ja_kanji(m.group(0)), text)
     return text
