@@ -107,7 +107,7 @@ def normalize_text(text: str, options: NormalizationOptions | None = None, lang_
             return spoken_numbers(localized.normalize(digit_strings(piece), lang_code))
     elif lang_code == "j":
         def rules(piece: str) -> str:  # "10〜20人": from ten to twenty, as misaki reads it
-            return _JAPANESE_RANGE.sub("から", localized.normalize(piece, lang_code))
+            return localized.normalize(_JAPANESE_RANGE.sub("から", piece), lang_code)  # before 20 is 二十
     elif lang_code in localized.LANGUAGES:
         def rules(piece: str) -> str:
             return localized.normalize(piece, lang_code)
