@@ -582,6 +582,7 @@ _PER = {"day": "day", "week": "week", "wk": "week", "month": "month", "mo": "mon
         "second": "second", "sec": "second", "night": "night", "person": "person", "user": "user",
         "seat": "seat", "head": "head", "unit": "unit", "item": "item", "serving": "serving", "dose": "dose",
         "mile": "mile", "gallon": "gallon", "gal": "gallon", "license": "license"}
+_PER_WORDS = "|".join(sorted(_PER, key=len, reverse=True))  # the longest first: "month" before "mo"
 
 
 def _per(m: re.Match, british: bool) -> str:
@@ -840,11 +841,11 @@ _rule("duration", r"(?<![\w.])(?:(?P<h>\d+)\s?(?:hrs?|h)\s?(?P<m>\d+)\s?(?:mins?
 # "/day" after a counted word: "30 mins/day", "3 times/week", "50 GB/month" (before the time unit
 # rule, which leaves a unit with a slash after it alone)
 _rule("counted per", r"(?<![\w.])(?P<counted>\d+(?:\.\d+)?\s?[A-Za-z]{1,15})\s?/\s?(?P<per>"
-      + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", lambda m, b: m.group("counted") + _per(m, b),
+      + _PER_WORDS + r")\b", lambda m, b: m.group("counted") + _per(m, b),
       flags=re.IGNORECASE)
 _rule("time unit", r"(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s?(?P<u>mins?|hrs?|secs?)\b(?P<dot>\.)?(?!/)", _time_unit)
 _rule("years old", r"(?<![\w.])(?P<n>\d{1,3})\s?y/?o\b", _years_old)
-_rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + "|".join(sorted(_PER, key=len, reverse=True)) + r")\b", _per,
+_rule("per", r"(?<=[\d%])\s?/\s?(?P<per>" + _PER_WORDS + r")\b", _per,
       flags=re.IGNORECASE)
 # "10:00-11:30": two times, read "ten o'clock to eleven thirty" by the time rule after this one.
 _rule("time range", r"\b(?P<a>\d{1,2}:\d{2}(?:\s?[AaPp]\.?[Mm]\.?)?)\s?[-–]\s?(?P<b>\d{1,2}:\d{2})(?![\d:])",
