@@ -198,8 +198,13 @@ def configure_process(settings) -> None:
     from worker.engine import resolve_device
 
     use_compile_cache(settings.cache_dir)
-    if resolve_device(settings.device).type == "cpu" or settings.threads > 0:
-        threads = inference_threads(settings.threads, settings.workers)
-        torch.set_num_threads(threads)
-        log.info("%d inference thread(s) (KOKORO_THREADS=%d, %d worker(s) on %d usable core(s)), niceness +%d",
-                 threads, settings.threads, max(1, settings.workers), usable_cores(), settings.inference_nice)
+    # On a GPU too: a worker's host-side torch work (building or loading the weights, the small CPU
+    # tensors of each request) would otherwise start one OpenMP thread per core in every worker,
+    # 8 workers x 16 threads on 16 cores. The likely reason an H200 box's 8 serve workers took
+    # 70-100 s to reach their graph capture, where 16 one-thread replicas (worker.replica_sweep)
+    # were ready, graphs captured, in 42 s (2026-11-27; not yet measured again with this).
+    threads = inference_threads(settings.threads, settings.workers)
+    torch.set_num_threads(threads)
+    on = "inference" if resolve_device(settings.device).type == "cpu" else "host-side torch"
+    log.info("%d %s thread(s) (KOKORO_THREADS=%d, %d worker(s) on %d usable core(s)), niceness +%d",
+             threads, on, settings.threads, max(1, settings.workers), usable_cores(), settings.inference_nice)

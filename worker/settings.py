@@ -78,8 +78,8 @@ class Settings:
     seed: int = setting("KOKORO_SEED", 0, "Seed of the model's noise sources, so the same input gives the same audio.")
     threads: int = setting(
         "KOKORO_THREADS", 0,
-        "torch intra-op threads per replica (0: on CPU, the usable cores divided by the workers, at least 1; "
-        "on a GPU, torch's default).")
+        "torch intra-op threads per replica (0: the usable cores divided by the workers, at least 1; on a "
+        "GPU these serve the host-side work, weights and per-request CPU tensors).")
     inference_nice: int = setting(
         "KOKORO_INFERENCE_NICE", 10,
         "Niceness added to each replica's inference thread and its OpenMP pool (Linux), so the event loop "

@@ -123,6 +123,24 @@ def test_workers_share_the_cores():
     assert inference_threads(0, workers=0) >= 1
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_each_worker_takes_its_share_of_the_cores_on_a_gpu_too(device, monkeypatch, tmp_path):
+    """A GPU worker's host-side torch work (weights, per-request CPU tensors) must not start one
+    OpenMP thread per core in every one of 8 workers. Nothing here touches CUDA: the thread count
+    is set before any engine exists."""
+    from worker import cpu_runtime
+    from worker.settings import Settings
+
+    monkeypatch.setattr(cpu_runtime, "usable_cores", lambda: 16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(7)  # neither the share nor the default
+        cpu_runtime.configure_process(Settings(device=device, workers=8, cache_dir=str(tmp_path)))
+        assert torch.get_num_threads() == 2  # 16 cores / 8 workers
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
 def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
     """glibc malloc without mmap'd chunks (freed activations are reused, not faulted in anew) once
