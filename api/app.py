@@ -290,6 +290,7 @@ async def _load_service(state: AppState) -> None:
         from worker.cpu_runtime import configure_process
 
         configure_process(state.settings)  # intra-op threads (cores / workers), compile cache
+        log.info("start-up: imports and process set-up %.1f s", time.perf_counter() - started)
         # Built and warmed up: this worker's replica alone, behind the fleet's queue, or the baseline.
         service = await build_service(state.settings, state.metrics)
         # The model, its compiled kernels and the text frontend's tables are hundreds of thousands

@@ -19,6 +19,8 @@ serves with.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -26,6 +28,8 @@ from api.metrics import Metrics
 from worker.settings import Settings, SettingsError
 from worker.speech import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, SpeechService
 from worker.voices import VoiceBank
+
+log = logging.getLogger("kokoro_fleet.api")
 
 
 class SpeechBackend(Protocol):
@@ -77,8 +81,14 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
                    Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
         return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
 
+    # Each stage's time in the log: a fleet's start-up is minutes on a GPU box, and where they go
+    # (weights and engine, graph capture, the text readers) decides what to make faster.
+    started = time.perf_counter()
     local = await asyncio.to_thread(build)
-    await local.warmup()  # the replica, and the text frontend's lexicons
+    built = time.perf_counter()
+    await local.warmup()  # the replica (CUDA graphs on a GPU), and the text frontend's lexicons
+    log.info("start-up: weights and engine %.1f s, warm-up %.1f s (replica and text readers)",
+             built - started, time.perf_counter() - built)
     if settings.baseline or not settings.queue_url:
         return local
     fleet = FleetSpeechService(local, settings.queue_url, settings, replicas=max(1, settings.workers),

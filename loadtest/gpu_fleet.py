@@ -773,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["stop"] = fleet.stop()
                 text = fleet.text()
                 lines = text.splitlines()
-                important = [ln for ln in lines if re.search(r"ERROR|Traceback|Error:|WARNING|ready in|fleet of|GPU|MPS|"
+                important = [ln for ln in lines if re.search(r"ERROR|Traceback|Error:|WARNING|ready in|start-up:|fleet of|GPU|MPS|"
                                                              r"memory", ln)]
                 log.block("serve log: first 60 lines", "\n".join(lines[:60]))
                 log.block("serve log: errors, warnings and start-up lines (last 80)", "\n".join(important[-80:]))
