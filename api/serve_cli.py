@@ -273,6 +273,26 @@ def check_gpu_memory(workers: int, per_replica_mib: int, free_mib: int | None, i
     return f"GPU {index}: {workers} replicas x {per_replica_mib} MiB fit in {free_mib} MiB free"
 
 
+def mps_daemon_alive(pipe: Path) -> bool:
+    """Whether the MPS control daemon of `pipe` runs: the pid file it writes there names a live
+    process. A daemon that died (a container restarted with its /tmp, a killed run) leaves its
+    `control` pipe behind; CUDA then runs without MPS and says nothing, so the replicas would
+    time-slice the GPU while the log said MPS. No pid file (an older driver): trust the pipe."""
+    try:
+        pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 class Mps:
     """The CUDA MPS control daemon, so the replicas' kernels share the GPU instead of time-slicing."""
 
@@ -289,7 +309,10 @@ class Mps:
         pipe = Path(os.environ.setdefault("CUDA_MPS_PIPE_DIRECTORY", "/tmp/kokoro-fleet-mps/pipe"))
         logs = Path(os.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", "/tmp/kokoro-fleet-mps/log"))
         if (pipe / "control").exists():
-            return f"MPS: a daemon already runs (pipe {pipe}): using it"
+            if mps_daemon_alive(pipe):
+                return f"MPS: a daemon already runs (pipe {pipe}): using it"
+            log.warning("MPS: %s holds a dead daemon's pipe (its pid file names no running process): "
+                        "starting a new daemon", pipe)
         control = shutil.which("nvidia-cuda-mps-control")
         if control is None:
             return self._not("nvidia-cuda-mps-control is not available")

@@ -94,6 +94,18 @@ cuda_works() {
         >/dev/null 2>&1
 }
 
+# True when the MPS control daemon of $CUDA_MPS_PIPE_DIRECTORY runs: the pid file it writes there
+# names a live process. A daemon that died (a restarted container keeps its /tmp) leaves its
+# `control` pipe behind, and CUDA then runs without MPS and says nothing. No pid file (an older
+# driver): trust the pipe.
+mps_daemon_alive() {
+    local pidfile=$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid pid=
+    [[ -e $CUDA_MPS_PIPE_DIRECTORY/control ]] || return 1
+    [[ -e $pidfile ]] || return 0
+    read -r pid <"$pidfile" || true
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+}
+
 start_mps() {
     local mode=${KOKORO_MPS:-auto}
     case $mode in
@@ -114,9 +126,12 @@ start_mps() {
     export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/kokoro-fleet-mps/pipe}
     export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/kokoro-fleet-mps/log}
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]]; then
+    if mps_daemon_alive; then
         log "an MPS daemon already runs (pipe $CUDA_MPS_PIPE_DIRECTORY): using it"
         return 0
+    fi
+    if [[ -e $CUDA_MPS_PIPE_DIRECTORY/control ]]; then
+        log "$CUDA_MPS_PIPE_DIRECTORY holds a dead MPS daemon's pipe: starting a new daemon"
     fi
     if ! nvidia-cuda-mps-control -d; then
         [[ $mode == on ]] && die "KOKORO_MPS=on but the MPS daemon did not start (log: $CUDA_MPS_LOG_DIRECTORY)"

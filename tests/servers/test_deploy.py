@@ -507,6 +507,40 @@ def test_entrypoint_forwards_sigterm_waits_for_the_drain_and_exits_0(tmp_path):
     assert "draining for up to 1s" in stderr and "server stopped after draining (status 0)" in stderr
 
 
+@pytest.mark.parametrize("daemon", ["dead", "alive"])
+def test_entrypoint_starts_mps_where_a_dead_daemon_left_its_pipe(daemon, tmp_path):
+    """A restarted container keeps its /tmp, so the MPS pipe of a daemon that died with the old
+    run is still there: the entrypoint starts a new daemon instead of 'using' the dead one (CUDA
+    would run without MPS and say nothing). A fake GPU and MPS control on PATH record the calls."""
+    env = fake_fleet(tmp_path, "drain")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "mps-calls"
+    for name, body in {"nvidia-smi": 'if [[ $1 == -L ]]; then echo "GPU 0: Fake GPU (UUID: GPU-0)"; fi',
+                       "nvidia-cuda-mps-control": f'echo "args:$*" >>{calls}; if (($# == 0)); then cat >>{calls}; fi'
+                       }.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    pipe = tmp_path / "mps" / "pipe"
+    pipe.mkdir(parents=True)
+    (pipe / "control").touch()
+    if daemon == "dead":
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        pid = gone.pid
+    else:
+        pid = os.getpid()
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{pid}\n")
+    env.update(KOKORO_MPS="auto", CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "mps" / "log"))
+    entry = subprocess.Popen([str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
+    wait_for_file(tmp_path / "record.json")
+    entry.send_signal(signal.SIGTERM)
+    assert entry.wait(30) == 0
+    stderr, called = entry.stderr.read(), calls.read_text() if calls.exists() else ""
+    if daemon == "dead":
+        assert "dead MPS daemon's pipe" in stderr and "args:-d" in called, stderr
+    else:
+        assert "an MPS daemon already runs" in stderr and "args:-d" not in called, stderr
+
+
 def test_entrypoint_kills_a_server_that_outlives_the_grace_period(tmp_path):
     env = fake_fleet(tmp_path, "stuck")
     entry = subprocess.Popen([str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)

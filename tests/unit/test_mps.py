@@ -1,0 +1,63 @@
+"""`serve` starts the CUDA MPS daemon unless one runs. A daemon that died leaves its pipe behind
+(a container restarted with its /tmp, a run that was killed): CUDA then runs without MPS and says
+nothing, so the launcher must not take a leftover pipe for a running daemon. No GPU needed: the
+pipe directory and the daemon's pid file are made up here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from api import serve_cli
+from api.serve_cli import Mps, mps_daemon_alive
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid  # reaped: no process has it (until the kernel hands it out again, far later)
+
+
+def _pipe(tmp_path: Path, pid: int | None) -> Path:
+    pipe = tmp_path / "pipe"
+    pipe.mkdir(parents=True)
+    (pipe / "control").touch()
+    if pid is not None:
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{pid}\n")
+    return pipe
+
+
+def test_a_pipe_is_a_running_daemon_only_while_its_pid_lives(tmp_path):
+    assert mps_daemon_alive(_pipe(tmp_path / "alive", os.getpid()))
+    assert not mps_daemon_alive(_pipe(tmp_path / "dead", _dead_pid()))
+    assert mps_daemon_alive(_pipe(tmp_path / "no-pid-file", None))  # an older driver: trust the pipe
+    garbled = _pipe(tmp_path / "garbled", None)
+    (garbled / "nvidia-cuda-mps-control.pid").write_text("not a pid")
+    assert not mps_daemon_alive(garbled)
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_dead_daemons_pipe_is_not_used(mode, tmp_path, monkeypatch, caplog):
+    """The launcher goes on to start a daemon (here there is none to start, so `auto` serves
+    time-sliced and says why, and `on` refuses), instead of 'a daemon already runs: using it'."""
+    pipe = _pipe(tmp_path, _dead_pid())
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(tmp_path / "log"))
+    monkeypatch.setattr(serve_cli.shutil, "which", lambda name: None)
+    if mode == "on":
+        with pytest.raises(SystemExit, match="nvidia-cuda-mps-control is not available"):
+            Mps(mode).ensure()
+    else:
+        said = Mps(mode).ensure()
+        assert "not started" in said and "already runs" not in said
+    assert "dead daemon's pipe" in caplog.text
+
+
+def test_a_live_daemons_pipe_is_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(_pipe(tmp_path, os.getpid())))
+    monkeypatch.setattr(serve_cli.shutil, "which", lambda name: None)
+    assert "already runs" in Mps("on").ensure()
