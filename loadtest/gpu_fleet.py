@@ -553,6 +553,26 @@ def gpu_facts() -> dict[str, Any] | None:
         return None
 
 
+def mps_state(serve_log: str) -> dict[str, Any]:
+    """Whether the fleet runs under MPS, two ways: what `serve` logged ("MPS: ...") and whether
+    nvidia-smi's compute processes include an MPS server (under MPS the workers' contexts live in
+    nvidia-cuda-mps-server, so it is listed where they would be). The log alone can be wrong: CUDA
+    runs without MPS, silently, when the daemon the launcher found has died."""
+    said = re.findall(r"MPS: [^\n]*", serve_log)
+    state: dict[str, Any] = {"serve_log": said[-1] if said else None, "mps_server_listed": None}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-compute-apps=process_name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout
+            names = [line.strip() for line in out.splitlines() if line.strip()]
+            state["compute_processes"] = len(names)
+            state["mps_server_listed"] = any("mps-server" in name for name in names)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return state
+
+
 # --- one level of load ------------------------------------------------------------------------------------
 
 STEP_FIELDS = ("ok", "rejected_503", "errors", "attempted", "requests_per_s", "audio_s_per_wall_s",
@@ -615,6 +635,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Start-up to all workers ready: {result.get('startup', {}).get('startup_s', '-')} s. "
         f"Times in ms over successful requests; 503s counted apart.",
         "",
+        _mps_sentence(result.get("mps")),
+        "",
         "| c | ok | 503 | err | req/s | audio-s/s | TTFA p50 | p95 | p99 | E2E p50 | p95 | p99 | RTF p50 | "
         "in flight | GPU util mean/max % | GPU mem max MiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -636,6 +658,15 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("error"):
         lines.append(f"\n**Stopped early:** {result['error'].splitlines()[0]}")
     return "\n".join(lines) + "\n"
+
+
+def _mps_sentence(mps: dict[str, Any] | None) -> str:
+    if not mps:
+        return "MPS: not checked (the fleet did not start)."
+    listed = {True: "an MPS server is among nvidia-smi's compute processes",
+              False: "no MPS server among nvidia-smi's compute processes: the replicas time-slice the GPU",
+              None: "nvidia-smi not asked"}[mps.get("mps_server_listed")]
+    return f"MPS: serve said \"{mps.get('serve_log') or 'nothing'}\"; {listed}."
 
 
 def write_results(out: Path, result: dict[str, Any]) -> None:
@@ -732,6 +763,8 @@ def main(argv: list[str] | None = None) -> int:
         startup = fleet.wait_ready(startup_deadline)
         result["startup"] = {k: v for k, v in startup.items() if k != "health"}
         result["health"] = startup.get("health")
+        result["mps"] = mps_state(fleet.text())
+        log(f"MPS: {result['mps']}")
         write_results(out, result)
         if startup.get("timed_out"):
             raise RuntimeError(f"only {startup['ready_workers']} of {args.workers} workers were ready within the "

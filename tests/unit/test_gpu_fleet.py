@@ -10,6 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from loadtest import gpu_fleet
 
 
@@ -67,3 +69,19 @@ def test_the_script_imports_only_the_standard_library():
 def test_the_bundle_carries_one_wheel_per_package_and_no_cjk_dictionaries():
     assert len({gpu_fleet._norm(n) for n in gpu_fleet.WHEELS}) == len(gpu_fleet.WHEELS)
     assert not {"jieba", "pypinyin", "unidic-lite", "fugashi", "cn2an"} & set(gpu_fleet.WHEELS)
+
+
+@pytest.mark.parametrize("processes, listed", [("nvidia-cuda-mps-server\n", True),
+                                               ("/opt/torch/.venv/bin/python3\n" * 8, False)])
+def test_mps_is_read_from_the_gpus_processes_not_only_from_the_log(processes, listed, tmp_path, monkeypatch):
+    """serve may log that a daemon runs while CUDA runs without it (a dead daemon's pipe): the
+    report says what nvidia-smi lists too, and its markdown says plainly when the replicas time-slice."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'END'\n{processes}END\n")
+    smi.chmod(0o755)
+    monkeypatch.setattr(gpu_fleet.shutil, "which", lambda name: str(smi) if name == "nvidia-smi" else None)
+    state = gpu_fleet.mps_state("... INFO kokoro_fleet.serve: MPS: a daemon already runs (pipe /tmp/p): using it\n")
+    assert state["serve_log"] == "MPS: a daemon already runs (pipe /tmp/p): using it"
+    assert state["mps_server_listed"] is listed
+    sentence = gpu_fleet.markdown({"mps": state})
+    assert ("time-slice" in sentence) is (not listed)
