@@ -275,8 +275,9 @@ class Settings:
     replica_gpu_mib: int = setting(
         "KOKORO_REPLICA_GPU_MIB", 6144,
         "GPU memory one replica needs (CUDA context, weights, CUDA graphs, activations); `serve` refuses to start "
-        "more replicas than the free GPU memory holds. Measured: 16 bf16 replicas with captured graphs took 97.5 "
-        "GB of an H200, 6,094 MiB each (2026-11-26, before the engine gave back its warm-up cache).")
+        "more replicas than the free GPU memory holds. Measured on an H200 (2026-11-27): 16 bf16 replicas with "
+        "captured graphs under MPS took 94,334 MiB, 5,896 MiB each (torch 4,336, the CUDA context the rest); "
+        "the 8-worker fleet 5,908 MiB each.")
 
     # --- deployment (read by docker/entrypoint.sh) ---
     mps: Literal["auto", "on", "off"] = setting(
