@@ -15,16 +15,19 @@ Steps, most important first (`--steps` picks some):
   fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
             (needs the carried `.fleet` bundle; skipped without it)
 
-Time (H200, 2026-11-26): tests 32 s, check 129 s, replicas about 260 s (two start-ups of 16
-replicas, 40-80 s each, then 12 five-second phases; `--mps on` alone about 130 s), batch 63 s, fleet
-about 200 s (install 15 s, 8 workers' start-up over a minute, three levels, stop). A session has 15
-minutes of device time, and the machine's start (minutes) counts, so plan two calls back to back on
-the warm machine, what the issue's acceptance asks first, each well under the 10-minute limit:
-  1. `--steps tests,check,fleet --budget-s 400`
-  2. `--steps replicas --budget-s 240`, with `--mps on` where the card's time-sliced sweep is
-     already measured (the H200's is, in README), so MPS reaches 12 and 16 replicas
-`batch` (measured on the H200) goes last, if time is left. DIR may be the same folder: each call
-rewrites the report from what its own steps measured.
+Time (H200): tests 32-45 s, check 129-164 s, replicas about 260 s (two start-ups of 16 replicas,
+40-80 s each, then 12 five-second phases; `--mps on --replica-counts 8,12,16` alone 89 s), batch
+63 s, fleet about 180 s for two levels (install 20 s, 8 workers ready after 139-145 s on
+2026-11-27, before the workers took their share of the cores on a GPU: see README). A session
+has 15 minutes of device time, and the machine's start (a minute or two) counts, so plan two calls
+back to back on the warm machine, each well under the 10-minute limit. On 2026-11-27 these two took
+718 s with the start:
+  1. `--steps tests,check,fleet --budget-s 440`
+  2. `--steps replicas --replica-counts 8,12,16 --mps on --budget-s 150`, then
+     `python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR/f --budget-s 210 --levels 64`
+With tests and parity seen on main (they were that day), the next session's first call is the
+fleet alone with room for its three levels (`--steps fleet --budget-s 330`), then `batch`.
+DIR may be the same folder: each call rewrites the report from what its own steps measured.
 
 Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real
 ones cannot travel to a GPU box, and cost depends on shapes, not values.
@@ -252,6 +255,17 @@ def markdown(figures: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The steps' own logs worth keeping beside the report: the fleet's holds the serve log's head, tail
+# and start-up lines, the only record of where a slow start or a failure went.
+KEPT_LOGS = {"fleet/gpu_fleet.log": "fleet.log", "fleet/gpu_fleet.md": "fleet.md"}
+
+
+def keep_logs(work: Path, out: Path) -> None:
+    for source, name in KEPT_LOGS.items():
+        if (work / source).is_file():
+            shutil.copyfile(work / source, out / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"), help="where the results go")
@@ -274,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         command, cap = table[name]
         harness.run(name, command, cap)
+        keep_logs(work, out)
         figures = collect(work, harness.summary)
         (out / "gpu_results.json").write_text(json.dumps(figures, indent=2), encoding="utf-8")
         (out / "gpu_results.md").write_text(markdown(figures), encoding="utf-8")

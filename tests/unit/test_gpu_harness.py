@@ -95,3 +95,16 @@ def test_the_replica_step_measures_the_counts_and_mps_modes_asked_for(tmp_path):
     default, _ = gpu_harness.steps(tmp_path, tmp_path / ".fleet")["replicas"]
     assert default[default.index("--mps") + 1] == "both"
     assert default[default.index("--counts") + 1] == "1,2,4,8,12,16"
+
+
+def test_the_fleets_own_log_comes_back_beside_the_report(tmp_path):
+    """Only DIR comes back from a GPU box: the fleet step's log (the serve log's head, tail and
+    start-up lines) must be copied there, or a slow start or a failure leaves no trace."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "fleet").mkdir(parents=True)
+    out.mkdir()
+    gpu_harness.keep_logs(work, out)  # nothing yet: nothing copied, no error
+    assert not list(out.iterdir())
+    (work / "fleet" / "gpu_fleet.log").write_text("model ready in 101.8 s\n")
+    gpu_harness.keep_logs(work, out)
+    assert (out / "fleet.log").read_text() == "model ready in 101.8 s\n"
