@@ -605,7 +605,7 @@ def run_level(args: argparse.Namespace, fleet: Fleet, env: dict[str, str], concu
         step = json.loads(summary_path.read_text())["steps"][0]
         for key in STEP_FIELDS:
             level[key] = step.get(key)
-        for key in ("ttfa_s", "e2e_s", "rtf", "underrun_s", "headers_s"):
+        for key in ("ttfa_s", "e2e_s", "rtf", "underrun_s", "headers_s", "retry_after_s"):
             level[key] = {p: step.get(key, {}).get(p) for p in ("p50", "p95", "p99", "mean", "max", "n")}
         level["error_examples"] = step.get("error_examples")
     elif "error" not in level:
