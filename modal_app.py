@@ -111,7 +111,10 @@ class Deployment:
     drain_seconds: float = 25.0
     # Capacity plan (see the docstring): the audio rate one container must sustain, the format it
     # is sized for (mp3: OpenAI's default, and among the costliest), how busy its cores may get.
-    target_audio_seconds_per_second: float = 3000.0
+    # The rate is what eight replicas made on an H200 (2026-11-26/27: at most 561 audio-s/s under
+    # MPS, 452 through the whole fleet; an H100 has less memory bandwidth), rounded up: cores for
+    # the 3,000 audio-s/s goal would sit idle at five times the cost. Raise it with the engine's speed.
+    target_audio_seconds_per_second: float = 600.0
     plan_format: str = "mp3"
     cpu_utilization: float = 0.75
     # Each replica's own CPU side on the GPU (its inference thread launching CUDA graphs): an
