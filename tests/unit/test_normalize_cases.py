@@ -156,6 +156,13 @@ CASES = [
     ("Enter your PIN followed by the # key.", "Enter your PIN followed by the pound key."),
     ("Dial *67 first; then # here.", "Dial star six seven first; then number here."),  # the clause ended
     ("Press #1 for help", "Press number one for help"),
+    # a code made of keys, with or without a verb before it: each character is a key
+    ("Dial *#06# to see it.", "Dial star pound zero six pound to see it."),
+    ("Cancel forwarding with #21#.", "Cancel forwarding with pound two one pound."),
+    ("The code *#06#, then wait.", "The code star pound zero six pound, then wait."),
+    # a number with -ers: the team names
+    ("The 49ers beat the 76ers.", "The forty-niners beat the seventy-sixers."),
+    ("the 9ers", "the niners"),
     ("I press on, #1 fan!", "I press on, number one fan!"),
     ("Mail planning@example.org today", "Mail planning at example dot org today"),
     ("Write to john.doe@mail.com", "Write to john dot doe at mail dot com"),
@@ -363,6 +370,7 @@ BRITISH_CASES = [  # lang_code b: "and" in numbers, day before month
     ("Born 04/07/1976", "Born the fourth of July nineteen seventy-six"),
     ("Meet on 14 October", "Meet on the fourteenth of October"),
     ("Press # to go back.", "Press hash to go back."),
+    ("Dial *#06#.", "Dial star hash zero six hash."),
     # national numbers with their trunk 0, group by group
     ("Call 020 7946 0958 or 07700 900123.", "Call zero two zero, seven nine four six, zero nine five eight or "
                                             "zero seven seven zero zero, nine zero zero one two three."),

@@ -726,6 +726,22 @@ def _keypad(m: re.Match, british: bool) -> str:
     return _KEY.sub(key, m.group(0))
 
 
+def _keypad_code(m: re.Match, british: bool) -> str:
+    """A code dialled on a phone's keys, such as *#06#, #31# or *#*#4636#*#*: it starts with a star
+    or a hash and ends with a hash (or a hash and a star), with digits between, so every character
+    is a key ("star pound zero six pound"), whatever verb comes before. "*#1*" (Markdown's italic
+    "#1" where markup is not read) is not one."""
+    hash_key = "hash" if british else "pound"
+    return " ".join({"*": "star", "#": hash_key}.get(c) or num.digits(c) for c in m.group(0))
+
+
+def _number_plus_ers(m: re.Match, british: bool) -> str:
+    """49ers, 76ers: the number said and "-ers" joined to its last word (forty-niners,
+    seventy-sixers), not "forty-nine ers"."""
+    words = num.number(m.group("n"), british)
+    return words + ("rs" if words.endswith("e") else "ers")
+
+
 def _local_phone(m: re.Match, british: bool) -> str:
     """555-0100, a number without its area code: one after "call" or "tel.", or whose second
     group starts with 0 (no range ends in "0100"); "200-1500" alone stays a range."""
@@ -923,12 +939,14 @@ _rule("title", r"\b(?P<t>Ms|Mx)\b(?=\s+[A-Z])", lambda m, b: {"Ms": "Miz", "Mx":
 _rule("doctor / saint", r"\b(?:Dr|St)\.(?=[\s,;:]|$)|\b(?:Dr|St)\b(?=\s+[A-Z])", _doctor_or_drive)
 _rule("abbreviation", r"(?<![\w.])(?:" + "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
       + r")(?=[\s,;:!?)\"']|$)", _abbreviation)
+_rule("keypad code", r"(?<![\w#*])[*#][*#\d]*\d[*#\d]*#\*?(?![\w#*])", _keypad_code)
 _rule("keypad", r"\b(?:[Pp]ress(?:ing)?|[Dd]ial(?:ing)?|[Hh]it(?:ting)?|[Ee]nter(?:ing)?|[Tt]ap(?:ping)?|[Pp]ush(?:ing)?)\b"
       r"[^.!?;\n]*?[#*][^.!?;\n]*", _keypad)
 _rule("number sign", r"#\s?(?=\d)", lambda m, b: "number ")
 _rule("hashtag", r"(?<![\w#])#(?=[A-Za-z])", lambda m, b: "hashtag ", "replace_remaining_symbols")
 _rule("dotted name", r"(?<![\w-])[A-Za-z][\w-]*(?:\.[A-Za-z][\w-]*)+\b",
       lambda m, b: _dotted_name(m.group(0)), "url_normalization")
+_rule("number plus ers", r"(?<![\w.,])(?P<n>[1-9]?[1-9])ers\b", _number_plus_ers)
 _rule("number", _NUM, _plain_number)
 _rule("slash between words", r"(?<=[A-Za-z])/(?=[A-Za-z])", lambda m, b: " ")
 _rule("greek letter", r"(?<![\u0370-\u03ff\u1f00-\u1fff])[" + "".join(_GREEK) + r"](?![\u0370-\u03ff\u1f00-\u1fff])",
