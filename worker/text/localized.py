@@ -81,7 +81,36 @@ _JA_NUMBER = re.compile(r"(?<![\d.,])[1-9]\d{2,8}(?![\d.]|,\d)")
 # Below 100, before the counters of dates, clock times and people, whose kanji misaki reads as they
 # are said and whose digits it does not: 2月 'ɲi ʦɨkʲi' (二月 'ɲiɡaʦɨ'), 12時 'ʥɨːɲi tokʲi', 3日 'saɴ ɲiʨi'
 # (三日 'mʲiʔka'), 2人 'ɲi çito' (二人 'ɸɯtaɾʲi'), 5分 'ɡo bɯɴ' (五分 'ɡo ɸɯɴ'; but 30分の1 is a fraction).
-_JA_COUNTED = re.compile(r"(?<![\d.,])[1-9]\d?(?=[月時日人]|分(?!の))")
+_JA_COUNTED = re.compile(r"(?<![\d.,])(?P<n>[1-9]\d?)(?P<counter>[月時日人]|分(?!の))(?P<span>(?<=[時日分])間)?")
+# Where misaki's reading of the kanji is wrong too, the reading in kana, by the number's last digit
+# (after the tens: 14日 じゅうよっか): 四月 'joŋɡaʦɨ' for shigatsu, 九時 'kʲɨːʥi' for kuji, 四日
+# 'joŋka' for yokka, 二日 'ɸɯtaka' for futsuka, 四人 'joɴɲiɴ' for yonin, 三分 'saɴ ɸɯɴ' for sanpun.
+# Read from kana, misaki says each as it is said. 間 after 時, 日 and 分 (a span: 4時間) is said かん.
+_JA_TENS_KANA = ("", "じゅう", "にじゅう", "さんじゅう", "よんじゅう", "ごじゅう", "ろくじゅう", "ななじゅう", "はちじゅう",
+                 "きゅうじゅう")
+_JA_COUNTED_KANA = {
+    "月": {4: "しがつ", 7: "しちがつ", 9: "くがつ"},
+    "時": {4: "よじ", 7: "しちじ", 9: "くじ"},
+    "日": {4: "よっか", 7: "しちにち", 9: "くにち"},
+    "人": {4: "よにん"},
+    # 8 in katakana: misaki takes the は of じゅうはっぷん for the particle ('ʥɨːβaʔpɯɴ')
+    "分": {1: "いっぷん", 3: "さんぷん", 4: "よんぷん", 6: "ろっぷん", 8: "ハップン", 0: "っぷん"},
+}
+_JA_FIRST_DAYS = {2: "ふつか", 7: "なのか"}  # of a month, or a count of days; 1-10 misaki reads otherwise
+
+
+def _ja_counted(m: re.Match) -> str:
+    n, counter, span = int(m.group("n")), m.group("counter"), "かん" if m.group("span") else ""
+    tens, last = divmod(n, 10)
+    if counter == "日" and n in _JA_FIRST_DAYS:
+        return _JA_FIRST_DAYS[n] + span
+    said = _JA_COUNTED_KANA[counter].get(last)
+    if (said is None or (counter == "月" and n > 12) or (last == 0 and not tens)
+            or (counter == "日" and n < 10 and last != 4)):  # 9日 kokonoka: misaki's kanji reading is right
+        return _ja_kanji(m.group("n")) + counter + (m.group("span") or "")
+    if last == 0:  # 10分, 20分: じゅっぷん, にじゅっぷん
+        return _JA_TENS_KANA[tens][:-1] + said + span
+    return _JA_TENS_KANA[tens] + said + span
 _MYRIADS = (("兆", 10**12), ("億", 10**8), ("万", 10**4))
 _KANJI_DIGITS = "〇一二三四五六七八九"  # by value: 〇 is never said (no count of 0 is written)
 # misaki cuts "0.5" into "0", "." and "5": a pause, and "10.05" lost its 0. Said "れい てん ご" with
@@ -208,5 +237,5 @@ def normalize(text: str, lang: str) -> str:
         text = _JA_AMOUNT.sub(lambda m: _ja_kanji(m.group(0)), text)
         text = _JA_CODE.sub(lambda m: _ja_digits(m.group(0)), text)
         text = _JA_NUMBER.sub(lambda m: _ja_kanji(m.group(0)), text)
-        text = _JA_COUNTED.sub(lambda m: _ja_kanji(m.group(0)), text)
+        text = _JA_COUNTED.sub(_ja_counted, text)
     return text
