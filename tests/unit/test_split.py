@@ -198,6 +198,26 @@ def test_first_chunk_without_an_early_clause_ends_at_a_word_near_its_target():
     assert " ".join(c.text for c in chunks).split() == text.split()
 
 
+@pytest.mark.parametrize("text, lang, first", [
+    # said in words, a number is one unit: the first chunk ends before it, not at "one | billion"
+    ("The total was $1,234,567,890.55 in the end.", "a", "The total was"),
+    ("In 2024 we shipped 1,234,567 units across 45 countries and 12 regions, growing fast.", "a",
+     "In twenty twenty-four we shipped"),
+    # nor inside Japanese kanji numerals at misaki's word break (十二億三千 | 四百五十六万...)
+    ("1,234,567,890円です。", "j", "十二億三千四百五十六万七千八百九十円です。"),
+])
+def test_the_first_chunk_does_not_end_inside_a_number(text, lang, first):
+    chunks = text_to_chunks(text, lang, first_chunk_phonemes=60, chunk_phonemes=400)
+    assert chunks[0].text == first
+
+
+def test_a_number_too_long_for_one_chunk_is_still_cut():
+    text = " ".join(["one hundred twenty-three"] * 60)  # over 510 phonemes with no other boundary
+    chunks = text_to_chunks(text, first_chunk_phonemes=60, chunk_phonemes=400)
+    assert len(chunks) >= 2 and all(len(c.ids) <= MAX_PHONEMES for c in chunks)
+    assert " ".join(c.text for c in chunks).split() == text.split()
+
+
 def test_phonemes_of_a_long_text_split_again_into_the_texts_own_chunks():
     """Phonemes spoken as given (/dev/generate_from_phonemes) chunk by the same rules as text: the
     phonemes of a long text give back its chunks, id for id, each within the model's limit."""

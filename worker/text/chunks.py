@@ -17,6 +17,7 @@ chunk's `pause_after`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from worker.text.errors import TextError
@@ -130,6 +131,26 @@ def _token_cost(tok: Token) -> int:
     return len(tok.phonemes) + 1
 
 
+# A number said in words is one unit: cut between its words ("The total was one | billion two
+# hundred...") and the two chunks are synthesized apart, with a seam in its middle. English
+# number words, and Japanese kanji numerals on both sides of misaki's word break (十二億三千|四百...).
+_NUMBER_WORD = re.compile(
+    r"(?:(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)"
+    r"(?:-(?:one|two|three|four|five|six|seven|eight|nine|first|second|third|fourth|fifth|sixth|seventh|eighth|"
+    r"ninth))?|hundred|thousand|million|billion|trillion|hundredth|thousandth|millionth|billionth|point)",
+    re.IGNORECASE)
+_KANJI_NUMERALS = "〇一二三四五六七八九十百千万億兆"
+
+
+def _inside_a_number(tok: Token, nxt: Token) -> bool:
+    if tok.kind != "word" or nxt.kind != "word" or not tok.text or not nxt.text:
+        return False
+    if _NUMBER_WORD.fullmatch(tok.text) and _NUMBER_WORD.fullmatch(nxt.text):
+        return tok.text.lower() != "point" or nxt.text.lower() != "point"
+    return tok.text[-1] in _KANJI_NUMERALS and nxt.text[0] in _KANJI_NUMERALS
+
+
 def _strengths(tokens: list[Token]) -> list[int]:
     """The strength of the boundary after each token (a cut is only ever made after a token)."""
     out = []
@@ -138,6 +159,9 @@ def _strengths(tokens: list[Token]) -> list[int]:
         if nxt is not None and not (tok.space_after or tok.break_after or tok.newline_after) \
                 and nxt.kind != "pause" and tok.kind != "pause":
             out.append(-1)  # inside a whitespace-delimited word: cut here only when forced
+            continue
+        if nxt is not None and not tok.newline_after and _inside_a_number(tok, nxt):
+            out.append(-1)  # inside a number said in words: the same
             continue
         marks = tok.phonemes if tok.kind == "punct" else ""
         if tok.newline_after or tok.kind == "pause":
@@ -214,6 +238,8 @@ def _choose_end(costs: list[int], strengths: list[int], start: int, target: int,
         end = latest(within, CLAUSE, minimum) or latest(within, COMMA, minimum)
     if end is None and is_first:
         end = latest(within, WORD, minimum)         # no clause in reach: first audio matters more
+    if end is None and is_first:
+        end = latest(within, WORD, minimum // 2)    # a few words before a long number said in words
     if end is None:
         end = earliest(everything, COMMA)           # the first clause, however long (<= 510)
     if end is None:
