@@ -12,7 +12,7 @@ trente"). So, before them:
     "el 3/4/2025 a las 14:30"   -> "el 3 de abril de 2025 a las 14 y 30"
     "le 01/04/2025 à 14h30"     -> "le premier avril 2025 à 14 heures 30"
     "cuesta $1,000.50"          -> "cuesta 1000,50 dólares"
-    "2025/4/3 14:30、$20"        -> "2025年4月3日 14点30分、20美元" (Mandarin; Japanese 十四時三十分、20ドル)
+    "2025/4/3 14:30、$20"        -> "2025年4月3日 14点30分、20美元" (Mandarin; Japanese じゅうよじさんじゅっぷん、20ドル)
 
 Dates are day first in the languages that write them so, year first in Mandarin and Japanese, and
 only with a year: "3/4" alone may be a fraction. Times are read as people say a clock in each
@@ -96,7 +96,7 @@ _JA_COUNTED_KANA = {
     # 8 in katakana: misaki takes the は of じゅうはっぷん for the particle ('ʥɨːβaʔpɯɴ')
     "分": {1: "いっぷん", 3: "さんぷん", 4: "よんぷん", 6: "ろっぷん", 8: "ハップン", 0: "っぷん"},
 }
-_JA_FIRST_DAYS = {2: "ふつか", 7: "なのか"}  # of a month, or a count of days; 1-10 misaki reads otherwise
+_JA_FIRST_DAYS = {2: "ふつか", 4: "よっか", 7: "なのか"}  # of 1-9日, those misaki reads wrong (9日 kokonoka is right)
 
 
 def _ja_counted(m: re.Match) -> str:
@@ -105,12 +105,13 @@ def _ja_counted(m: re.Match) -> str:
     if counter == "日" and n in _JA_FIRST_DAYS:
         return _JA_FIRST_DAYS[n] + span
     said = _JA_COUNTED_KANA[counter].get(last)
-    if (said is None or (counter == "月" and n > 12) or (last == 0 and not tens)
-            or (counter == "日" and n < 10 and last != 4)):  # 9日 kokonoka: misaki's kanji reading is right
+    if said is None or (counter == "月" and n > 12) or (counter == "日" and n < 10):
         return _ja_kanji(m.group("n")) + counter + (m.group("span") or "")
     if last == 0:  # 10分, 20分: じゅっぷん, にじゅっぷん
         return _JA_TENS_KANA[tens][:-1] + said + span
     return _JA_TENS_KANA[tens] + said + span
+
+
 _MYRIADS = (("兆", 10**12), ("億", 10**8), ("万", 10**4))
 _KANJI_DIGITS = "〇一二三四五六七八九"  # by value: 〇 is never said (no count of 0 is written)
 # misaki cuts "0.5" into "0", "." and "5": a pause, and "10.05" lost its 0. Said "れい てん ご" with
