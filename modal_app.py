@@ -35,8 +35,8 @@ CPU and memory. Eight replicas on one H100 make audio faster than a default Moda
 (`cpu=`, physical cores) at `target_audio_seconds_per_second` in `plan_format`, from the CPU cost
 per audio-second that `python -m loadtest.frontend` measured for the whole serving path (HTTP,
 admission, text, Redis, encoding; FRONTEND_CPU_MS_PER_AUDIO_S below), at `cpu_utilization`, plus an
-allowance per replica for its own CPU side; and memory to match (`memory=`, MiB). README's
-"Capacity plan" gives the figures for every format.
+allowance per replica for its own CPU side; and memory to match (`memory=`, MiB). The capacity
+plan in docs/performance.md gives the figures for every format.
 
 Long requests. Modal ends a web request after 150 s. The fleet serves each stream at least as
 fast as it plays (chunks are ordered by playback deadline), so a request of A seconds of audio

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("worker.bench", "benchmark the engine against the reference implementation"),
     "normalize": ("worker.text.cli", "print the normalized text"),
     "phonemize": ("worker.text.cli", "print the chunks and their phonemes"),
-    "settings": ("worker.settings_cli", "print every setting as the README's table"),
+    "settings": ("worker.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 
 

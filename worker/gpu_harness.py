@@ -3,7 +3,7 @@
 A lent GPU comes for minutes, so this runs all the GPU work in one go, each step a subprocess with
 its own time limit (a hang or a crash costs that step, not the others), everything it prints in
 DIR/harness.log, and after every step the figures so far in DIR/gpu_results.json and a markdown
-report DIR/gpu_results.md (what the README's performance table and the issue note are made from).
+report DIR/gpu_results.md (what docs/performance.md's GPU figures and the issue note are made from).
 
 Steps, most important first (`--steps` picks some):
   tests     pytest tests/unit/test_engine_gpu.py (graphed vs eager, noise, precision, batch on CUDA)

@@ -1,7 +1,7 @@
 """The one typed settings object, read from the environment.
 
 Every knob of kokoro-fleet is a field here with its environment variable, default and meaning;
-`kokoro-fleet settings` prints them as the Markdown table that the README carries, and a test
+`kokoro-fleet settings` prints them as the Markdown table that docs/configuration.md carries, and a test
 keeps the two in step. Add a field here rather than reading `os.environ` anywhere else.
 """
 
@@ -343,7 +343,7 @@ def _parse(kind: Any, raw: str, env: str, metadata: Any = None) -> Any:
 
 
 def settings_table() -> str:
-    """The Markdown table of every setting, as the README shows it."""
+    """The Markdown table of every setting, as docs/configuration.md shows it."""
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for f in dataclasses.fields(Settings):
         default = f.default

@@ -1,4 +1,4 @@
-"""`kokoro-fleet settings`: the configuration table (the README carries the same table)."""
+"""`kokoro-fleet settings`: the configuration table (docs/configuration.md carries the same table)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def readme_block(text: str) -> str:
-    """The table the README currently carries between its settings markers."""
+    """The table a page (docs/configuration.md) currently carries between its settings markers."""
     match = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), text, re.S)
     if not match:
         raise ValueError(f"no {BEGIN} ... {END} markers")

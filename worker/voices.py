@@ -48,7 +48,7 @@ LANGUAGES = {"a": "en-us", "b": "en-gb", "e": "es", "f": "fr-fr", "h": "hi", "i"
 GENDERS = {"f": "female", "m": "male"}
 
 # The OpenAI voice names, each mapped to the Kokoro voice closest in character. The one table:
-# `openai_voice_table()` renders it for the README.
+# `openai_voice_table()` renders it for docs/voices.md.
 OPENAI_VOICES: dict[str, tuple[str, str]] = {
     "alloy": ("af_alloy", "Kokoro's own Alloy: neutral, even American female"),
     "ash": ("am_michael", "clear, conversational American male"),
@@ -115,7 +115,7 @@ class VoiceInfo:
 
 
 def openai_voice_table() -> str:
-    """The OpenAI-name mapping as a Markdown table (the README carries it; a test keeps them equal)."""
+    """The OpenAI-name mapping as a Markdown table (docs/voices.md carries it; a test keeps them equal)."""
     rows = ["| OpenAI voice | Kokoro voice | Character |", "|---|---|---|"]
     rows += [f"| `{openai}` | `{kokoro}` | {why} |" for openai, (kokoro, why) in OPENAI_VOICES.items()]
     return "\n".join(rows)

@@ -1,7 +1,7 @@
 """Fleets at GPU-like rates on the simulated engine (KOKORO_ENGINE=sim), with real processes:
 two `kokoro-fleet serve` fleets sharing one external redis-server, and one fleet of 8 pushed to
 4x its capacity. Both drive the scenarios of `python -m loadtest.scenarios` (which prints the same
-figures for the README) and print what they measured.
+figures for docs/performance.md) and print what they measured.
 
 The timing bounds of the issue (503s answered within 50 ms at p99, no player waiting 100 ms) are
 checked when the machine had room to measure them: a separate probe process sleeps 10 ms at a time
