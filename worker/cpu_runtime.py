@@ -201,7 +201,7 @@ def configure_process(settings) -> None:
     # On a GPU too: a worker's host-side torch work (building or loading the weights, the small CPU
     # tensors of each request) would otherwise start one OpenMP thread per core in every worker,
     # 8 workers x 16 threads on 16 cores. The likely reason an H200 box's 8 serve workers took
-    # 70-100 s to reach their graph capture, where 16 one-thread replicas (worker.replica_sweep)
+    # 70-100 s to reach their graph capture, where 16 one-thread replicas (loadtest.bench.replica_sweep)
     # were ready, graphs captured, in 42 s (2026-11-27; not yet measured again with this).
     threads = inference_threads(settings.threads, settings.workers)
     torch.set_num_threads(threads)

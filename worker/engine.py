@@ -92,7 +92,7 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
     """`auto`: the fastest mode that passes the parity bound (tests/unit/test_model.py checks the
-    bound on CPU; worker/gpu_check.py on CUDA): bf16 on CUDA, on the CPU `cpu_auto_dtype`."""
+    bound on CPU; loadtest/bench/gpu_parity.py on CUDA): bf16 on CUDA, on the CPU `cpu_auto_dtype`."""
     if dtype != "auto":
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected auto, fp32, bf16, fp16 or int8")

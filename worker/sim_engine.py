@@ -9,7 +9,7 @@ response header).
 Cost model, per chunk of n phonemes: t = a + b * n, awaited with `asyncio.sleep` (the event loop
 and the CPU are free meanwhile). a = KOKORO_SIM_CHUNK_MS, b = KOKORO_SIM_PHONEME_MS.
 Measured on an H200 (2026-11-26, full-size random weights, bf16 CUDA graphs; python -m
-worker.gpu_harness, loadtest/results/2026-11-26-h200): one replica alone takes 6.3 ms + 0.174 ms a
+loadtest.bench.gpu_harness, loadtest/results/2026-11-26-h200): one replica alone takes 6.3 ms + 0.174 ms a
 phoneme (16 ms for a 60-phoneme first chunk, 92 ms for 510), 373 audio-s/s. Replicas do not add up
 as independent servers would: they share one GPU, whose throughput stays at 326-373 audio-s/s for 1
 to 16 processes without MPS and reaches 561 audio-s/s with eight under MPS. So the defaults are the

@@ -1,5 +1,5 @@
 """The parity diagnosis behind worker.engine.use_exact_cuda_arithmetic, as run on the H200 on 2026-11-26
-(output: parity-diagnosis.log beside it): `PYTHONPATH=$PWD python3 loadtest/results/2026-11-26-h200/parity_diagnosis.py MODE`
+(output: loadtest/results/2026-11-26-h200/parity-diagnosis.log): `python -m loadtest.bench.parity_diagnosis MODE`
 from the repo root, MODE default (torch's flags), notf32 (TF32 off) or strict (TF32 off, deterministic cuDNN).
 Kept as the record of that run; since then the engine sets the strict flags itself, so `default` and
 `notf32` here no longer reproduce torch's defaults inside Engine."""

@@ -1,4 +1,4 @@
-"""One command for a lent GPU: `python -m worker.gpu_check [--json PATH]`.
+"""One command for a lent GPU: `python -m loadtest.bench.gpu_parity [--json PATH]`.
 
 Needs only torch, transformers and numpy (a bare GPU box). With full-size random weights
 (worker.model.random_init: speech-like durations and F0) it prints:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     del eager, padded, graphed, noisy
     torch.cuda.empty_cache()
 
-    from worker import bench
+    from loadtest.bench import engine_bench
 
     try:
         from worker.reference import reference_module
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reference KModel unavailable ({error}); benchmarking ours only", flush=True)
         no_reference = True
     bench_parser = argparse.ArgumentParser()
-    bench.configure(bench_parser)
+    engine_bench.configure(bench_parser)
     bench_args = ["--weights", "random-full", "--device", "cuda", "--modes", args.modes, "--sizes", args.sizes,
                   "--repeats", str(args.repeats)]
     if no_reference:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     print(f"checks: {'PASS' if not failures else 'FAIL: ' + '; '.join(failures)}", flush=True)
-    bench.run(bench_parser.parse_args(bench_args))
+    engine_bench.run(bench_parser.parse_args(bench_args))
     return 1 if failures else 0
 
 
