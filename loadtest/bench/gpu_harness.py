@@ -15,18 +15,9 @@ Steps, most important first (`--steps` picks some):
   fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
             (needs the carried `.fleet` bundle; skipped without it)
 
-Time (H200): tests 32-45 s, check 129-164 s, replicas about 260 s (two start-ups of 16 replicas,
-40-80 s each, then 12 five-second phases; `--mps on --replica-counts 8,12,16` alone 89 s), batch
-63 s, fleet about 180 s for two levels (install 20 s, 8 workers ready after 139-145 s on
-2026-11-27, before the workers took their share of the cores on a GPU: see README). A session
-has 15 minutes of device time, and the machine's start (a minute or two) counts, so plan two calls
-back to back on the warm machine, each well under the 10-minute limit. On 2026-11-27 these two took
-718 s with the start:
-  1. `--steps tests,check,fleet --budget-s 440`
-  2. `--steps replicas --replica-counts 8,12,16 --mps on --budget-s 150`, then
-     `python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR/f --budget-s 210 --levels 64`
-With tests and parity seen on main (they were that day), the next session's first call is the
-fleet alone with room for its three levels (`--steps fleet --budget-s 330`), then `batch`.
+A session's device time is short and the machine's start counts, so plan two calls back to back on
+the warm machine, each well under the per-call limit, from the step times recorded in
+loadtest/README.md ("Figures behind the code's choices"), which also lists the calls used so far.
 DIR may be the same folder: each call rewrites the report from what its own steps measured.
 
 Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real

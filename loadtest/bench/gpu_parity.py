@@ -24,13 +24,10 @@ import torch
 
 
 # Padded (bucketed) against unpadded fp32, the same random weights: what masking the padding must
-# keep. Measured on an H200 with TF32 off: 0.008 / 0.072 / 0.231 dB at 10 / 100 / 250 tokens; with
-# TF32 on (torch's default for cuDNN) 0.47 / 0.37 / 1.24 dB, which this bound catches.
+# keep. Well above what exact float32 gives, below what TF32 gives (figures: loadtest/README.md).
 PADDING_BOUND_DB = 0.5
-# bf16 / fp16 against fp32. These random weights sit near the real weights' 1 dB bound even on the
-# CPU (bf16 there: 0.97 dB at 30 tokens); measured on an H200: bf16 1.03-1.15 dB at 30-250 tokens.
-# A masking or precision bug costs several dB (a batch item against its single run under TF32:
-# 3.3 dB; statistics over the padding on the CPU: 6.9-12.6 dB).
+# bf16 / fp16 against fp32. These random weights sit near the real weights' 1 dB bound, while a
+# masking or precision bug costs several dB (figures: loadtest/README.md).
 PRECISION_BOUND_DB = 1.3
 
 
