@@ -216,9 +216,8 @@ class _Codec:
 
 _CODECS: dict[str, _Codec] = {
     # MPEG-2 layer III at 24 kHz, 64 kbit/s mono: transparent enough for speech. LAME's quality 5
-    # (compression_level) instead of FFmpeg's default: 18% less CPU per audio-second, and the same
-    # spectrum within 0.05 dB (log-spectral distance to the PCM below 7 kHz, 10.6 s of Kokoro speech:
-    # 5.14 dB vs 5.09 dB). Levels 7-9 are twice as fast but 3.8 dB further from the PCM.
+    # (compression_level) instead of FFmpeg's default: less CPU for the same spectrum; faster levels
+    # lose audibly (figures: loadtest/README.md).
     "mp3": _Codec("mp3", "libmp3lame", {"compression_level": "5"}, {}, 64_000),
     # Ogg pages are flushed every 100 ms of audio (default 1 s) so streamed opus leaves steadily.
     "opus": _Codec("ogg", "libopus", {"application": "voip"}, {"page_duration": "100000"}, 32_000),

@@ -47,9 +47,8 @@ from worker.speech import SECONDS_PER_PHONEME
 # Frames (25 ms) per token at speed 1, by kind: about 3 frames (75 ms) a token over an English
 # sentence, as SECONDS_PER_PHONEME assumes; a clause's punctuation holds a pause.
 FRAMES_PER_TOKEN = {"start_pad": 2, "end_pad": 6, "space": 2, "pause": 8, "phoneme": 3}
-# The table alone made 1.165x the real model's audio over 21 chunks of the short and paragraph
-# sample texts (96.8 s against 83.0 s; offline weights, af_heart, speed 1; per chunk 0.66x to 1.28x
-# of the real length, median 1.15x): every token is scaled by this so the totals agree.
+# The table alone makes more audio than the real model over the sample texts: every token is
+# scaled by this so the totals agree (measured: loadtest/README.md).
 LENGTH_SCALE = 1 / 1.165
 PAUSE_IDS = frozenset({1, 2, 3, 4, 5, 6, 9, 10})  # ; : , . ! ? — …
 SPACE_ID = 16
