@@ -61,11 +61,9 @@ from pathlib import Path
 import modal
 
 
-# CPU milliseconds the whole serving path costs per audio-second served, per response_format:
-# `python -m loadtest.frontend --seconds 10 --concurrency 16` (a 2-worker sim fleet with no service
-# time, 3.02-s streamed requests), 2026-11-23, AMD EPYC with 2 cores beside other jobs (load
-# average 2.5-4.3); the higher of two runs. Measured per core as this machine counts them; Modal's
-# `cpu=` counts physical cores, so a plan from these figures errs on the generous side.
+# CPU milliseconds the whole serving path costs per audio-second served, per response_format, from
+# `python -m loadtest.frontend` (how and where: loadtest/README.md). Counted per logical core while
+# Modal's `cpu=` counts physical cores, so a plan from these figures errs on the generous side.
 FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 6.02, "opus": 8.88, "aac": 5.08, "flac": 1.53, "wav": 0.74, "pcm": 0.78}
 
 
@@ -111,9 +109,8 @@ class Deployment:
     drain_seconds: float = 25.0
     # Capacity plan (see the docstring): the audio rate one container must sustain, the format it
     # is sized for (mp3: OpenAI's default, and among the costliest), how busy its cores may get.
-    # The rate is what eight replicas made on an H200 (2026-11-26/27: at most 561 audio-s/s under
-    # MPS, 452 through the whole fleet; an H100 has less memory bandwidth), rounded up: cores for
-    # the 3,000 audio-s/s goal would sit idle at five times the cost. Raise it with the engine's speed.
+    # The rate is what eight replicas made on one GPU, rounded up (loadtest/README.md): cores for the
+    # 3,000 audio-s/s goal would sit idle at five times the cost. Raise it with the engine's speed.
     target_audio_seconds_per_second: float = 600.0
     plan_format: str = "mp3"
     cpu_utilization: float = 0.75
@@ -121,7 +118,7 @@ class Deployment:
     # ALLOWANCE, not a measurement, until the GPU issue measures it.
     cores_per_replica: float = 0.5
     # Host memory per worker (its CUDA context, pinned buffers, the text frontend's tables) and for
-    # the rest (launcher, Redis, encoders): ALLOWANCES; a CPU worker measured 760 MiB RSS.
+    # the rest (launcher, Redis, encoders): ALLOWANCES above a CPU worker's measured resident memory.
     memory_mib_per_worker: int = 2048
     memory_mib_base: int = 4096
 

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
     "say": ("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
     "weights": ("worker.weights.cli", "show or prepare the model weights in use"),
-    "bench": ("worker.bench", "benchmark the engine against the reference implementation"),
+    "bench": ("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
     "normalize": ("worker.text.cli", "print the normalized text"),
     "phonemize": ("worker.text.cli", "print the chunks and their phonemes"),
     "settings": ("worker.settings_cli", "print every setting as docs/configuration.md's table"),

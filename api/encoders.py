@@ -216,9 +216,8 @@ class _Codec:
 
 _CODECS: dict[str, _Codec] = {
     # MPEG-2 layer III at 24 kHz, 64 kbit/s mono: transparent enough for speech. LAME's quality 5
-    # (compression_level) instead of FFmpeg's default: 18% less CPU per audio-second, and the same
-    # spectrum within 0.05 dB (log-spectral distance to the PCM below 7 kHz, 10.6 s of Kokoro speech:
-    # 5.14 dB vs 5.09 dB). Levels 7-9 are twice as fast but 3.8 dB further from the PCM.
+    # (compression_level) instead of FFmpeg's default: less CPU for the same spectrum; faster levels
+    # lose audibly (figures: loadtest/README.md).
     "mp3": _Codec("mp3", "libmp3lame", {"compression_level": "5"}, {}, 64_000),
     # Ogg pages are flushed every 100 ms of audio (default 1 s) so streamed opus leaves steadily.
     "opus": _Codec("ogg", "libopus", {"application": "voip"}, {"page_duration": "100000"}, 32_000),
@@ -314,7 +313,7 @@ class ResampledEncoder(Encoder):
     per response (float32 in and out; its default windowed-sinc filter keeps a 440 Hz tone over
     90 dB above the error and leaves nothing above the new Nyquist frequency to alias), so the
     filter runs on across chunk joins; finish() passes on the filter's last samples before
-    flushing `inner`. About 0.07 ms of CPU per audio-second (AMD EPYC)."""
+    flushing `inner`. Its CPU cost is small beside encoding's (loadtest/README.md)."""
 
     def __init__(self, inner: Encoder, sample_rate: int):
         self.inner = inner

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
@@ -556,8 +557,8 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# Kokoro-82M v1.0's release date (2025-01-27), as the `created` of every model card.
-_CREATED = 1737936000
+# Kokoro-82M v1.0's release day, as the `created` of every model card.
+_CREATED = int(datetime(2025, 1, 27, tzinfo=timezone.utc).timestamp())
 
 
 def model_cards() -> list[ModelCard]:

@@ -185,9 +185,8 @@ class EmbeddedRedis:
     @property
     def worker_url(self) -> str:
         """What the fleet's own workers connect to: the Unix socket beside the TCP port. A round trip
-        through it costs both ends less CPU than one over loopback TCP (no TCP stack; measured here
-        about 45 us of client plus server CPU per script call against 54 us), and a one-chunk
-        request makes several."""
+        through it costs both ends less CPU than one over loopback TCP (no TCP stack; figures in
+        loadtest/README.md), and a one-chunk request makes several."""
         return f"unix://{self.socket_path}?db=0" if self.socket_path else self.url
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":

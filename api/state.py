@@ -24,8 +24,7 @@ def encode_pool(workers: int = 1) -> ThreadPoolExecutor:
     run on several cores while the event loop keeps serving. The fleet's `workers` processes share
     the machine's cores, so each gets its share of threads (at least one): a thread per core in
     every worker would only make the threads take turns on the cores, and the switching costs CPU
-    (2 workers on 2 cores under the front-end benchmark's mp3 load: 5-6% more server CPU per
-    request with two encode threads per worker than with one)."""
+    (measured with `python -m loadtest.frontend`: loadtest/README.md)."""
     threads = max(1, math.ceil(usable_cores() / max(1, workers)))
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kokoro-encode")
 

@@ -56,14 +56,9 @@ MAX_503_P99_S = 0.050
 MAX_UNDERRUN_S = 0.100
 # Memory is "flat" when the last quarter of the overload holds at most this much above its first.
 FLAT_RSS_FACTOR, FLAT_RSS_SLACK_MIB = 1.05, 32.0
-# The simulated replicas' cost here, t = 20 ms + 5 ms x phonemes per chunk: 25 times slower than
-# the engine's H100 assumption (10 + 0.175 ms), so that capacity is set by the replicas and not by
-# this 2-core box's front end. At this cost 8 replicas make about 110 audio-s/s (6.8 paragraph
-# requests/s, each replica 14x real time; a 60-phoneme first chunk takes 320 ms) while the server
-# tree uses about 0.2 cores at capacity and 0.25 at 4x overload; the same fleet with no sim cost
-# served 27 paragraph requests/s (445 audio-s/s) before the machine's cores, shared with the load
-# generator, gave out. At the H100 assumption the fleet's capacity would be ~30x what the front end
-# can carry here, and "4x capacity" would measure the CPU, not admission.
+# The simulated replicas' cost here, t = 20 ms + 5 ms x phonemes per chunk, far slower than a GPU,
+# so that capacity is set by the replicas and not by a small box's front end: at GPU speed "4x
+# capacity" would measure the CPU, not admission (figures: loadtest/README.md, the overload section).
 SIM_CHUNK_MS, SIM_PHONEME_MS = 20.0, 5.0
 # The probe's sleeps: a process that only sleeps 10 ms at a time and records how late it woke.
 PROBE_SLEEP_S = 0.010

@@ -84,18 +84,11 @@ def keep_freed_memory() -> bool:
     for it in int8 mode only, where it was measured to pay). Process-wide,
     once; returns whether it is in force.
 
-    glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh mmap and
-    unmaps it on free, so each large tensor of a synthesis (the generator's last stage holds
-    [120F, 128] float32 activations: 37 MiB for a 250-phoneme chunk) comes back as new pages that
-    the kernel zero-fills on first touch, one fault per 4 KiB: a torch.compile'd elementwise
-    kernel over [72000, 128] took 15 ms with the default and 4 ms without mmap (2-core AMD EPYC,
-    AVX2). Whole 250-phoneme syntheses in int8 mode at --isa avx2 ran 1.4x faster; 100-phoneme
-    ones (9 MiB tensors, under the threshold) did not change.
+    Above glibc's mmap threshold each large activation of a synthesis is a fresh mmap that the
+    kernel zero-fills a page fault at a time; reusing freed memory removes those faults.
 
-    The cost is memory: the heap fragments, so its high-water mark is higher than the sum of the
-    live tensors (a replica serving chunks of 30-500 phonemes peaked at 1.8 GB resident against
-    1.4 GB with glibc's default), and freed pages stay resident until `return_freed_memory` hands
-    them back (between syntheses 0.9-1.25 GB, against 0.9 GB with the default). Left alone when
+    The cost is memory: the heap fragments and freed pages stay resident until
+    `return_freed_memory` (figures: loadtest/README.md, "Figures behind the code's choices"). Left alone when
     the environment already tunes malloc (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_,
     MALLOC_MMAP_THRESHOLD_ or glibc.malloc tunables in GLIBC_TUNABLES: a replica short of memory
     sets, say, MALLOC_MMAP_MAX_=65536, glibc's default count), and outside glibc (musl, macOS)."""
@@ -140,16 +133,10 @@ def return_freed_memory(slack: int = 512 << 20) -> None:
     calls it once it has been idle for a few seconds (worker/replica.py), so an idle replica holds
     at most `slack` more than its floor, while a busy one keeps its pages for the next job.
 
-    Needed in every mode, not only with `keep_freed_memory`: glibc's default raises its mmap and
-    trim thresholds as large tensors come and go, and each thread that allocates (the inference
-    thread, the OpenMP pool, the warm-up's) keeps an arena of its own, so a bf16 replica that
-    served a few 3000-character texts held 2.1-2.3 GB resident between requests (0.93 GB at
-    ready). With `keep_freed_memory` (int8) nothing is ever unmapped, so without this the heap
-    would hold its high-water mark for good. 2-core AMD EPYC, bf16: a trim takes 8 ms after a
-    30-phoneme chunk, 30-50 ms after 400-510 phoneme ones; a trim after every synthesis made a
-    30-510-phoneme mix 4% slower (the trims, and faulting the pages in again), hence idle only.
-    AVX2 int8: a 100-phoneme synthesis leaves the process about 0.3 GB above its floor, a
-    250-phoneme one about 0.7 GB."""
+    Needed in every mode: glibc's default raises its mmap and trim thresholds as large tensors come
+    and go, and every allocating thread keeps its own arena, so a replica would hold its high-water
+    mark between requests. Idle only, since a trim and faulting the pages in again cost a busy
+    replica throughput (figures: loadtest/README.md, "Figures behind the code's choices")."""
     trim = _malloc_trim()
     if trim is None:
         return
@@ -200,9 +187,7 @@ def configure_process(settings) -> None:
     use_compile_cache(settings.cache_dir)
     # On a GPU too: a worker's host-side torch work (building or loading the weights, the small CPU
     # tensors of each request) would otherwise start one OpenMP thread per core in every worker,
-    # 8 workers x 16 threads on 16 cores. The likely reason an H200 box's 8 serve workers took
-    # 70-100 s to reach their graph capture, where 16 one-thread replicas (worker.replica_sweep)
-    # were ready, graphs captured, in 42 s (2026-11-27; not yet measured again with this).
+    # 8 workers x 16 threads on 16 cores, slowing every worker's start-up (loadtest/README.md).
     threads = inference_threads(settings.threads, settings.workers)
     torch.set_num_threads(threads)
     on = "inference" if resolve_device(settings.device).type == "cpu" else "host-side torch"

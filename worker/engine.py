@@ -64,15 +64,11 @@ def use_exact_cuda_arithmetic() -> None:
     """float32 that is float32, and the same result for the same input, on CUDA (process-wide: one
     engine per replica process).
 
-    cuDNN convolutions default to TF32 (10-bit mantissa) in float32. Padding a chunk to its bucket
-    then changes the result far beyond float rounding, since TF32 rounds differently per shape:
-    measured on an H200 with full-size random weights, padded against unpadded runs of 250 tokens
-    gave 19.7 dB SNR (1.24 dB log-spectral distance), a batch item against its single run 9.6 dB;
-    with TF32 off, 34.9 dB and 46.3 dB. The float32 parts of every mode (stage 1, which decides
-    the durations, F0, the excitation source) need float32. Deterministic cuDNN algorithms make a
-    chunk's audio bit-identical run to run (else ~1e-8 apart), as the seeded noise promises.
-    Measured cost, bf16 CUDA graphs: 60 phonemes 17.0 -> 18.3 ms, 510 phonemes 85.6 -> 90.2 ms
-    (TF32 off alone: 17.9 and 88.8 ms). loadtest/results/2026-11-26-h200/parity-diagnosis.log."""
+    cuDNN convolutions default to TF32 in float32, which rounds differently per shape, so padding a
+    chunk to its bucket or batching it would change its audio far beyond float rounding; the float32
+    parts of every mode (durations, F0, the excitation source) need float32. Deterministic cuDNN
+    makes a chunk's audio bit-identical run to run, as the seeded noise promises. Figures and cost:
+    loadtest/README.md ("Figures behind the code's choices"; loadtest/bench/parity_diagnosis.py)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
@@ -92,7 +88,7 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
     """`auto`: the fastest mode that passes the parity bound (tests/unit/test_model.py checks the
-    bound on CPU; worker/gpu_check.py on CUDA): bf16 on CUDA, on the CPU `cpu_auto_dtype`."""
+    bound on CPU; loadtest/bench/gpu_parity.py on CUDA): bf16 on CUDA, on the CPU `cpu_auto_dtype`."""
     if dtype != "auto":
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected auto, fp32, bf16, fp16 or int8")
@@ -407,8 +403,7 @@ class CudaGraphs:
             self.stage1_graphs[bucket] = graph
         torch.cuda.synchronize()
         # The warm-up's activations (every bucket, eagerly) stay cached by the allocator unless given
-        # back: 4.5 GiB reserved per replica measured on an H200 before this, the graphs' private
-        # pool being what the replays need.
+        # back; the replays need only the graphs' private pool.
         torch.cuda.empty_cache()
         self.capture_seconds = time.perf_counter() - start
         self.graph_bytes = torch.cuda.memory_allocated() - before

@@ -32,12 +32,8 @@ from worker.engine import BatchItem, Engine, Synthesis
 
 # Kokoro-FastAPI runs up to four chunks on its one model at once; the baseline copies that.
 BASELINE_CONCURRENCY = 4
-# A CPU replica idle this long hands its free heap pages back (cpu_runtime.return_freed_memory):
-# a bf16 replica that served 3000-character texts then holds 1.15 GB, not 2.1-2.3 GB (2-core AMD
-# EPYC). Never between back-to-back jobs: there the trim (8-50 ms) and faulting the pages in again
-# cost throughput (a trim after each synthesis made a 30-510-phoneme mix 4% slower), and the first
-# chunk after a trim pays the faults (a 60-phoneme one 453 ms against 422 ms), so only a replica
-# with no traffic for seconds trims.
+# A CPU replica idle this long hands its free heap pages back (cpu_runtime.return_freed_memory);
+# never between back-to-back jobs, where the trim and the page faults after it cost throughput.
 IDLE_BEFORE_TRIM_S = 5.0
 
 

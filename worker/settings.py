@@ -100,11 +100,10 @@ class Settings:
         "/ready, /metrics, `kokoro-fleet status` and an `X-Kokoro-Engine: sim` header.")
     sim_chunk_ms: float = setting(
         "KOKORO_SIM_CHUNK_MS", 34.0,
-        "Simulated engine: fixed cost of one chunk (one batched pass), ms. Measured (H200, 2026-11-26, bf16 CUDA "
-        "graphs): one replica alone takes 6.3 ms + 0.174 ms a phoneme, but replicas share the GPU, and eight "
-        "under MPS produce 561 audio-s/s together, 5.35 times slower each; these defaults are that loaded cost, so "
-        "8 simulated replicas produce what 8 real ones did (worker/sim_engine.py). An idle GPU's first chunk is "
-        "faster: KOKORO_SIM_CHUNK_MS=6.3 KOKORO_SIM_PHONEME_MS=0.174 simulates one replica alone.")
+        "Simulated engine: fixed cost of one chunk (one batched pass), ms. The default is a real replica's cost "
+        "on a GPU shared by eight (worker/sim_engine.py; measured: loadtest/README.md), so 8 simulated replicas "
+        "produce what 8 real ones did. KOKORO_SIM_CHUNK_MS=6.3 KOKORO_SIM_PHONEME_MS=0.174 simulates one "
+        "replica alone on an idle GPU.")
     sim_phoneme_ms: float = setting(
         "KOKORO_SIM_PHONEME_MS", 0.93,
         "Simulated engine: cost per phoneme of a chunk, ms (a batch costs the fixed cost once plus this for "
@@ -188,10 +187,9 @@ class Settings:
         "KOKORO_CHUNK_PHONEMES", 400,
         "Largest target size of later chunks (never above 510): each chunk after the first aims at twice the "
         "one before up to this, so a stream stays ahead of its listener. A replica runs a chunk to its end, so "
-        "this also bounds how long another request's first chunk waits for a busy replica: on a 2-core CPU "
-        "(bf16, Intel Xeon), 200 cut a one-sentence request's first audio behind a long stream from p90 "
-        "2.5-3.0 s to 1.5 s, for 12% less of that stream's throughput (`python -m loadtest.chunk_wait`); "
-        "on a GPU a chunk takes tens of milliseconds either way.")
+        "this also bounds how long another request's first chunk waits for a busy replica: on a slow CPU, 200 "
+        "brings that first audio sooner for a little of the long stream's throughput (`python -m "
+        "loadtest.chunk_wait`; figures in loadtest/README.md); on a GPU a chunk takes tens of milliseconds either way.")
     preload_languages: str = setting(
         "KOKORO_PRELOAD_LANGUAGES", "a,b",
         "Languages whose text readers every replica loads at start-up, comma-separated codes (`a,b,z,j`) or `all`; "
@@ -269,15 +267,13 @@ class Settings:
         "KOKORO_REPLICA_CPU_MIB", 0,
         "Memory one replica may reach on CPU (model, compiled kernels, a 510-phoneme chunk's activations, "
         "freed memory malloc keeps); `serve` starts no more default workers than the available memory "
-        "holds (cgroup limits included) and refuses a --workers beyond it (0: the measured figure, 2560 "
-        "for full-size weights (a bf16 replica serving 3000-character texts peaked at 2.0-2.13 GB, int8 and fp32 "
-        "ones about as high), 1280 for `tiny` (1.2 GB)).", minimum=0)
+        "holds (cgroup limits included) and refuses a --workers beyond it (0: the measured peak rounded up, "
+        "2560 for full-size weights, 1280 for `tiny`; the measurements: loadtest/README.md).", minimum=0)
     replica_gpu_mib: int = setting(
         "KOKORO_REPLICA_GPU_MIB", 6144,
         "GPU memory one replica needs (CUDA context, weights, CUDA graphs, activations); `serve` refuses to start "
-        "more replicas than the free GPU memory holds. Measured on an H200 (2026-11-27): 16 bf16 replicas with "
-        "captured graphs under MPS took 94,334 MiB, 5,896 MiB each (torch 4,336, the CUDA context the rest); "
-        "the 8-worker fleet 5,908 MiB each.")
+        "more replicas than the free GPU memory holds. The default is a bf16 replica's measured need with "
+        "captured graphs, rounded up (loadtest/README.md).")
 
     # --- deployment (read by docker/entrypoint.sh) ---
     mps: Literal["auto", "on", "off"] = setting(

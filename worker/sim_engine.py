@@ -8,14 +8,10 @@ response header).
 
 Cost model, per chunk of n phonemes: t = a + b * n, awaited with `asyncio.sleep` (the event loop
 and the CPU are free meanwhile). a = KOKORO_SIM_CHUNK_MS, b = KOKORO_SIM_PHONEME_MS.
-Measured on an H200 (2026-11-26, full-size random weights, bf16 CUDA graphs; python -m
-worker.gpu_harness, loadtest/results/2026-11-26-h200): one replica alone takes 6.3 ms + 0.174 ms a
-phoneme (16 ms for a 60-phoneme first chunk, 92 ms for 510), 373 audio-s/s. Replicas do not add up
-as independent servers would: they share one GPU, whose throughput stays at 326-373 audio-s/s for 1
-to 16 processes without MPS and reaches 561 audio-s/s with eight under MPS. So the defaults are the
-loaded cost, 5.35 times the lone one (a = 34 ms, b = 0.93 ms): eight simulated replicas, which are
-independent, then make the 561 audio-s/s eight real ones made, and a lightly loaded simulation's
-first chunks come later than a real idle GPU's (set a = 6.3, b = 0.174 for one replica alone).
+The defaults are a real replica's cost on a GPU shared by eight replicas (a = 34 ms, b = 0.93 ms),
+not one alone (a = 6.3, b = 0.174): eight simulated replicas, which are independent, then make
+what eight real ones sharing a GPU made, and a lightly loaded simulation's first chunks come later
+than a real idle GPU's. The measurements: loadtest/README.md, "Figures behind the code's choices".
 
 Batch rule (`synthesize_batch`): one batched forward pass pads every item to the longest, so a
 batch of k items of at most m phonemes costs a + b * k * m (the per-call overhead once, the
@@ -51,9 +47,8 @@ from worker.speech import SECONDS_PER_PHONEME
 # Frames (25 ms) per token at speed 1, by kind: about 3 frames (75 ms) a token over an English
 # sentence, as SECONDS_PER_PHONEME assumes; a clause's punctuation holds a pause.
 FRAMES_PER_TOKEN = {"start_pad": 2, "end_pad": 6, "space": 2, "pause": 8, "phoneme": 3}
-# The table alone made 1.165x the real model's audio over 21 chunks of the short and paragraph
-# sample texts (96.8 s against 83.0 s; offline weights, af_heart, speed 1; per chunk 0.66x to 1.28x
-# of the real length, median 1.15x): every token is scaled by this so the totals agree.
+# The table alone makes more audio than the real model over the sample texts: every token is
+# scaled by this so the totals agree (measured: loadtest/README.md).
 LENGTH_SCALE = 1 / 1.165
 PAUSE_IDS = frozenset({1, 2, 3, 4, 5, 6, 9, 10})  # ; : , . ! ? — …
 SPACE_ID = 16

@@ -169,7 +169,7 @@ class _StubProcess:
 # issue's 5 ms; with both cores busy with other jobs (load 4-5) each wake-up of the stub or the
 # generator can cost a few ms more, which only the medians' looser bound absorbs. Every distinction
 # these tests draw (headers vs first audio vs last byte) is 50 ms or more.
-# Some machines add their own cost that no client avoids: on a Firecracker VM (2026-11-26) a process
+# Some machines add their own cost that no client avoids: on a Firecracker VM a process
 # idle in epoll for 0.3 s woke to its socket 3-5 ms after the write (0.5 ms after 10 ms idle), with
 # plain asyncio and no generator code. So each test also times the same requests with a bare
 # asyncio client (`_bare_errors`) and bounds the generator's error by the bare client's plus 5 ms:

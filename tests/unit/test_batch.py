@@ -7,7 +7,7 @@ F0: see AdainResBlk1d), with the excitation noise off and on (each item draws it
 
 The bound sits between what float32 rounding gives and what a masking bug gives. Rounding, measured
 on the real weights' 510-phoneme item: 30 dB and more on an AMD EPYC (family 26), 29.4 dB on an
-Intel Xeon with AMX (2026-11-25; its 10-phoneme item 35.0 dB), which failed the bound of 30 dB this
+Intel Xeon with AMX (its 10-phoneme item 35.0 dB), which failed the bound of 30 dB this
 file had. A bug: instance-norm statistics taken over the padding too (mean or variance) put the
 short item at -0.4 and 0.0 dB (log-spectral distance 6.9 and 12.6 dB, against 0.18 healthy).
 """

@@ -264,7 +264,7 @@ def test_the_kernel_cache_needs_no_compiler(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_auto_mode_keeps_the_parity_bound_on_the_real_weights(real_weights):
-    from worker.bench import chunk_ids
+    from loadtest.bench.engine_bench import chunk_ids
     from worker.reference import log_spectral_distance_db
 
     ids = chunk_ids(real_weights.config["vocab"], 100)
@@ -285,7 +285,7 @@ def test_auto_mode_keeps_the_parity_bound_on_the_real_weights(real_weights):
 def test_bench_times_onnxruntime_beside_our_modes(real_weights, capsys):
     import argparse
 
-    from worker import bench
+    from loadtest.bench import engine_bench as bench
 
     parser = argparse.ArgumentParser()
     bench.configure(parser)

@@ -1,7 +1,7 @@
 """CUDA graphs against eager on the GPU (skipped without CUDA): the graphs replay the eager run on
 the same padded shapes bit for bit; against the unpadded run, same durations and >= 30 dB SNR.
 
-These run on a lent GPU (`python -m worker.gpu_harness`), never in CI. With torch's default TF32
+These run on a lent GPU (`python -m loadtest.bench.gpu_harness`), never in CI. With torch's default TF32
 convolutions the padded-against-unpadded and batch-against-single bounds failed on an H200 (28 and
 9.6 dB); the engine turns TF32 off on CUDA (worker.engine.use_exact_cuda_arithmetic)."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from worker.engine import Engine
-from worker.gpu_check import PRECISION_BOUND_DB
+from loadtest.bench.gpu_parity import PRECISION_BOUND_DB
 from worker.model.random_init import full_config, random_state_dict, random_voices
 from worker.reference import log_spectral_distance_db, snr_db
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from worker import gpu_harness
+from loadtest.bench import gpu_harness
 from worker.engine import use_exact_cuda_arithmetic
-from worker.replica_sweep import CHUNK_MIX, summarize_phase
+from loadtest.bench.replica_sweep import CHUNK_MIX, summarize_phase
 
 
 def test_a_step_past_its_limit_is_stopped_and_reported_and_the_next_still_runs(tmp_path):

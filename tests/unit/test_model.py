@@ -197,7 +197,7 @@ def test_real_weights_int8_keeps_the_parity_bound(real_weights, real_fp32, size)
     """The int8 mode (`auto` on CPUs with AVX2 but no native bf16) against float32 on the bench's
     chunks: durations within a frame for 99% of tokens, log-spectrogram within 1 dB; its noise
     is seeded like every mode's."""
-    from worker.bench import chunk_ids
+    from loadtest.bench.engine_bench import chunk_ids
 
     ids = chunk_ids(real_weights.config["vocab"], size)
     style = real_weights.voices["af_heart"][len(ids) - 1]

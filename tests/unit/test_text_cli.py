@@ -73,7 +73,7 @@ def test_unknown_language_exits_2_with_the_reason(capsys):
 
 
 def test_frontend_timing_figure(capsys):
-    from worker.text.bench import main as bench_main, time_frontend
+    from loadtest.bench.text_bench import main as bench_main, time_frontend
 
     result = time_frontend(repeats=1)
     assert result["files"] == 3 and result["phonemes"] > 1000
@@ -82,7 +82,7 @@ def test_frontend_timing_figure(capsys):
 
 
 def test_first_request_figure_runs_both_ways_in_fresh_processes():
-    from worker.text.bench import compare_first_requests
+    from loadtest.bench.text_bench import compare_first_requests
 
     results = compare_first_requests("j", repeats=1)
     assert [r["preloaded"] for r in results] == [False, True]

@@ -9,9 +9,9 @@ The first chunk aims at `first_chunk_phonemes` (a clause or a short sentence) so
 comes fast; each later chunk aims at twice the one before (60, 120, 240, ...) until `chunk_phonemes`,
 packing whole sentences, for throughput. Doubling keeps a stream ahead of its listener: chunk k is
 synthesized while chunks 0..k-1 play, and they last about as long as chunk k, so a replica needs
-roughly real time plus its queueing headroom (measured: enough at tiny's ~60x, not at 2.7x on a
-shared 2-core CPU, where a whole sentence can push chunk 1 past its target); a jump from 60
-straight to 400 phonemes would need almost 7x real time before any queueing. A `[pause:0.5s]` tag ends the chunk before it and becomes that
+roughly real time plus its queueing headroom (a slow CPU replica can fall behind:
+loadtest/README.md); a jump from 60 straight to 400 phonemes would need almost 7x real time before
+any queueing. A `[pause:0.5s]` tag ends the chunk before it and becomes that
 chunk's `pause_after`.
 """
 
@@ -77,9 +77,8 @@ _loaded_languages: set[str] = set()
 
 
 def load_language(lang_code: str) -> None:
-    """Load the text reader of `lang_code` now (English lexicons about 0.15 s, Mandarin's
-    dictionaries about 0.7 s, Japanese's 0.14 s, an espeak-ng language 0.04 s on a 2-core CPU),
-    once per process; TextError for an unsupported language."""
+    """Load the text reader of `lang_code` now (a fraction of a second; Mandarin's dictionaries
+    take longest: loadtest/README.md), once per process; TextError for an unsupported language."""
     code = resolve_language(lang_code)
     if code not in _loaded_languages:
         text_to_chunks(_WARM_TEXT.get(code, "Warming up, 1 2 3."), code)

@@ -1,4 +1,4 @@
-"""How long the text frontend takes on the sample texts: `python -m worker.text.bench [FILES...]`.
+"""How long the text frontend takes on the sample texts: `python -m loadtest.bench.text_bench [FILES...]`.
 
 Prints the one-time start-up (loading the language's reader) apart from the per-request work, which is
 measured with espeak-ng's cache emptied so out-of-lexicon words are paid for. With `--synthesize` it
@@ -138,7 +138,7 @@ def compare_first_requests(lang_code: str, repeats: int = 2) -> list[dict]:
     results = []
     for _ in range(repeats):
         for preloaded in (False, True):
-            out = subprocess.run([sys.executable, "-m", "worker.text.bench", "--first-request-child", lang_code,
+            out = subprocess.run([sys.executable, "-m", "loadtest.bench.text_bench", "--first-request-child", lang_code,
                                   *(["--preloaded"] if preloaded else [])], capture_output=True, text=True, check=True)
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return results

@@ -1,4 +1,4 @@
-"""One command for a lent GPU: `python -m worker.gpu_check [--json PATH]`.
+"""One command for a lent GPU: `python -m loadtest.bench.gpu_parity [--json PATH]`.
 
 Needs only torch, transformers and numpy (a bare GPU box). With full-size random weights
 (worker.model.random_init: speech-like durations and F0) it prints:
@@ -24,13 +24,10 @@ import torch
 
 
 # Padded (bucketed) against unpadded fp32, the same random weights: what masking the padding must
-# keep. Measured on an H200 with TF32 off: 0.008 / 0.072 / 0.231 dB at 10 / 100 / 250 tokens; with
-# TF32 on (torch's default for cuDNN) 0.47 / 0.37 / 1.24 dB, which this bound catches.
+# keep. Well above what exact float32 gives, below what TF32 gives (figures: loadtest/README.md).
 PADDING_BOUND_DB = 0.5
-# bf16 / fp16 against fp32. These random weights sit near the real weights' 1 dB bound even on the
-# CPU (bf16 there: 0.97 dB at 30 tokens); measured on an H200: bf16 1.03-1.15 dB at 30-250 tokens.
-# A masking or precision bug costs several dB (a batch item against its single run under TF32:
-# 3.3 dB; statistics over the padding on the CPU: 6.9-12.6 dB).
+# bf16 / fp16 against fp32. These random weights sit near the real weights' 1 dB bound, while a
+# masking or precision bug costs several dB (figures: loadtest/README.md).
 PRECISION_BOUND_DB = 1.3
 
 
@@ -106,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     del eager, padded, graphed, noisy
     torch.cuda.empty_cache()
 
-    from worker import bench
+    from loadtest.bench import engine_bench
 
     try:
         from worker.reference import reference_module
@@ -117,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reference KModel unavailable ({error}); benchmarking ours only", flush=True)
         no_reference = True
     bench_parser = argparse.ArgumentParser()
-    bench.configure(bench_parser)
+    engine_bench.configure(bench_parser)
     bench_args = ["--weights", "random-full", "--device", "cuda", "--modes", args.modes, "--sizes", args.sizes,
                   "--repeats", str(args.repeats)]
     if no_reference:
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     print(f"checks: {'PASS' if not failures else 'FAIL: ' + '; '.join(failures)}", flush=True)
-    bench.run(bench_parser.parse_args(bench_args))
+    engine_bench.run(bench_parser.parse_args(bench_args))
     return 1 if failures else 0
 
 

@@ -1,4 +1,4 @@
-"""How many engine replicas one GPU serves best: `python -m worker.replica_sweep`.
+"""How many engine replicas one GPU serves best: `python -m loadtest.bench.replica_sweep`.
 
 The fleet runs one model replica per Uvicorn worker, each a separate process with its own CUDA
 context. This measures that shape without HTTP or Redis: `max(--counts)` engine processes are
@@ -50,7 +50,7 @@ def _replica(index: int, device: str, dtype: str, weights_source: str, commands,
     """Build an engine, say ready (with its memory), then run each phase it is sent."""
     import torch
 
-    from worker.bench import bench_weights, chunk_ids
+    from loadtest.bench.engine_bench import bench_weights, chunk_ids
     from worker.engine import Engine
 
     try:

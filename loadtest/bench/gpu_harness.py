@@ -1,4 +1,4 @@
-"""Every GPU check in one call: `python -m worker.gpu_harness --out DIR [--budget-s 480]`.
+"""Every GPU check in one call: `python -m loadtest.bench.gpu_harness --out DIR [--budget-s 480]`.
 
 A lent GPU comes for minutes, so this runs all the GPU work in one go, each step a subprocess with
 its own time limit (a hang or a crash costs that step, not the others), everything it prints in
@@ -7,26 +7,17 @@ report DIR/gpu_results.md (what docs/performance.md's GPU figures and the issue 
 
 Steps, most important first (`--steps` picks some):
   tests     pytest tests/unit/test_engine_gpu.py (graphed vs eager, noise, precision, batch on CUDA)
-  check     python -m worker.gpu_check: parity and precision bounds, capture time and memory, then
+  check     python -m loadtest.bench.gpu_parity: parity and precision bounds, capture time and memory, then
             `kokoro-fleet bench --device cuda` over chunks of 30..510 phonemes, eager vs graphed,
             fp32 / bf16 / fp16
-  replicas  python -m worker.replica_sweep: 1..16 engine processes with and without CUDA MPS
+  replicas  python -m loadtest.bench.replica_sweep: 1..16 engine processes with and without CUDA MPS
   batch     kokoro-fleet bench --batch 1,2,4,8,16 (the batched forward pass against one by one)
   fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
             (needs the carried `.fleet` bundle; skipped without it)
 
-Time (H200): tests 32-45 s, check 129-164 s, replicas about 260 s (two start-ups of 16 replicas,
-40-80 s each, then 12 five-second phases; `--mps on --replica-counts 8,12,16` alone 89 s), batch
-63 s, fleet about 180 s for two levels (install 20 s, 8 workers ready after 139-145 s on
-2026-11-27, before the workers took their share of the cores on a GPU: see README). A session
-has 15 minutes of device time, and the machine's start (a minute or two) counts, so plan two calls
-back to back on the warm machine, each well under the 10-minute limit. On 2026-11-27 these two took
-718 s with the start:
-  1. `--steps tests,check,fleet --budget-s 440`
-  2. `--steps replicas --replica-counts 8,12,16 --mps on --budget-s 150`, then
-     `python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR/f --budget-s 210 --levels 64`
-With tests and parity seen on main (they were that day), the next session's first call is the
-fleet alone with room for its three levels (`--steps fleet --budget-s 330`), then `batch`.
+A session's device time is short and the machine's start counts, so plan two calls back to back on
+the warm machine, each well under the per-call limit, from the step times recorded in
+loadtest/README.md ("Figures behind the code's choices"), which also lists the calls used so far.
 DIR may be the same folder: each call rewrites the report from what its own steps measured.
 
 Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real
@@ -58,9 +49,9 @@ def steps(work: Path, fleet_bundle: Path, replica_counts: str = REPLICA_COUNTS,
     return {
         "tests": ([PY, "-m", "pytest", "tests/unit/test_engine_gpu.py", "-q", "-p", "no:cacheprovider",
                    f"--junitxml={work / 'tests.xml'}"], 100),
-        "check": ([PY, "-m", "worker.gpu_check", "--json", str(work / "check.json"), "--sizes", SIZES,
+        "check": ([PY, "-m", "loadtest.bench.gpu_parity", "--json", str(work / "check.json"), "--sizes", SIZES,
                    "--modes", "fp32,bf16,fp16", "--repeats", "4"], 200),
-        "replicas": ([PY, "-m", "worker.replica_sweep", "--counts", replica_counts, "--seconds", "5",
+        "replicas": ([PY, "-m", "loadtest.bench.replica_sweep", "--counts", replica_counts, "--seconds", "5",
                       "--mps", mps, "--ready-timeout", "120", "--json", str(work / "replicas.json")], 300),
         "batch": ([PY, "-m", "api.cli", "bench", "--device", "cuda", "--weights", "random-full", "--modes", "bf16",
                    "--batch", BATCHES, "--batch-phonemes", "120", "--repeats", "3", "--json",
@@ -204,7 +195,7 @@ def markdown(figures: dict) -> str:
     check = figures.get("check")
     if check:
         lines += ["", "## Parity (full-size random weights)", "", "| check | tokens | result |", "|---|---|---|"]
-        from worker.gpu_check import PADDING_BOUND_DB, PRECISION_BOUND_DB
+        from loadtest.bench.gpu_parity import PADDING_BOUND_DB, PRECISION_BOUND_DB
 
         for row in check.get("parity", []):
             lines.append(f"| graphed vs eager fp32 | {row['tokens']} | replays the padded eager run exactly "
@@ -245,7 +236,7 @@ def markdown(figures: dict) -> str:
                          f"{r['one_by_one']['audio_s_per_s']:.0f} | {r['speedup']:.2f}x |")
     replicas = figures.get("replicas")
     if replicas:
-        from worker.replica_sweep import markdown as replica_table
+        from loadtest.bench.replica_sweep import markdown as replica_table
 
         lines += ["", "## Replicas: N engine processes on one GPU (bf16, CUDA graphs, chunk mix "
                       f"{replicas[0].get('chunk_mix')} phonemes)", "", replica_table(replicas)]
