@@ -21,7 +21,7 @@ from typing import Callable
 from worker.text import localized
 from worker.text import numbers as num
 from worker.text.lexicon import Lexicon
-from worker.text.markup import read_markup
+from worker.text.markup import KOKORO_MARKUP, read_markup
 
 
 @dataclass
@@ -49,10 +49,6 @@ class NormalizationOptions:
             return cls()
         known = {k: bool(v) for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
-
-
-# Markup kept out of normalization: custom pronunciation links and pause tags.
-MARKUP = re.compile(r"\[[^\[\]]+\]\(/[^()]*/\)|\[pause:\s*\d+(?:\.\d+)?\s*m?s\]", re.IGNORECASE)
 
 
 def clean_text(text: str) -> str:
@@ -115,7 +111,7 @@ def normalize_text(text: str, options: NormalizationOptions | None = None, lang_
         def rules(piece: str) -> str:
             return _normalize_english(piece, options, lang_code == "b")
     pieces, last = [], 0
-    for m in MARKUP.finditer(text):
+    for m in KOKORO_MARKUP.finditer(text):
         pieces.append(rules(text[last:m.start()]))
         pieces.append(m.group(0))
         last = m.end()
