@@ -182,7 +182,7 @@ def configure_process(settings) -> None:
     """A replica process's set-up before its engine is built: intra-op threads and compile cache."""
     import torch
 
-    from worker.engine import resolve_device
+    from worker.device import resolve_device
 
     use_compile_cache(settings.cache_dir)
     # On a GPU too: a worker's host-side torch work (building or loading the weights, the small CPU

@@ -37,6 +37,7 @@ import torch
 from worker import cpu_features
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.cpu_runtime import keep_freed_memory
+from worker.device import resolve_device
 from worker.model import KokoroModel
 from worker.model.layers import kernels, use_compiled_kernels
 from worker.weights.serving import fold, serving_state_dict
@@ -78,12 +79,6 @@ def use_exact_cuda_arithmetic() -> None:
 def cpu_has_bf16() -> bool:
     """AVX512-BF16 or AMX: oneDNN then runs bf16 convolutions about twice as fast as float32."""
     return cpu_features.cpu_info().native("bf16")
-
-
-def resolve_device(device: str) -> torch.device:
-    if device in ("", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.text import MAX_PHONEMES, NormalizationOptions, text_to_chunks
-from worker.text.normalize import MARKUP, clean_text, normalize_text
+from worker.text.markup import KOKORO_MARKUP
+from worker.text.normalize import clean_text, normalize_text
 from worker.text.vocab import to_ids
 
 TEXTS = Path(__file__).resolve().parents[1] / "data" / "texts"
@@ -29,7 +30,7 @@ def _check_invariants(text: str, chunks, options=None, lang="a") -> None:
         for w in c.words:
             assert 0 <= w.start < w.end <= len(c.ids)
     # Nothing lost: every non-space character of the (normalized) input is in the chunks, in order.
-    expected = _squeeze(MARKUP.sub(" ", normalize_text(text, options, lang)))
+    expected = _squeeze(KOKORO_MARKUP.sub(" ", normalize_text(text, options, lang)))
     assert _squeeze("".join(c.text for c in chunks)) == expected
 
 

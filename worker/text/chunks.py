@@ -9,10 +9,10 @@ The first chunk aims at `first_chunk_phonemes` (a clause or a short sentence) so
 comes fast; each later chunk aims at twice the one before (60, 120, 240, ...) until `chunk_phonemes`,
 packing whole sentences, for throughput. Doubling keeps a stream ahead of its listener: chunk k is
 synthesized while chunks 0..k-1 play, and they last about as long as chunk k, so a replica needs
-roughly real time plus its queueing headroom (a slow CPU replica can fall behind:
-loadtest/README.md); a jump from 60 straight to 400 phonemes would need almost 7x real time before
-any queueing. A `[pause:0.5s]` tag ends the chunk before it and becomes that
-chunk's `pause_after`.
+roughly real time plus its queueing headroom (on a replica only a few times faster than real time,
+a whole sentence can push chunk 1 past its target); a jump from 60 straight to 400 phonemes would
+need almost 7x real time before any queueing. A `[pause:0.5s]` tag ends the chunk before it and
+becomes that chunk's `pause_after`.
 """
 
 from __future__ import annotations

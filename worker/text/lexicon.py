@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.text.markup import KOKORO_MARKUP
+
 log = logging.getLogger("kokoro_fleet.text")
 
 ALL_LANGUAGES = "*"
@@ -70,14 +72,12 @@ class Lexicon:
         pattern, words = self._matcher(lang_code)
         if pattern is None:
             return text
-        from worker.text.normalize import MARKUP
-
         def link(m: re.Match) -> str:
             written = m.group(0)
             return f"[{written}](/{words.get(written) or words[written.lower()]}/)"
 
         out, last = [], 0
-        for m in MARKUP.finditer(text):
+        for m in KOKORO_MARKUP.finditer(text):
             out += [pattern.sub(link, text[last:m.start()]), m.group(0)]
             last = m.end()
         out.append(pattern.sub(link, text[last:]))

@@ -39,6 +39,9 @@ from functools import lru_cache
 
 from worker.text.vocab import vocab
 
+# Kokoro's own markup, passed through every rule untouched: pronunciation links and pause tags.
+KOKORO_MARKUP = re.compile(r"\[[^\[\]]+\]\(/[^()]*/\)|\[pause:\s*\d+(?:\.\d+)?\s*m?s\]", re.IGNORECASE)
+
 # --- whole lines ------------------------------------------------------------------------------
 
 _FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")  # groups: the fence, the rest of its line

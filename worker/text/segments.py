@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 
 from worker.text.markup import closes_code, code_fence, follow_speech_tags
-from worker.text.normalize import ABBREVIATIONS
+from worker.text.read_abbreviations import ABBREVIATIONS
 
 CLAUSE_PIECE_MIN_CHARS = 30
 OPENING_CHARS = 200
