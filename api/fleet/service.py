@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from prometheus_client import Histogram
 
 from api.errors import CapacityError, KeyShareError
 from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
@@ -44,7 +45,7 @@ from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUn
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
                                 read_replicas, read_stats, stop_if_cancelled, worker_id)
 from api.fleet.replica import Dispatcher, ReplicaJobRunner
-from api.metrics import Histogram, Metrics
+from api.metrics import Metrics
 from worker.audio import SAMPLE_RATE, from_pcm16
 from worker.settings import Settings
 from worker.speech import (SECONDS_PER_PHONEME, AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest,
@@ -126,7 +127,9 @@ class FleetSpeechService:
         self.replicas = replicas if dispatch == "shared" else 1
         self.bounds = AdmissionBounds.from_settings(settings, self.replicas)
         self.chunk_timeout_s = settings.chunk_timeout_seconds or None
-        self.wait_histogram = Histogram(WAIT_BUCKETS)
+        self.wait_histogram = Histogram("kokoro_fleet_first_chunk_wait_seconds", "Wait of requests' first chunks "
+                                        "in the queue before this replica leased them.", buckets=WAIT_BUCKETS,
+                                        registry=None)
         local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
         local_delivered: dict[str, tuple[np.ndarray, bool]] = {}  # ... that Redis has accepted
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
@@ -550,19 +553,8 @@ class FleetSpeechService:
         m.gauge("kokoro_fleet_replica_rate", "Measured audio seconds per busy second of one replica (EWMA).",
                 lambda: self.snapshot.stats.rate if self.snapshot.stats and self.snapshot.stats.rate else _missing(),
                 fleet_wide=True)
-        m.collector(self._worker_histogram_lines)
-        m.collector(self._replica_table_lines, fleet_wide=True)
-
-    def _worker_histogram_lines(self) -> list[str]:
-        """This worker's histograms: its first chunks' queue wait, its replica's lease sizes."""
-        return ["# HELP kokoro_fleet_first_chunk_wait_seconds Wait of requests' first chunks in the queue "
-                "before this replica leased them.",
-                "# TYPE kokoro_fleet_first_chunk_wait_seconds histogram",
-                *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds"),
-                "# HELP kokoro_fleet_lease_batch_size Chunk jobs per lease this worker's replica took "
-                "(at most KOKORO_BATCH_MAX).",
-                "# TYPE kokoro_fleet_lease_batch_size histogram",
-                *self.dispatcher.batch_sizes.lines("kokoro_fleet_lease_batch_size")]
+        m.include(self.wait_histogram, self.dispatcher.batch_sizes)
+        m.fleet_lines(self._replica_table_lines)
 
     def _replica_table_lines(self) -> list[str]:
         """A row per replica of the fleet, as this worker last read them from Redis."""
