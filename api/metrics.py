@@ -118,7 +118,8 @@ class Metrics:
             return
         mode = GAUGE_MODES.get(name, "livesum")
         self._read.append(self._copier(lambda: Gauge(name, help_text, labels, registry=self.registry,
-                                                     multiprocess_mode=mode), read, labels, Gauge.set))
+                                                     multiprocess_mode=mode),
+                                       read, labels, lambda child, value, key: child.set(value)))
 
     def counter(self, name: str, help_text: str, read: Read, fleet_wide: bool = False,
                 labels: tuple[str, ...] = ()) -> None:
@@ -134,15 +135,11 @@ class Metrics:
                 added[key] = total
 
         self._read.append(self._copier(lambda: Counter(name, help_text, labels, registry=self.registry),
-                                       read, labels, add_new, keyed=True))
-
-    def fleet_lines(self, lines: Callable[[], list[str]]) -> None:
-        """Ready-made exposition lines of fleet-wide figures (HELP, TYPE and samples), read at scrape time."""
-        self._fleet.lines.append(lines)
+                                       read, labels, add_new))
 
     @staticmethod
-    def _copier(make: Callable[[], Gauge | Counter], read: Read, labels: tuple[str, ...], store,
-                keyed: bool = False) -> Callable[[], None]:
+    def _copier(make: Callable[[], Gauge | Counter], read: Read, labels: tuple[str, ...],
+                store: Callable[[Gauge | Counter, float, tuple[str, ...]], None]) -> Callable[[], None]:
         metric: list = []  # made at the first read that succeeds: a source not there yet shows nothing
 
         def copy() -> None:
@@ -154,7 +151,7 @@ class Metrics:
                 metric.append(make())
             for key, v in (value.items() if labels else [((), value)]):
                 child = metric[0].labels(*key) if labels else metric[0]
-                store(child, float(v), key) if keyed else store(child, float(v))
+                store(child, float(v), key)
         return copy
 
     def refresh(self) -> None:
@@ -179,8 +176,7 @@ class Metrics:
             page = generate_latest(self.registry).decode()
         # Whole numbers as they were written before prometheus_client (`1`, not `1.0`): scrapers
         # read both alike, and tests and scripts match these lines as text.
-        page = _WHOLE_NUMBER.sub(r" \1", page + generate_latest(self.fleet_registry).decode())
-        return page + "".join(line + "\n" for lines in self._fleet.lines for line in _safe(lines))
+        return _WHOLE_NUMBER.sub(r" \1", page + generate_latest(self.fleet_registry).decode())
 
 
 class _AllWorkers:
@@ -202,10 +198,9 @@ class _FleetWide:
 
     def __init__(self) -> None:
         self.sources: list[tuple[type, str, str, Read, tuple[str, ...]]] = []
-        self.lines: list[Callable[[], list[str]]] = []
 
     def collect(self) -> Iterable[Metric]:
-        for family_type, name, help_text, read, labels in sorted(self.sources, key=lambda s: s[1]):
+        for family_type, name, help_text, read, labels in self.sources:
             try:
                 value = read()
             except Exception:  # a source that is not there yet (Redis not read yet)
@@ -213,14 +208,8 @@ class _FleetWide:
             family = family_type(name, help_text, labels=labels)
             for key, v in (value.items() if labels else [((), value)]):
                 family.add_metric(list(key), float(v))
-            yield family
-
-
-def _safe(lines: Callable[[], list[str]]) -> list[str]:
-    try:
-        return lines()
-    except Exception:  # a source that is not there yet
-        return []
+            if family.samples:  # a table with no rows yet: no family either
+                yield family
 
 
 def _forget_dead_workers(directory: str) -> None:

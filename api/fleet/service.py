@@ -32,7 +32,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -554,15 +554,8 @@ class FleetSpeechService:
                 lambda: self.snapshot.stats.rate if self.snapshot.stats and self.snapshot.stats.rate else _missing(),
                 fleet_wide=True)
         m.include(self.wait_histogram, self.dispatcher.batch_sizes)
-        m.fleet_lines(self._replica_table_lines)
-
-    def _replica_table_lines(self) -> list[str]:
-        """A row per replica of the fleet, as this worker last read them from Redis."""
-        lines: list[str] = []
-        rows = self.snapshot.replicas
-        if not rows:
-            return lines
-        series = (
+        # A row per replica of the fleet, as this worker last read them from Redis.
+        for name, kind, help_text, figure in (
             ("kokoro_fleet_replica_busy", "gauge", "1 while the replica runs a job.", lambda r: float(r.busy)),
             ("kokoro_fleet_replica_busy_fraction", "gauge",
              f"Fraction of the last ~{STATS_REFRESH_S:g} s the replica spent running jobs.",
@@ -573,17 +566,18 @@ class FleetSpeechService:
             ("kokoro_fleet_replica_audio_seconds_total", "counter", "Audio seconds the replica synthesized.",
              lambda r: r.audio_seconds),
             ("kokoro_fleet_replica_alive", "gauge", "1 while the replica's liveness is fresh.", lambda r: float(r.alive)),
-        )
-        for name, kind, help_text, read in series:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            for r in rows:
-                value = read(r)
-                if value is not None:
-                    lines.append(f'{name}{{replica="{r.replica}"}} {float(value):g}')
-        lines += ["# HELP kokoro_fleet_replica_info The engine each replica runs: torch <device> <precision>, "
-                  "or sim (SIMULATED: no model).", "# TYPE kokoro_fleet_replica_info gauge"]
-        lines += [f'kokoro_fleet_replica_info{{replica="{r.replica}",engine="{r.engine}"}} 1' for r in rows if r.engine]
-        return lines
+        ):
+            (m.gauge if kind == "gauge" else m.counter)(name, help_text, self._per_replica(figure), fleet_wide=True,
+                                                        labels=("replica",))
+        m.gauge("kokoro_fleet_replica_info", "The engine each replica runs: torch <device> <precision>, or sim "
+                "(SIMULATED: no model).", lambda: {(r.replica, r.engine): 1.0 for r in self.snapshot.replicas if r.engine},
+                fleet_wide=True, labels=("replica", "engine"))
+
+    def _per_replica(self, figure) -> Callable[[], dict[tuple[str, ...], float]]:
+        def read() -> dict[tuple[str, ...], float]:
+            values = {(r.replica,): figure(r) for r in self.snapshot.replicas}
+            return {key: value for key, value in values.items() if value is not None}
+        return read
 
 
 def _missing() -> float:

@@ -36,7 +36,8 @@ WORKER = textwrap.dedent("""
     m.counter("kokoro_replica_jobs_total", "Inferences.", lambda: 10 * requests)
     m.gauge("kokoro_fleet_replica_busy_fraction_lifetime", "Busy share.", lambda: busy / 4)
     m.gauge("kokoro_fleet_admitted", "Requests admitted in the whole fleet.", lambda: 7, fleet_wide=True)
-    m.fleet_lines(lambda: ["# TYPE kokoro_fleet_replica_busy gauge", 'kokoro_fleet_replica_busy{replica="a"} 1'])
+    m.gauge("kokoro_fleet_replica_busy", "1 while the replica runs a job.", lambda: {("a",): 1}, fleet_wide=True,
+            labels=("replica",))
     m.refresh()
     print("ready", flush=True)
     for command in sys.stdin:
@@ -128,8 +129,9 @@ def test_one_process_shows_its_own_figures_and_the_fleet_wide_ones_once():
     m.gauge("kokoro_replica_busy", "1 while the replica runs an inference.", lambda: 1 / 0)  # not there yet
     m.gauge("kokoro_fleet_admitted", "Requests admitted in the whole fleet.", lambda: 7, fleet_wide=True)
     m.counter("kokoro_fleet_admitted_total", "Admitted, fleet-wide.", lambda: 3, fleet_wide=True)
+    m.gauge("kokoro_fleet_replica_alive", "1 while alive.", lambda: {}, fleet_wide=True, labels=("replica",))
     page = m.render()
     assert "kokoro_fleet_admitted 7" in page.splitlines() and "kokoro_fleet_admitted_total 3" in page.splitlines()
     assert "# TYPE kokoro_fleet_admitted_total counter" in page.splitlines()
-    assert "kokoro_replica_busy" not in page
+    assert "kokoro_replica_busy" not in page and "kokoro_fleet_replica_alive" not in page  # nothing to show yet
     assert value(parse_metrics(page), "kokoro_requests_total", route="/v1/audio/speech", status="200") == 1
