@@ -14,8 +14,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable
 
@@ -29,7 +27,7 @@ from api.downloads import DownloadStore, SharedDownloads, default_directory
 from api.encoders import CONTENT_TYPES
 from api.errors import ApiError, install_error_handlers
 from api.live import LIVE_PATH, live_session
-from api.metrics import WorkerMetricsShare
+from api.metrics import REFRESH_S, Metrics
 from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, ErrorResponse,
                           LegacyVoiceList, ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest,
@@ -44,8 +42,6 @@ from worker.speech import ReplicaStats
 from worker.text import lexicon_status
 
 log = logging.getLogger("kokoro_fleet.api")
-# How often each worker leaves its figures for the others' /metrics (api/metrics.py).
-METRICS_PUBLISH_S = 1.0
 
 
 def app_factory() -> FastAPI:
@@ -63,6 +59,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
         admission=ProcessAdmission(settings.max_requests, key_max_share=settings.key_max_share),
         encoders=encode_pool(settings.workers),  # the launcher sets KOKORO_WORKERS for every worker
         api_keys=parse_api_keys(settings.api_keys),
+        metrics=Metrics(settings.metrics_dir or None),
         ready=service is not None,  # a service handed in is built and warmed by its owner
         downloads=DownloadStore(settings.download_dir or default_directory(), settings.download_max_age_seconds,
                                 settings.download_max_mib << 20, shared=SharedDownloads.for_fleet(
@@ -70,13 +67,10 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
                                     settings.download_shared_max_mib << 20, settings.download_max_age_seconds)),
     )
 
-    if settings.metrics_dir:
-        state.metrics_share = WorkerMetricsShare(settings.metrics_dir, f"{socket.gethostname()}-{os.getpid()}")
-
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loader = asyncio.create_task(_load_service(state)) if state.service is None else None
-        publisher = asyncio.create_task(_publish_metrics(state)) if state.metrics_share is not None else None
+        publisher = asyncio.create_task(_publish_metrics(state.metrics)) if state.metrics.directory else None
         try:
             yield
         finally:
@@ -84,6 +78,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
                 loader.cancel()
             if publisher is not None:
                 publisher.cancel()
+            state.metrics.close()
             if state.service is not None:
                 await state.service.aclose()
             state.encoders.shutdown(wait=False)
@@ -232,14 +227,12 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     return app
 
 
-async def _publish_metrics(state: AppState) -> None:
-    """Leave this worker's figures for the other workers' /metrics every METRICS_PUBLISH_S."""
+async def _publish_metrics(metrics: Metrics) -> None:
+    """Copy this worker's callback figures into the server's metrics files every REFRESH_S, for
+    the scrapes other workers answer."""
     while True:
-        try:
-            state.metrics_share.publish(state.metrics.render("process"))
-        except OSError as e:  # the directory went away: /metrics then shows this worker alone
-            log.warning("cannot leave this worker's metrics in %s: %s", state.metrics_share.directory, e)
-        await asyncio.sleep(METRICS_PUBLISH_S)
+        metrics.refresh()
+        await asyncio.sleep(REFRESH_S)
 
 
 def _json_body(model: type[BaseModel]) -> dict:
@@ -328,22 +321,18 @@ def _register_metrics(state: AppState) -> None:
         return read
 
     engine = state.settings.engine
-    m.collector(lambda: ["# HELP kokoro_engine_info The engine serving: torch (the model) or sim (SIMULATED: "
-                         "no model, synthetic audio after an assumed GPU time; KOKORO_ENGINE=sim).",
-                         "# TYPE kokoro_engine_info gauge", f'kokoro_engine_info{{engine="{engine}"}} 1'])
+    m.gauge("kokoro_engine_info", "The engine serving: torch (the model) or sim (SIMULATED: no model, synthetic audio "
+            "after an assumed GPU time; KOKORO_ENGINE=sim).", lambda: {(engine,): 1.0}, labels=("engine",))
     m.gauge("kokoro_ready", "1 once the weights are loaded and warmed up.", lambda: float(state.ready))
     m.gauge("kokoro_admitted_requests", "Speech requests admitted and not yet finished.", lambda: state.admission.admitted)
     if state.api_keys:
         named = [name for name, _ in state.api_keys]
 
-        def key_lines() -> list[str]:  # every named key, 0 when idle, so its series never goes stale
+        def held_by_key() -> dict[tuple[str, ...], float]:  # every named key, 0 when idle: never stale
             held = state.admission.admitted_by_key()
-            return ["# HELP kokoro_key_admitted_requests Speech requests admitted and not yet finished, by the name "
-                    "of their API key: what KOKORO_KEY_MAX_SHARE bounds.",
-                    "# TYPE kokoro_key_admitted_requests gauge",
-                    *(f'kokoro_key_admitted_requests{{key="{name}"}} {held.get(name, 0)}'
-                      for name in dict.fromkeys(named))]
-        m.collector(key_lines)
+            return {(name,): held.get(name, 0) for name in named}
+        m.gauge("kokoro_key_admitted_requests", "Speech requests admitted and not yet finished, by the name of their "
+                "API key: what KOKORO_KEY_MAX_SHARE bounds.", held_by_key, labels=("key",))
     m.gauge("kokoro_queue_depth", "Admitted requests not being synthesized right now (waiting for the replica or sending).",
             lambda: max(0, state.admission.admitted - int(bool(replica(lambda s: s.busy)()))))
     m.gauge("kokoro_replica_busy", "1 while the replica runs an inference.", replica(lambda s: s.busy))

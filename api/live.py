@@ -142,7 +142,7 @@ class LiveSession:
         await self._send_json(LiveStarted(session_id=self.id, response_format=fmt,
                                           sample_rate=self.start.sample_rate or default_sample_rate(fmt)))
         self.speaker = asyncio.create_task(self._speak())
-        self.state.metrics.live_sessions += 1
+        self.state.metrics.live_sessions.inc()
         receive: asyncio.Future | None = None
         try:
             while True:
@@ -171,7 +171,7 @@ class LiveSession:
         finally:
             if receive is not None:
                 receive.cancel()
-            self.state.metrics.live_sessions -= 1
+            self.state.metrics.live_sessions.dec()
             await self._stop_speaker()
             self.encoder.close()
             self._record()
@@ -287,7 +287,7 @@ class LiveSession:
             self.phonemes += plan.phoneme_count
         finally:
             release_slot(slot, self.service, spoken / SAMPLE_RATE)
-            self.state.metrics.audio_seconds += spoken / SAMPLE_RATE
+            self.state.metrics.audio_seconds.inc(spoken / SAMPLE_RATE)
 
     async def _admit(self, text: str) -> tuple[ProcessSlot | None, SpeechPlan | None]:
         """A slot and a plan for one piece, waiting while the server is full (up to
@@ -381,7 +381,7 @@ class LiveSession:
     def _record(self) -> None:
         audio_s = self.samples / SAMPLE_RATE
         status = "disconnected" if self.outcome in ("disconnected", "stalled") else 101
-        self.state.metrics.stalls += self.outcome == "stalled"
+        self.state.metrics.stalls.inc(self.outcome == "stalled")
         self.state.metrics.count_request(LIVE_PATH, status)
         if self.key is not None:
             self.state.metrics.count_key(self.key, status, audio_s)

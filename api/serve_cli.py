@@ -398,9 +398,10 @@ def run(args: argparse.Namespace) -> int:
     if workers > 1 and not settings.metrics_dir:  # one /metrics for all the workers (api/metrics.py)
         metrics_dir = tempfile.mkdtemp(prefix="kokoro-metrics-")
         os.environ["KOKORO_METRICS_DIR"] = metrics_dir
-    elif settings.metrics_dir:  # a run starts from zero: a previous run's workers are not this one's
-        for old in Path(settings.metrics_dir).glob("*.prom"):
-            old.unlink(missing_ok=True)
+    if metrics_dir or settings.metrics_dir:
+        from api.metrics import share_with_workers
+
+        share_with_workers(metrics_dir or settings.metrics_dir)
     try:
         if on_gpu:
             index = gpu_index(settings)

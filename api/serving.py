@@ -357,7 +357,7 @@ async def _encoded(state: AppState, job: AdmittedRequest, request: Request | Non
         info.audio_s = samples / SAMPLE_RATE
         if not finished and info.outcome == "ok":
             info.outcome = "disconnected"
-        state.metrics.audio_seconds += info.audio_s
+        state.metrics.audio_seconds.inc(info.audio_s)
         release_slot(job.slot, service, info.audio_s)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from api.admission import ProcessAdmission
 from api.downloads import DownloadStore
 from api.errors import ApiError, CapacityError
-from api.metrics import Metrics, WorkerMetricsShare, merge_expositions
+from api.metrics import Metrics
 from api.service import SpeechBackend
 from worker.machine import usable_cores
 from worker.settings import Settings
@@ -40,16 +40,10 @@ class AppState:
     ready: bool = False
     load_error: str | None = None
     api_keys: tuple[tuple[str, str], ...] = ()  # (name, key): parse_api_keys(KOKORO_API_KEYS)
-    metrics_share: WorkerMetricsShare | None = None  # the other workers' figures (KOKORO_METRICS_DIR)
 
     def metrics_page(self) -> str:
-        """/metrics: this worker's figures added to those the server's other workers left (so a
-        scrape reaching any worker sees the whole server), then the fleet-wide ones."""
-        own = self.metrics.render("process")
-        if self.metrics_share is None:
-            return own + self.metrics.render("fleet")
-        self.metrics_share.publish(own)
-        return merge_expositions(own, self.metrics_share.others()) + self.metrics.render("fleet")
+        """/metrics: the whole server's figures, whichever worker a scrape reaches (api.metrics)."""
+        return self.metrics.render()
 
     def check_api_key(self, authorization: str) -> str | None:
         """With KOKORO_API_KEYS set, an `Authorization: Bearer KEY` header naming one of them, or a

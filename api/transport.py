@@ -166,8 +166,8 @@ class AccessLogMiddleware:
             if info.outcome == "ok":
                 m.e2e.observe(e2e)
             elif gone:
-                m.disconnects += 1
-                m.stalls += info.outcome == "stalled"
+                m.disconnects.inc()
+                m.stalls.inc(info.outcome == "stalled")
         record = {
             "id": info.id, "method": scope.get("method"), "path": scope.get("path"), "status": shown_status,
             "outcome": info.outcome, "voice": info.voice, "chars": info.chars, "format": info.format,

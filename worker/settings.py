@@ -216,11 +216,11 @@ class Settings:
 
     metrics_dir: str = setting(
         "KOKORO_METRICS_DIR", "",
-        "Where each worker leaves its own figures (every second) for the others, so that /metrics, whichever "
-        "worker a scrape reaches, adds up the whole server's counters and histograms instead of showing one "
-        "worker's (api/metrics.py); the workers of one server must share it, and `serve` clears it as it starts "
-        "(empty: `serve` makes one in the system's temporary directory for each run of several workers and "
-        "removes it at exit).")
+        "Where the workers of one server keep their figures (prometheus_client's multiprocess files), so that "
+        "/metrics, whichever worker a scrape reaches, adds up the whole server's counters and histograms instead "
+        "of showing one worker's (api/metrics.py); one directory per server, which `serve` clears as it starts and "
+        "hands to the workers as PROMETHEUS_MULTIPROC_DIR (empty: `serve` makes one in the system's temporary "
+        "directory for each run of several workers and removes it at exit).")
 
     # --- fleet and queue ---
     queue_url: str = setting(

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import redis.asyncio as aioredis
+from prometheus_client import Histogram
 
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                 unavailable_as_error)
-from api.metrics import Histogram
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
 
 log = logging.getLogger("kokoro_fleet.dispatch")
@@ -134,7 +134,8 @@ class Dispatcher(TracksAvailability):
         self.busy_seconds = 0.0
         self.audio_seconds = 0.0
         self.lease_losses = 0       # completions refused because the lease had expired
-        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # jobs per lease that took any
+        self.batch_sizes = Histogram("kokoro_fleet_lease_batch_size", "Chunk jobs per lease this worker's replica "
+                                     "took (at most KOKORO_BATCH_MAX).", buckets=BATCH_SIZE_BUCKETS, registry=None)
         self.batch_fallbacks = 0    # batches whose pass failed and ran again one job at a time
         self.degraded = False       # the last Redis call failed
         self._idle = False          # in the ready-list wait (safe to cancel: holds no lease)
@@ -435,7 +436,7 @@ class ReplicaJobRunner:
     def __init__(self, replica, voices, wait_histogram=None):
         self.replica = replica
         self.voices = voices
-        self.wait_histogram = wait_histogram  # api.metrics.Histogram of first chunks' queue waits
+        self.wait_histogram = wait_histogram  # of first chunks' queue waits, for /metrics
 
     async def __call__(self, job: Job) -> JobOutput:
         ids, style, speed = self._decode(job)

@@ -32,11 +32,12 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from prometheus_client import Histogram
 
 from api.errors import CapacityError, KeyShareError
 from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
@@ -44,7 +45,7 @@ from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUn
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
                                 read_replicas, read_stats, stop_if_cancelled, worker_id)
 from api.fleet.replica import Dispatcher, ReplicaJobRunner
-from api.metrics import Histogram, Metrics
+from api.metrics import Metrics
 from worker.audio import SAMPLE_RATE, from_pcm16
 from worker.settings import Settings
 from worker.speech import (SECONDS_PER_PHONEME, AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest,
@@ -126,7 +127,9 @@ class FleetSpeechService:
         self.replicas = replicas if dispatch == "shared" else 1
         self.bounds = AdmissionBounds.from_settings(settings, self.replicas)
         self.chunk_timeout_s = settings.chunk_timeout_seconds or None
-        self.wait_histogram = Histogram(WAIT_BUCKETS)
+        self.wait_histogram = Histogram("kokoro_fleet_first_chunk_wait_seconds", "Wait of requests' first chunks "
+                                        "in the queue before this replica leased them.", buckets=WAIT_BUCKETS,
+                                        registry=None)
         local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
         local_delivered: dict[str, tuple[np.ndarray, bool]] = {}  # ... that Redis has accepted
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
@@ -550,27 +553,9 @@ class FleetSpeechService:
         m.gauge("kokoro_fleet_replica_rate", "Measured audio seconds per busy second of one replica (EWMA).",
                 lambda: self.snapshot.stats.rate if self.snapshot.stats and self.snapshot.stats.rate else _missing(),
                 fleet_wide=True)
-        m.collector(self._worker_histogram_lines)
-        m.collector(self._replica_table_lines, fleet_wide=True)
-
-    def _worker_histogram_lines(self) -> list[str]:
-        """This worker's histograms: its first chunks' queue wait, its replica's lease sizes."""
-        return ["# HELP kokoro_fleet_first_chunk_wait_seconds Wait of requests' first chunks in the queue "
-                "before this replica leased them.",
-                "# TYPE kokoro_fleet_first_chunk_wait_seconds histogram",
-                *self.wait_histogram.lines("kokoro_fleet_first_chunk_wait_seconds"),
-                "# HELP kokoro_fleet_lease_batch_size Chunk jobs per lease this worker's replica took "
-                "(at most KOKORO_BATCH_MAX).",
-                "# TYPE kokoro_fleet_lease_batch_size histogram",
-                *self.dispatcher.batch_sizes.lines("kokoro_fleet_lease_batch_size")]
-
-    def _replica_table_lines(self) -> list[str]:
-        """A row per replica of the fleet, as this worker last read them from Redis."""
-        lines: list[str] = []
-        rows = self.snapshot.replicas
-        if not rows:
-            return lines
-        series = (
+        m.include(self.wait_histogram, self.dispatcher.batch_sizes)
+        # A row per replica of the fleet, as this worker last read them from Redis.
+        for name, kind, help_text, figure in (
             ("kokoro_fleet_replica_busy", "gauge", "1 while the replica runs a job.", lambda r: float(r.busy)),
             ("kokoro_fleet_replica_busy_fraction", "gauge",
              f"Fraction of the last ~{STATS_REFRESH_S:g} s the replica spent running jobs.",
@@ -581,17 +566,18 @@ class FleetSpeechService:
             ("kokoro_fleet_replica_audio_seconds_total", "counter", "Audio seconds the replica synthesized.",
              lambda r: r.audio_seconds),
             ("kokoro_fleet_replica_alive", "gauge", "1 while the replica's liveness is fresh.", lambda r: float(r.alive)),
-        )
-        for name, kind, help_text, read in series:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            for r in rows:
-                value = read(r)
-                if value is not None:
-                    lines.append(f'{name}{{replica="{r.replica}"}} {float(value):g}')
-        lines += ["# HELP kokoro_fleet_replica_info The engine each replica runs: torch <device> <precision>, "
-                  "or sim (SIMULATED: no model).", "# TYPE kokoro_fleet_replica_info gauge"]
-        lines += [f'kokoro_fleet_replica_info{{replica="{r.replica}",engine="{r.engine}"}} 1' for r in rows if r.engine]
-        return lines
+        ):
+            (m.gauge if kind == "gauge" else m.counter)(name, help_text, self._per_replica(figure), fleet_wide=True,
+                                                        labels=("replica",))
+        m.gauge("kokoro_fleet_replica_info", "The engine each replica runs: torch <device> <precision>, or sim "
+                "(SIMULATED: no model).", lambda: {(r.replica, r.engine): 1.0 for r in self.snapshot.replicas if r.engine},
+                fleet_wide=True, labels=("replica", "engine"))
+
+    def _per_replica(self, figure) -> Callable[[], dict[tuple[str, ...], float]]:
+        def read() -> dict[tuple[str, ...], float]:
+            values = {(r.replica,): figure(r) for r in self.snapshot.replicas}
+            return {key: value for key, value in values.items() if value is not None}
+        return read
 
 
 def _missing() -> float:

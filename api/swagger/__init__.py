@@ -2,11 +2,10 @@
 
 FastAPI's own `/docs` page loads Swagger UI from a CDN (jsdelivr) and its icon from
 fastapi.tiangolo.com, so in a browser or on a network without internet access, where many
-self-hosted deployments live, the page stays blank. The files beside this module are
-`swagger-ui-dist` from npm (Apache-2.0: LICENSE and NOTICE beside them), unchanged: `FILES` pins
-their SHA-256, which tests/unit/test_swagger.py checks. A maintainer moves to another version with
-
-    python -m api.swagger --update 5.32.0     # npm pack, copy the files, print the new FILES
+self-hosted deployments live, the page stays blank. The `fastapi-offline` package ships those
+same files (`swagger-ui-dist` 5 from npm, and FastAPI's icon); this router serves them from the
+installed package. Swagger UI is Apache-2.0 and the package carries neither its LICENSE nor its
+NOTICE, so they ship beside this module.
 
     app = FastAPI(docs_url=None, redoc_url=None, ...)
     app.include_router(docs_router("/openapi.json", "kokoro-fleet"))
@@ -25,14 +24,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.errors import ApiError
 
-VERSION = "5.32.0"
-# name -> (content type, SHA-256 of the file as npm ships it)
-FILES = {
-    "swagger-ui-bundle.js": ("text/javascript; charset=utf-8",
-                             "d9bbb469128e88a974c78e76457c3910babb4649447d901af19a60335a09ee1e"),
-    "swagger-ui.css": ("text/css; charset=utf-8", "b024df29b02b4943bf95cb835fce9d19d4559c14e374b0dd36a89b27a223a2da"),
-    "favicon-32x32.png": ("image/png", "3ed612f41e050ca5e7000cad6f1cbe7e7da39f65fca99c02e99e6591056e5837"),
-}
+# The installed package's copy of Swagger UI, and the content type of each file served from it.
+ASSETS = files("fastapi_offline") / "static"
+FILES = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8",
+         "favicon.png": "image/png"}
 LICENCE_FILES = ("LICENSE", "NOTICE")
 DOCS_PATH = "/docs"
 REDOC_PATH = "/redoc"
@@ -41,7 +36,7 @@ ASSETS_PATH = "/docs/assets/"
 
 @lru_cache(maxsize=len(FILES))
 def asset(name: str) -> bytes:
-    return files(__name__).joinpath(name).read_bytes()
+    return ASSETS.joinpath(name).read_bytes()
 
 
 def docs_router(openapi_url: str, title: str) -> APIRouter:
@@ -52,7 +47,7 @@ def docs_router(openapi_url: str, title: str) -> APIRouter:
         return get_swagger_ui_html(
             openapi_url=openapi_url, title=f"{title}: API reference",
             swagger_js_url=ASSETS_PATH + "swagger-ui-bundle.js", swagger_css_url=ASSETS_PATH + "swagger-ui.css",
-            swagger_favicon_url=ASSETS_PATH + "favicon-32x32.png",
+            swagger_favicon_url=ASSETS_PATH + "favicon.png",
             # Swagger UI would otherwise send the schema to validator.swagger.io for a badge.
             swagger_ui_parameters={"validatorUrl": None})
 
@@ -65,7 +60,7 @@ def docs_router(openapi_url: str, title: str) -> APIRouter:
         if name not in FILES:
             raise ApiError(404, f"No file {name!r} here: the API reference is at {DOCS_PATH}.", param=None,
                            code="not_found")
-        # The version is pinned with the server: a browser may keep the files for a day.
-        return Response(asset(name), media_type=FILES[name][0], headers={"Cache-Control": "public, max-age=86400"})
+        # The files change only with the installed package: a browser may keep them for a day.
+        return Response(asset(name), media_type=FILES[name], headers={"Cache-Control": "public, max-age=86400"})
 
     return router

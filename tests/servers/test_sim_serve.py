@@ -5,6 +5,7 @@ KOKORO_ENGINE serves the real model (tiny weights) and says `torch` everywhere, 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -222,16 +223,20 @@ def test_a_fleet_frees_a_stalled_clients_request_and_its_results_in_redis(tmp_pa
 def test_metrics_add_up_every_worker_whichever_one_a_scrape_reaches(tmp_path):
     """The requests a 2-worker fleet served, split between its workers, counted whole by every
     scrape (each on a fresh connection, so any worker answers); the fleet's own counters once."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    (metrics_dir / "a-previous-run.prom").write_text(  # serve clears what an earlier run left
-        '# TYPE kokoro_requests_total counter\nkokoro_requests_total{route="/v1/audio/speech",status="200"} 1000\n')
+    subprocess.run(  # a worker of an earlier run, whose counts serve clears
+        [sys.executable, "-c", "import sys; from api.metrics import Metrics; "
+         "Metrics(sys.argv[1]).requests.labels('/v1/audio/speech', '200').inc(1000)", str(metrics_dir)],
+        cwd=ROOT, check=True, timeout=60, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
     env = {"KOKORO_SIM_CHUNK_MS": "5", "KOKORO_SIM_PHONEME_MS": "0.1", "KOKORO_METRICS_DIR": str(metrics_dir)}
     speech = {**SPEECH, "input": "Counted once.", "response_format": "pcm"}
 
     def own(path, name: str) -> float:  # one worker's own figure, as it left it
-        return sum(v for labels, v in parse_metrics(path.read_text()).get(name, []) if labels.get("status") == "200"
-                   and labels.get("route") == "/v1/audio/speech")
+        return sum(s.value for family in MultiProcessCollector.merge([str(path)]) for s in family.samples
+                   if s.name == name and s.labels.get("status") == "200" and s.labels.get("route") == "/v1/audio/speech")
 
     with FleetProcess(2, env=env, log_dir=tmp_path, name="metrics", engine="sim") as fleet:
         served = 0
@@ -241,10 +246,10 @@ def test_metrics_add_up_every_worker_whichever_one_a_scrape_reaches(tmp_path):
             assert answer.status_code == 200
             served += 1
             time.sleep(0.05)
-            files = list(metrics_dir.glob("*.prom"))
+            files = list(metrics_dir.glob("counter_*.db"))
             if served >= 6 and len(files) == 2 and all(own(f, "kokoro_requests_total") for f in files):
                 break
-        assert all(own(f, "kokoro_requests_total") for f in metrics_dir.glob("*.prom")), "one worker served all"
+        assert all(own(f, "kokoro_requests_total") for f in metrics_dir.glob("counter_*.db")), "one worker served all"
         time.sleep(1.5)  # every worker has left its latest figures
         for _ in range(8):
             page = parse_metrics(fresh(fleet.url, "/metrics").text)
