@@ -198,6 +198,51 @@ def test_bad_bodies_then_still_healthy(tiny_server):
     assert ok.status_code == 200 and decode(ok.content, "wav")[0] > 0.1
 
 
+@pytest.mark.parametrize("nesting", [b"[" * 100_000 + b"]" * 100_000,
+                                     b'{"a":' * 100_000 + b"1" + b"}" * 100_000], ids=["arrays", "objects"])
+def test_json_nested_past_the_decoders_depth_is_a_400(tiny_server, nesting):
+    """A body nested deeper than Python's JSON decoder recurses is bad input, not a server error."""
+    url = tiny_server.url + "/v1/audio/speech"
+    resp = httpx.post(url, content=nesting, headers={"content-type": "application/json"}, timeout=60)
+    assert "nested" in openai_error(resp, 400)["message"]
+    assert httpx.post(url, json={"input": "Still speaking.", "voice": "af_heart", "response_format": "pcm"},
+                      timeout=60).status_code == 200
+
+
+def requests_by_status(url: str) -> dict[str, float]:
+    """kokoro_requests_total for the speech route, by its status label."""
+    counts = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('kokoro_requests_total{route="/v1/audio/speech",status="'):
+            counts[line.split('status="', 1)[1].split('"', 1)[0]] = float(line.split()[-1])
+    return counts
+
+
+def test_a_client_leaving_mid_body_is_logged_as_gone_not_as_a_server_error(tiny_server):
+    """A client that promises a longer body than it sends and hangs up: one access-log line saying
+    it disconnected, no traceback, and no 5xx in /metrics."""
+    url = tiny_server.url
+    before = requests_by_status(url)
+    request_id = f"req_left_mid_body_{os.getpid()}"
+    with socket.create_connection(("127.0.0.1", tiny_server.port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"X-Request-Id: " + request_id.encode() + b"\r\nContent-Length: 100000\r\n\r\n"
+                    b'{"input": "This body stops short')
+    # The access line is written once the request has ended: wait for it, not for a fixed time.
+    deadline = time.monotonic() + 60
+    while request_id not in tiny_server.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = tiny_server.log_path.read_text(errors="replace")
+    lines = [line for line in log.splitlines() if request_id in line]
+    assert len(lines) == 1, log[-3000:]
+    record = json.loads(lines[0][lines[0].index("{"):])
+    assert record["outcome"] == "disconnected" and record["status"] < 500, record
+    assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
+    after = requests_by_status(url)
+    assert after.get("disconnected", 0) == before.get("disconnected", 0) + 1, (before, after)
+    assert not any(status.startswith("5") and n > before.get(status, 0) for status, n in after.items()), after
+
+
 def test_phonemize_then_generate_from_phonemes_speaks_what_the_text_would(tiny_server):
     """Kokoro-FastAPI's phoneme endpoints: /dev/phonemize's phonemes, sent back to
     /dev/generate_from_phonemes, are the very ids the text makes, so the audio is as long."""
