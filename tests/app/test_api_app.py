@@ -792,8 +792,12 @@ def test_one_api_key_holds_at_most_its_share_and_gets_429_while_others_are_serve
                 return c.post("/v1/audio/speech", json={"input": text, "response_format": "pcm"},
                               headers={"Authorization": f"Bearer {key}"})
             holding = [asyncio.ensure_future(speak("k1")) for _ in range(2)]
-            await asyncio.sleep(0.2)  # both admitted and streaming
+            # Until both are admitted (each then streams for about a second), not a fixed time.
+            deadline = time.monotonic() + 60
             during = (await c.get("/metrics")).text
+            while 'kokoro_key_admitted_requests{key="reader"} 2' not in during and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                during = (await c.get("/metrics")).text
             third, other = await asyncio.gather(speak("k1", "Again."), speak("k2", "Meanwhile."))
             held = await asyncio.gather(*holding)
             after = await speak("k1", "Later.")  # the reader's places came back
