@@ -34,6 +34,9 @@ SR = 24000
 FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": "audio/pcm"}
+# A server is ready in well under a minute on a quiet machine; a loaded one compiling its CPU kernels
+# took over 5. Only a server that never gets ready (or exits: that fails at once) reaches this.
+READY_DEADLINE_S = 900
 # MPEG audio and ADTS cannot tell a streaming decoder about the encoder's priming and padding.
 CODEC_SLACK_S = {"mp3": 0.1, "aac": 0.12}
 
@@ -94,7 +97,7 @@ class ServerProcess:
 def tiny_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("tiny")
     server = ServerProcess(home, "tiny", KOKORO_WEIGHTS="tiny", KOKORO_MAX_INPUT_CHARS="600",
-                           KOKORO_DOWNLOAD_DIR=str(home / "downloads")).start(ready_timeout=180)
+                           KOKORO_DOWNLOAD_DIR=str(home / "downloads")).start(ready_timeout=READY_DEADLINE_S)
     yield server
     server.stop()
     assert "Traceback" not in server.log(), server.log()  # no request, however bad, reached a crash
@@ -103,7 +106,7 @@ def tiny_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory, real_weights):  # real_weights: the offline bundle converted and cached first
     server = ServerProcess(tmp_path_factory.mktemp("real"), "real", KOKORO_WEIGHTS="offline",
-                           KOKORO_MAX_REQUESTS="1").start(ready_timeout=300)
+                           KOKORO_MAX_REQUESTS="1").start(ready_timeout=READY_DEADLINE_S)
     yield server
     server.stop()
 
@@ -384,23 +387,34 @@ def test_telephone_audio_keeps_the_speech_band(real_server, say_seconds):
 
 @pytest.mark.slow
 def test_first_audio_early_in_every_paragraph(real_server):
-    """On this CPU the first audio byte of each paragraph arrives within 35% of the whole
-    response's time, measured by reading the stream (headers do not count)."""
-    ratios = []
-    with httpx.Client(base_url=real_server.url, timeout=300) as http:
+    """Each paragraph's first audio byte arrives once its first chunk is synthesized, while the rest
+    is still being synthesized: at that moment the replica has completed fewer of the paragraph's
+    chunks (inferences, /metrics) than it completes in all. A server that held the audio until the
+    paragraph was done fails that in every paragraph, on any machine. The share of the response's
+    time the first audio took (under 0.3 on a quiet 2-core EPYC) is printed as a figure."""
+    url = real_server.url
+    figures = []
+    with httpx.Client(base_url=url, timeout=300) as http:
         for paragraph in PARAGRAPHS:
+            jobs_before = metric(url, "kokoro_replica_jobs_total")
             t0 = time.perf_counter()
-            first = None
+            first = jobs_at_first = None
             with http.stream("POST", "/v1/audio/speech",
                              json={"input": paragraph, "voice": "af_heart", "response_format": "pcm"}) as resp:
                 assert resp.status_code == 200
                 for chunk in resp.iter_raw():
                     if chunk and first is None:
                         first = time.perf_counter() - t0
+                        jobs_at_first = metric(url, "kokoro_replica_jobs_total") - jobs_before
             total = time.perf_counter() - t0
-            ratios.append((first / total, first, total))
-    print("\nTTFA / E2E per paragraph: " + ", ".join(f"{r:.2f} ({f:.2f}/{t:.2f} s)" for r, f, t in ratios))
-    assert all(r < 0.35 for r, _, _ in ratios), ratios
+            jobs = metric(url, "kokoro_replica_jobs_total") - jobs_before
+            figures.append({"ttfa_share": round(first / total, 2), "ttfa_s": round(first, 2), "e2e_s": round(total, 2),
+                            "chunks_done_at_first_audio": jobs_at_first, "chunks": jobs})
+    print("\nper paragraph: " + ", ".join(f"{f['ttfa_share']:.2f} ({f['ttfa_s']:.2f}/{f['e2e_s']:.2f} s, "
+                                          f"{f['chunks_done_at_first_audio']:g} of {f['chunks']:g} chunks)"
+                                          for f in figures))
+    assert all(f["chunks"] >= 2 for f in figures), figures  # each paragraph spans chunks: the test can tell
+    assert all(f["chunks_done_at_first_audio"] < f["chunks"] for f in figures), figures
 
 
 def cpu_seconds(pid: int) -> float:
@@ -552,7 +566,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_place_freed(tmp_path):
     is served as before."""
     server = ServerProcess(tmp_path, "stall", KOKORO_ENGINE="sim", KOKORO_WEIGHTS="tiny", KOKORO_SIM_CHUNK_MS="1",
                            KOKORO_SIM_PHONEME_MS="0.05", KOKORO_MAX_REQUESTS="1",
-                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=180)
+                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=READY_DEADLINE_S)
     try:
         text = " ".join(PARAGRAPHS)[:4000]  # minutes of audio: megabytes of pcm, more than the socket buffers hold
         body = json.dumps({"input": text, "voice": "af_heart", "response_format": "pcm"}).encode()
@@ -612,7 +626,7 @@ def test_a_live_session_whose_client_stops_reading_ends_and_frees_its_place(tmp_
     and the stall is counted."""
     server = ServerProcess(tmp_path, "live-stall", KOKORO_ENGINE="sim", KOKORO_WEIGHTS="tiny", KOKORO_SIM_CHUNK_MS="1",
                            KOKORO_SIM_PHONEME_MS="0.05", KOKORO_MAX_REQUESTS="1",
-                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=180)
+                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=READY_DEADLINE_S)
     try:
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
