@@ -34,8 +34,8 @@ SR = 24000
 FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": "audio/pcm"}
-# A server is ready in well under a minute on a quiet machine; a loaded one compiling its CPU kernels
-# took over 5. Only a server that never gets ready (or exits: that fails at once) reaches this.
+# Generous: a loaded machine compiling the CPU kernels takes minutes to get a server ready. Only a
+# server that never gets ready (or exits: that fails at once) reaches this.
 READY_DEADLINE_S = 900
 # MPEG audio and ADTS cannot tell a streaming decoder about the encoder's priming and padding.
 CODEC_SLACK_S = {"mp3": 0.1, "aac": 0.12}
@@ -391,7 +391,7 @@ def test_first_audio_early_in_every_paragraph(real_server):
     is still being synthesized: at that moment the replica has completed fewer of the paragraph's
     chunks (inferences, /metrics) than it completes in all. A server that held the audio until the
     paragraph was done fails that in every paragraph, on any machine. The share of the response's
-    time the first audio took (under 0.3 on a quiet 2-core EPYC) is printed as a figure."""
+    time the first audio took is printed as a figure."""
     url = real_server.url
     figures = []
     with httpx.Client(base_url=url, timeout=300) as http:

@@ -30,9 +30,9 @@ pytestmark = pytest.mark.slow
 BURST = 48
 WORKERS = 2
 SHORT = load_texts("short")
-# The slowest 503, as a share of the median admitted request's time to its last byte. On a quiet
-# 2-core EPYC the share is a few percent; a refusal queued behind the 48 requests' text frontend or a
-# chunk's inference costs a large part of a request's own time.
+# The slowest 503, as a share of the median admitted request's time to its last byte: a few percent
+# when refusals cost one Redis round trip; a refusal queued behind the 48 requests' text frontend or
+# a chunk's inference costs a large part of a request's own time.
 REFUSAL_SHARE_OF_SYNTHESIS = 0.25
 
 

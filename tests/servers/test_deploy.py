@@ -477,8 +477,8 @@ esac
     return env
 
 
-# Deadlines for events that take a second on a quiet machine: generous, so that a loaded 2-core CI
-# machine still sees them; a test fails at one only when the event never comes.
+# Deadlines for events that usually take a second: generous, so that a loaded CI machine still sees
+# them; a test fails at one only when the event never comes.
 EVENT_DEADLINE_S = 120
 
 
