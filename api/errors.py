@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from api.protocol import ErrorDetail, ErrorResponse
 
@@ -125,6 +126,8 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raise bad_request(f"The request body is not valid UTF-8 (byte {e.start}).") from None
     except json.JSONDecodeError as e:
         raise bad_request(f"The request body is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
+    except RecursionError:  # the decoder recurses once per level of arrays and objects
+        raise bad_request("The request body is nested too deeply to read; send a flat JSON object.") from None
     return data
 
 
@@ -197,6 +200,12 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return ApiError(exc.status_code, message, type=kind, code=code, headers=dict(exc.headers or {})).response()
 
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client hung up while its body was arriving: nobody reads this answer, and the access
+        # log records the request as disconnected (it saw the http.disconnect), not as an error.
+        return client_closed_request().response()
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -207,3 +216,9 @@ def internal_error() -> ApiError:
     return ApiError(500, "The server had an error while processing your request. The error has been logged; "
                          "retry, and report it with the request id if it persists.",
                     type=SERVER_ERROR, code="internal_error")
+
+
+def client_closed_request() -> ApiError:
+    """What a request whose client left before sending all of its body ends with: nginx's 499."""
+    return ApiError(499, "The client closed the connection before sending the whole request body.",
+                    code="client_closed_request")

@@ -129,6 +129,7 @@ class AccessLogMiddleware:
         scope.setdefault("state", {})["info"] = info
         status: int | None = None
         completed = False
+        client_left = False  # the server saw the client hang up before the response was complete
 
         async def send_and_watch(message: Message) -> None:
             nonlocal status, completed
@@ -140,14 +141,21 @@ class AccessLogMiddleware:
                 completed = True
             await send(message)
 
+        async def receive_and_watch() -> Message:
+            nonlocal client_left
+            message = await receive()
+            if message["type"] == "http.disconnect" and not completed:
+                client_left = True
+            return message
+
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, receive_and_watch, send_and_watch)
         except BaseException:
             if info.outcome == "ok":
                 info.outcome = "error"
             raise
         finally:
-            self._record(scope, info, status, completed)
+            self._record(scope, info, status, completed and not client_left)
 
     def _record(self, scope: Scope, info: RequestInfo, status: int | None, completed: bool) -> None:
         e2e = time.perf_counter() - info.started

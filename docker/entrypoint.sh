@@ -167,12 +167,17 @@ serve_args() {
 
 server_pid=
 watchdog_pid=
+pending_signal=
 
 # SIGTERM/SIGINT: forward SIGTERM once, then give the server the grace period plus a margin.
 # shellcheck disable=SC2317  # called from a trap
 on_signal() {
     local signal=$1
-    [[ -n $server_pid ]] || exit 0
+    if [[ -z $server_pid ]]; then
+        # Between starting the server and learning its pid: act on the signal once the pid is known.
+        pending_signal=$signal
+        return 0
+    fi
     if [[ -n $watchdog_pid ]]; then
         return 0 # already draining
     fi
@@ -215,6 +220,7 @@ main() {
     # can end all of them, and a terminal's Ctrl-C reaches them only through the trap above.
     setsid "$fleet" serve "${args[@]}" "$@" &
     server_pid=$!
+    [[ -z $pending_signal ]] || on_signal "$pending_signal"
 
     local status=0
     # `wait` returns early when a trapped signal arrives; wait again until the server has exited.

@@ -217,7 +217,7 @@ def test_sessions_free_their_slots_and_are_counted(server):
             session.receive_until("started")
             session.send(type="text", text="Counted. ")
             session.receive_audio()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while metric(http, "kokoro_admitted_requests") and time.monotonic() < deadline:
             time.sleep(0.02)
         assert metric(http, "kokoro_admitted_requests") == 0
@@ -246,7 +246,7 @@ def test_api_keys_guard_the_upgrade(service):
             ws.send(json.dumps({"type": "start"}))
             assert json.loads(ws.recv(timeout=10))["type"] == "started"
         counted = app.state.kokoro.metrics.key_requests
-        deadline = time.monotonic() + 5  # the server records a session once it has closed
+        deadline = time.monotonic() + 60  # the server records a session once it has closed
         while counted.get(("agent", "disconnected"), 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert counted == {("agent", "disconnected"): 2}  # both sessions (left without `end`), by the key's name
@@ -436,7 +436,7 @@ def test_metrics_count_open_sessions_and_each_pieces_first_audio(server):
         session.send(type="text", text="One two. Three four. Five")
         session.send(type="end")
         session.receive_until("done")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while scrape("kokoro_live_sessions") and time.monotonic() < deadline:  # the server's side of the close
         time.sleep(0.02)
     assert scrape("kokoro_live_sessions") == 0

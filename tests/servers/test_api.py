@@ -34,6 +34,9 @@ SR = 24000
 FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": "audio/pcm"}
+# Generous: a loaded machine compiling the CPU kernels takes minutes to get a server ready. Only a
+# server that never gets ready (or exits: that fails at once) reaches this.
+READY_DEADLINE_S = 900
 # MPEG audio and ADTS cannot tell a streaming decoder about the encoder's priming and padding.
 CODEC_SLACK_S = {"mp3": 0.1, "aac": 0.12}
 
@@ -94,7 +97,7 @@ class ServerProcess:
 def tiny_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("tiny")
     server = ServerProcess(home, "tiny", KOKORO_WEIGHTS="tiny", KOKORO_MAX_INPUT_CHARS="600",
-                           KOKORO_DOWNLOAD_DIR=str(home / "downloads")).start(ready_timeout=180)
+                           KOKORO_DOWNLOAD_DIR=str(home / "downloads")).start(ready_timeout=READY_DEADLINE_S)
     yield server
     server.stop()
     assert "Traceback" not in server.log(), server.log()  # no request, however bad, reached a crash
@@ -103,7 +106,7 @@ def tiny_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory, real_weights):  # real_weights: the offline bundle converted and cached first
     server = ServerProcess(tmp_path_factory.mktemp("real"), "real", KOKORO_WEIGHTS="offline",
-                           KOKORO_MAX_REQUESTS="1").start(ready_timeout=300)
+                           KOKORO_MAX_REQUESTS="1").start(ready_timeout=READY_DEADLINE_S)
     yield server
     server.stop()
 
@@ -196,6 +199,51 @@ def test_bad_bodies_then_still_healthy(tiny_server):
     assert httpx.get(tiny_server.url + "/ready").status_code == 200
     ok = httpx.post(url, json={"input": "Still speaking.", "voice": "af_heart", "response_format": "wav"}, timeout=60)
     assert ok.status_code == 200 and decode(ok.content, "wav")[0] > 0.1
+
+
+@pytest.mark.parametrize("nesting", [b"[" * 100_000 + b"]" * 100_000,
+                                     b'{"a":' * 100_000 + b"1" + b"}" * 100_000], ids=["arrays", "objects"])
+def test_json_nested_past_the_decoders_depth_is_a_400(tiny_server, nesting):
+    """A body nested deeper than Python's JSON decoder recurses is bad input, not a server error."""
+    url = tiny_server.url + "/v1/audio/speech"
+    resp = httpx.post(url, content=nesting, headers={"content-type": "application/json"}, timeout=60)
+    assert "nested" in openai_error(resp, 400)["message"]
+    assert httpx.post(url, json={"input": "Still speaking.", "voice": "af_heart", "response_format": "pcm"},
+                      timeout=60).status_code == 200
+
+
+def requests_by_status(url: str) -> dict[str, float]:
+    """kokoro_requests_total for the speech route, by its status label."""
+    counts = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('kokoro_requests_total{route="/v1/audio/speech",status="'):
+            counts[line.split('status="', 1)[1].split('"', 1)[0]] = float(line.split()[-1])
+    return counts
+
+
+def test_a_client_leaving_mid_body_is_logged_as_gone_not_as_a_server_error(tiny_server):
+    """A client that promises a longer body than it sends and hangs up: one access-log line saying
+    it disconnected, no traceback, and no 5xx in /metrics."""
+    url = tiny_server.url
+    before = requests_by_status(url)
+    request_id = f"req_left_mid_body_{os.getpid()}"
+    with socket.create_connection(("127.0.0.1", tiny_server.port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"X-Request-Id: " + request_id.encode() + b"\r\nContent-Length: 100000\r\n\r\n"
+                    b'{"input": "This body stops short')
+    # The access line is written once the request has ended: wait for it, not for a fixed time.
+    deadline = time.monotonic() + 60
+    while request_id not in tiny_server.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = tiny_server.log_path.read_text(errors="replace")
+    lines = [line for line in log.splitlines() if request_id in line]
+    assert len(lines) == 1, log[-3000:]
+    record = json.loads(lines[0][lines[0].index("{"):])
+    assert record["outcome"] == "disconnected" and record["status"] < 500, record
+    assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
+    after = requests_by_status(url)
+    assert after.get("disconnected", 0) == before.get("disconnected", 0) + 1, (before, after)
+    assert not any(status.startswith("5") and n > before.get(status, 0) for status, n in after.items()), after
 
 
 def test_phonemize_then_generate_from_phonemes_speaks_what_the_text_would(tiny_server):
@@ -339,23 +387,34 @@ def test_telephone_audio_keeps_the_speech_band(real_server, say_seconds):
 
 @pytest.mark.slow
 def test_first_audio_early_in_every_paragraph(real_server):
-    """On this CPU the first audio byte of each paragraph arrives within 35% of the whole
-    response's time, measured by reading the stream (headers do not count)."""
-    ratios = []
-    with httpx.Client(base_url=real_server.url, timeout=300) as http:
+    """Each paragraph's first audio byte arrives once its first chunk is synthesized, while the rest
+    is still being synthesized: at that moment the replica has completed fewer of the paragraph's
+    chunks (inferences, /metrics) than it completes in all. A server that held the audio until the
+    paragraph was done fails that in every paragraph, on any machine. The share of the response's
+    time the first audio took is printed as a figure."""
+    url = real_server.url
+    figures = []
+    with httpx.Client(base_url=url, timeout=300) as http:
         for paragraph in PARAGRAPHS:
+            jobs_before = metric(url, "kokoro_replica_jobs_total")
             t0 = time.perf_counter()
-            first = None
+            first = jobs_at_first = None
             with http.stream("POST", "/v1/audio/speech",
                              json={"input": paragraph, "voice": "af_heart", "response_format": "pcm"}) as resp:
                 assert resp.status_code == 200
                 for chunk in resp.iter_raw():
                     if chunk and first is None:
                         first = time.perf_counter() - t0
+                        jobs_at_first = metric(url, "kokoro_replica_jobs_total") - jobs_before
             total = time.perf_counter() - t0
-            ratios.append((first / total, first, total))
-    print("\nTTFA / E2E per paragraph: " + ", ".join(f"{r:.2f} ({f:.2f}/{t:.2f} s)" for r, f, t in ratios))
-    assert all(r < 0.35 for r, _, _ in ratios), ratios
+            jobs = metric(url, "kokoro_replica_jobs_total") - jobs_before
+            figures.append({"ttfa_share": round(first / total, 2), "ttfa_s": round(first, 2), "e2e_s": round(total, 2),
+                            "chunks_done_at_first_audio": jobs_at_first, "chunks": jobs})
+    print("\nper paragraph: " + ", ".join(f"{f['ttfa_share']:.2f} ({f['ttfa_s']:.2f}/{f['e2e_s']:.2f} s, "
+                                          f"{f['chunks_done_at_first_audio']:g} of {f['chunks']:g} chunks)"
+                                          for f in figures))
+    assert all(f["chunks"] >= 2 for f in figures), figures  # each paragraph spans chunks: the test can tell
+    assert all(f["chunks_done_at_first_audio"] < f["chunks"] for f in figures), figures
 
 
 def cpu_seconds(pid: int) -> float:
@@ -507,7 +566,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_place_freed(tmp_path):
     is served as before."""
     server = ServerProcess(tmp_path, "stall", KOKORO_ENGINE="sim", KOKORO_WEIGHTS="tiny", KOKORO_SIM_CHUNK_MS="1",
                            KOKORO_SIM_PHONEME_MS="0.05", KOKORO_MAX_REQUESTS="1",
-                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=180)
+                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=READY_DEADLINE_S)
     try:
         text = " ".join(PARAGRAPHS)[:4000]  # minutes of audio: megabytes of pcm, more than the socket buffers hold
         body = json.dumps({"input": text, "voice": "af_heart", "response_format": "pcm"}).encode()
@@ -567,7 +626,7 @@ def test_a_live_session_whose_client_stops_reading_ends_and_frees_its_place(tmp_
     and the stall is counted."""
     server = ServerProcess(tmp_path, "live-stall", KOKORO_ENGINE="sim", KOKORO_WEIGHTS="tiny", KOKORO_SIM_CHUNK_MS="1",
                            KOKORO_SIM_PHONEME_MS="0.05", KOKORO_MAX_REQUESTS="1",
-                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=180)
+                           KOKORO_SEND_TIMEOUT_SECONDS="2").start(ready_timeout=READY_DEADLINE_S)
     try:
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -70,7 +70,7 @@ def test_docs_page_renders_every_route_in_a_browser_with_nothing_from_outside(br
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.time() + 20
+        deadline = time.time() + 60
         while not server.started:
             assert time.time() < deadline, "server did not start"
             time.sleep(0.05)

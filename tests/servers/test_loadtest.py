@@ -217,19 +217,21 @@ def test_ttfa_is_the_first_audio_byte_not_the_headers():
         results = _in_turn(stub.url, [f"t{i}" for i in range(6)])
         produced = stub.produced(results)
         _, bare_first = _bare_errors(stub, 4)
-    for r in results:
+    for r, (_, stub_first) in zip(results, produced):
         assert r.outcome == "ok", r.error
-        assert r.headers_s < 0.05
+        assert r.headers_s < 0.5 * delay  # the headers, not the audio that came `delay` after them
         assert r.audio_s == pytest.approx(0.5)
         assert r.e2e_s > 0.69
-        assert delay <= r.ttfa_s < delay + 0.1
+        # The first chunk, not a later one: the stub wrote one every 100 ms after the first, the last
+        # 400 ms after it. Half way to the third leaves a loaded machine's wake-ups room.
+        assert delay <= r.ttfa_s < stub_first + 0.2
     vs_delay = np.array([r.ttfa_s - delay for r in results]) * 1000
     vs_stub = np.array([r.ttfa_s - p[1] for r, p in zip(results, produced)]) * 1000
     print(f"\nTTFA - configured delay (ms): {np.round(vs_delay, 2).tolist()}\n"
           f"TTFA - delay the stub applied (ms): {np.round(vs_stub, 2).tolist()}\n"
           f"a bare asyncio client's best error on this machine (ms): {1000 * bare_first:.2f}")
     assert 0.0 <= vs_stub.min() < (bare_first + ACCURATE_S) * 1000
-    assert np.median(vs_stub) < 25.0
+    assert np.median(vs_stub) < 50.0  # half the 100 ms that tells the first chunk from the second
     # The stub never writes audio before its delay (its timer can only be late: by 18 ms once, with
     # both cores busy), so what it logged is what the generator's figures are checked against.
     assert all(p[1] >= delay - 1e-4 for p in produced), produced
@@ -268,7 +270,7 @@ def test_sse_ttfa_is_the_first_audio_delta():
         assert r.outcome == "ok", r.error
         assert r.reads == 3
         assert r.audio_s == pytest.approx(0.6)
-        assert r.headers_s < 0.05 and r.ttfa_s >= 0.2
+        assert r.headers_s < 0.5 * 0.2 and r.ttfa_s >= 0.2  # the headers at once, the first delta 0.2 s later
     # the first delta, not the headers (~0) nor the second delta (50 ms after the first)
     assert 0.0 <= min(r.ttfa_s - p[1] for r, p in zip(results, produced)) < bare_first + ACCURATE_S
 
@@ -358,7 +360,9 @@ def test_open_loop_arrivals_are_not_delayed_by_slow_responses():
     print(f"\nopen loop: {len(expected)} arrivals, send lag p50 {np.median(lags) * 1000:.2f} ms, "
           f"max {max(lags) * 1000:.2f} ms, {run.max_in_flight} in flight at most")
     assert all(r.outcome == "ok" for r in run.rows)
-    assert max(lags) < 0.1 and np.median(lags) < 0.01
+    # A loop that waited for responses would send seconds late (each takes 2 s); scheduling on a
+    # loaded machine makes a send a few ms late, tens at worst.
+    assert max(lags) < 0.25 * 2.0 and np.median(lags) < 0.05
     # every arrival was in flight before the first response came back
     assert run.max_in_flight == len(expected) == stub.max_in_flight
     assert run.wall_s == pytest.approx(expected[-1] + 2.0, abs=0.3)
@@ -392,13 +396,15 @@ def test_open_loop_cap_holds_when_arrivals_come_due_together():
 
 def test_closed_loop_holds_its_concurrency():
     # requests of ~0.25 s; between two, a user spends a little time of its own (bookkeeping, httpx
-    # building the next request), which is not "in flight", hence the 90%
+    # building the next request), which is not "in flight"
     stub = StubServer(StubConfig(audio_seconds=0.3, first_byte_delay=0.2, chunk_gap=0.01))
     with stub.running_in_thread() as url:
         (run,) = _run_steps(url, [Step("closed", 8, 1.5)])
     s = summarize([run])
     assert run.max_in_flight == 8 == stub.max_in_flight
-    assert 0.9 * 8 < s["mean_in_flight"] <= 8.0
+    # A loaded machine stretches the users' own time between requests; a user that paused 0.1 s
+    # between its ~0.25 s requests would keep under 0.75 of 8 in flight.
+    assert 0.75 * 8 < s["mean_in_flight"] <= 8.0
     assert s["errors"] == 0 and s["ok"] >= 8 * 4
     assert s["audio_s"] == pytest.approx(0.3 * s["ok"])
 
@@ -471,11 +477,15 @@ def test_compare_interleaves_and_reports_ratios(tmp_path, capsys):
     assert code == 0
     assert "ratios slow / fast" in capsys.readouterr().out
     ratios = json.loads((out / "compare.json").read_text())["steps"]
-    for r in ratios:
-        assert r["ttfa_p50_ratio"] == pytest.approx(2.0, rel=0.15)  # 100 ms against 50 ms
+    summaries = {label: json.loads((out / label / "summary.json").read_text())["steps"] for label in ("fast", "slow")}
+    for step, r in enumerate(ratios):
+        # slow over fast (100 ms against 50 ms: 2.0 at best; the same scheduling delay added to both
+        # brings it nearer 1 on a loaded machine), from the two sides' own figures
+        fast_p50, slow_p50 = (summaries[label][step]["ttfa_s"]["p50"] for label in ("fast", "slow"))
+        assert fast_p50 >= 0.05 and slow_p50 >= 0.10
+        assert r["ttfa_p50_ratio"] == pytest.approx(slow_p50 / fast_p50) and r["ttfa_p50_ratio"] > 1.2
         assert r["requests_per_s_ratio"] < 1.0
-    for label in ("fast", "slow"):
-        steps = json.loads((out / label / "summary.json").read_text())["steps"]
+    for steps in summaries.values():
         assert [s["duration_s"] for s in steps] == [1.0, 1.0]  # two half-second slices each
     assert (out / "plots" / "latency.png").is_file()
 

@@ -140,7 +140,13 @@ def test_a_fleet_holds_one_api_key_to_its_share_of_the_shared_queue(tmp_path):
 
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             holding = [pool.submit(speak, "k1") for _ in range(2)]
-            time.sleep(0.5)  # both admitted: their first chunks take 300 ms and more each
+            # Both admitted (counted under the key's name in the shared queue), however long that takes:
+            # their first chunks alone take 300 ms and more each, so they are still in progress then.
+            keys = redis.Redis.from_url(fleet.redis_url())
+            deadline = time.monotonic() + 60
+            while keys.hget("{kf}:keys", "reader") != b"2" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert keys.hget("{kf}:keys", "reader") == b"2", keys.hgetall("{kf}:keys")
             third = speak("k1", "Again.")
             other = speak("k2", "Meanwhile.")
             held = [f.result() for f in holding]
