@@ -1,90 +1,52 @@
-"""The speech-service contract: everything the HTTP layer needs from what makes the audio.
-
-Two services implement it: `worker.speech.SpeechService` (this process's one replica; also the
-baseline's) and `api.fleet.service.FleetSpeechService` (the fleet's shared queue, with the local
-service as its fallback). The HTTP layer holds a `SpeechBackend` and calls only these methods:
-
-    plan = await backend.admit(request)   # CapacityError (503) when full; TextError, VoiceError (400)
-    async for piece in backend.stream(plan): ...   # AudioPiece by AudioPiece, in order
-
-`admit` decides on capacity first and plans after (text and voice checks, normalization, G2P,
-chunking: milliseconds of CPU, run off the event loop), so a full service refuses a request
-without planning it, and a burst's 503s never wait behind other requests' text. It returns the plan
-to stream: a `SpeechPlan`, or one that also carries the service's admission (`FleetPlan`, with its
-ticket in the shared queue). `plan(request)` is the same planning, synchronous, for callers
-without a server (`say`, tests). `build_service` picks and builds the service a worker process
-serves with.
-"""
+"""The one builder of the speech service a worker process serves with: baseline, fleet or local."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
 
 from api.metrics import Metrics
+from api.speech.contract import SpeechBackend
+from api.speech.local import SpeechService
 from worker.settings import Settings, SettingsError
-from worker.speech import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, SpeechService
 from worker.voices import VoiceBank
 
 log = logging.getLogger("kokoro_fleet.api")
 
 
-class SpeechBackend(Protocol):
-    voices: VoiceBank
+def build_local_service(settings: Settings) -> SpeechService:
+    """This process's replica and its local service: the weights, the engine and the replica the
+    settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
+    from worker.engine import Engine
+    from worker.replica import BaselineReplica, Replica
+    from worker.weights import load_weights
 
-    def plan(self, request: SpeechRequest) -> SpeechPlan:
-        """Validate and prepare; raises TextError or VoiceError (a ValueError with `param`)."""
+    if settings.engine == "sim":  # only ever by KOKORO_ENGINE=sim: no model, no weights
+        from worker.sim_engine import SimCost, SimReplica, sim_voices
+        from worker.weights import VOICE_NAMES
 
-    async def admit(self, request: SpeechRequest, key: str | None = None) -> SpeechPlan:
-        """Reserve what the service needs (or raise CapacityError; KeyShareError when `key`, the
-        API key's name, holds its share), then plan the request off the event loop (TextError or
-        VoiceError, after giving the reservation back)."""
-
-    def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
-        """The admitted plan's pieces in order; closing the iterator early frees what it held."""
-
-    def health(self) -> dict[str, Any]:
-        """The service's part of /health (the fleet: mode and dispatch)."""
-
-    def stats(self) -> ReplicaStats:
-        """This process's replica's figures, for /metrics and Retry-After."""
-
-    async def aclose(self) -> None:
-        """Stop background work (the fleet: dispatcher, heartbeats, Redis clients)."""
+        if settings.baseline:
+            raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
+                                "one model); serve the baseline with KOKORO_ENGINE=torch")
+        replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
+        return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
+    weights = load_weights(settings)
+    engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,
+                    cuda_graphs=settings.cuda_graphs and not settings.baseline)
+    replica = (BaselineReplica(engine) if settings.baseline else
+               Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
+    return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
 
 
 async def build_service(settings: Settings, metrics: Metrics | None = None) -> SpeechBackend:
     """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
-    from api.fleet.service import FleetSpeechService
-    from worker.engine import Engine
-    from worker.replica import BaselineReplica, Replica
-    from worker.speech import resolve_device
-    from worker.weights import load_weights
-
-    def build() -> SpeechService:
-        if settings.engine == "sim":  # only ever by KOKORO_ENGINE=sim: no model, no weights
-            from worker.sim_engine import SimCost, SimReplica, sim_voices
-            from worker.weights import VOICE_NAMES
-
-            if settings.baseline:
-                raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
-                                    "one model); serve the baseline with KOKORO_ENGINE=torch")
-            replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
-            return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
-        weights = load_weights(settings)
-        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
-                        cuda_graphs=settings.cuda_graphs and not settings.baseline)
-        replica = (BaselineReplica(engine) if settings.baseline else
-                   Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
-        return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
+    from api.speech.fleet import FleetSpeechService
 
     # Each stage's time in the log: a fleet's start-up is minutes on a GPU box, and where they go
     # (weights and engine, graph capture, the text readers) decides what to make faster.
     started = time.perf_counter()
-    local = await asyncio.to_thread(build)
+    local = await asyncio.to_thread(build_local_service, settings)
     built = time.perf_counter()
     await local.warmup()  # the replica (CUDA graphs on a GPU), and the text frontend's lexicons
     log.info("start-up: weights and engine %.1f s, warm-up %.1f s (replica and text readers)",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from api.fleet.protocol import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
+from api.speech.redis_link import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                 unavailable_as_error)
 from api.metrics import Histogram
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
