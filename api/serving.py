@@ -224,10 +224,10 @@ async def admit_speech(service: SpeechBackend, text: str, options, phonemes: boo
     naming the field) becomes a 400."""
     try:
         return await service.admit(SpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
-                                                       lang_code=options.lang_code,
-                                                       normalization=options.normalization(), phonemes=phonemes,
-                                                       voice_tags=getattr(options, "allow_voice_tags", False),
-                                                       voice_aliases=options.frontend_aliases()),
+                                                 lang_code=options.lang_code,
+                                                 normalization=options.normalization(), phonemes=phonemes,
+                                                 voice_tags=getattr(options, "allow_voice_tags", False),
+                                                 voice_aliases=options.frontend_aliases()),
                                    key=key)
     except ValueError as e:
         param = getattr(e, "param", None)
