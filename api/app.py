@@ -114,7 +114,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
 
     authed = [Depends(require_api_key)]
 
-    @app.post("/v1/audio/speech", dependencies=authed, response_class=Response, openapi_extra=_json_body(SpeechRequestBody),
+    @app.post("/v1/audio/speech", dependencies=authed, response_class=Response,
+              openapi_extra=_json_body(SpeechRequestBody),
               responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()} | {"text/event-stream": {}}}})
     async def speech(request: Request) -> Response:
         """Speak `input`. Streams chunked audio (or SSE events) by default; `stream: false` sends one body."""
