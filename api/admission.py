@@ -2,7 +2,7 @@
 
 Two bounds admit a request, each with its own name. `ProcessAdmission` (this module,
 KOKORO_MAX_REQUESTS) counts the requests this process is streaming or holding, whatever service
-makes their audio; the fleet's bound (`api.fleet.owner.AdmissionBounds`, KOKORO_QUEUE_MAX_*) counts
+makes their audio; the fleet's bound (`api.speech.owner.AdmissionBounds`, KOKORO_QUEUE_MAX_*) counts
 the whole fleet's in Redis and is the speech service's own `admit` step. The HTTP layer takes a
 `ProcessSlot` before planning and gives it back through one call, `slot.release(...)`, however the
 response ends (refused, done, failed, client gone); releasing twice is harmless.
@@ -10,19 +10,10 @@ response ends (refused, done, failed, client gone); releasing twice is harmless.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
-from api.errors import CapacityError, KeyShareError
-
-
-def key_bound(share: float, max_requests: int) -> int:
-    """The most requests one API key may hold at once: `share` (KOKORO_KEY_MAX_SHARE) of a bound
-    of `max_requests`, at least one; 0 (no per-key bound) when the share is whole or the bound is none."""
-    if share >= 1 or max_requests <= 0:
-        return 0
-    return max(1, math.floor(share * max_requests))
+from api.speech.contract import KeyShareFull, Overloaded, key_bound
 
 
 @dataclass
@@ -73,18 +64,18 @@ class ProcessAdmission:
         return min(60.0, max(0.05, self.mean_service_s / self.replicas))
 
     def admit(self, request_id: str, count_refusal: bool = True, key: str | None = None) -> ProcessSlot:
-        """A slot, or CapacityError (503 with Retry-After) when the bound is reached, or
-        KeyShareError (429) when `key` (an API key's name) holds its share of it. count_refusal
+        """A slot, or Overloaded (503 with Retry-After) when the bound is reached, or
+        KeyShareFull (429) when `key` (an API key's name) holds its share of it. count_refusal
         False: a caller that waits and asks again (a live session's piece), not a refused request."""
         if len(self._slots) >= self.max_requests:
             self.rejected += count_refusal
             wait = self.retry_after_s()
-            raise CapacityError(wait, f"The server is at capacity ({self.max_requests} requests in progress); "
+            raise Overloaded(wait, f"The server is at capacity ({self.max_requests} requests in progress); "
                                       f"retry in {wait:.2f} s.")
         counted = key or None
         if counted and self.key_max_requests and self._per_key.get(counted, 0) >= self.key_max_requests:
             wait = self.retry_after_s()
-            raise KeyShareError(wait, f"This API key holds its share of the server ({self.key_max_requests} "
+            raise KeyShareFull(wait, f"This API key holds its share of the server ({self.key_max_requests} "
                                       f"requests in progress, KOKORO_KEY_MAX_SHARE); retry in {wait:.2f} s.")
         slot = ProcessSlot(self, request_id, counted)
         self._slots[id(slot)] = slot

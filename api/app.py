@@ -2,7 +2,7 @@
 
 Routes only route: each reads what it needs from the process's `AppState` (api.state) and hands
 speech requests to the serving code (api.serving), which talks to the speech service through its
-contract (api.service) and streams the encoded bytes through the transport pieces (api.transport).
+contract (api.speech.contract) and streams the encoded bytes through the transport pieces (api.transport).
 
     create_app(settings, service=None)   # service None: weights load in the background at start-up
     app_factory()                        # what `uvicorn --factory api.app:app_factory` calls
@@ -31,14 +31,13 @@ from api.metrics import REFRESH_S, Metrics
 from api.playground import FLEET_PATH, playground_router
 from api.protocol import (MODEL_IDS, CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, ErrorResponse,
                           LegacyVoiceList, ModelCard, ModelList, PhonemeSpeechRequest, PhonemizeRequest,
-                          PhonemizeResponse, SpeechRequest, VoiceEntry, VoiceList, model_cards)
-from api.service import SpeechBackend
+                          PhonemizeResponse, SpeechRequestBody, VoiceEntry, VoiceList, model_cards)
+from api.speech.contract import ReplicaStats, SpeechBackend
 from api.serving import captioned_response, combined_voice_response, phonemize_response, speech_response
 from api.state import AppState, encode_pool, parse_api_keys
 from api.swagger import docs_router
 from api.transport import AccessLogMiddleware
 from worker.settings import Settings, get_settings
-from worker.speech import ReplicaStats
 from worker.text import lexicon_status
 
 log = logging.getLogger("kokoro_fleet.api")
@@ -110,7 +109,8 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
 
     authed = [Depends(require_api_key)]
 
-    @app.post("/v1/audio/speech", dependencies=authed, response_class=Response, openapi_extra=_json_body(SpeechRequest),
+    @app.post("/v1/audio/speech", dependencies=authed, response_class=Response,
+              openapi_extra=_json_body(SpeechRequestBody),
               responses={200: {"content": {t: {} for t in CONTENT_TYPES.values()} | {"text/event-stream": {}}}})
     async def speech(request: Request) -> Response:
         """Speak `input`. Streams chunked audio (or SSE events) by default; `stream: false` sends one body."""
@@ -222,7 +222,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     app.include_router(docs_router(app.openapi_url, app.title))
     if settings.playground:
         app.include_router(playground_router(state))
-    _document_request_bodies(app, (SpeechRequest, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest,
+    _document_request_bodies(app, (SpeechRequestBody, CaptionedSpeechRequest, PhonemizeRequest, PhonemeSpeechRequest,
                                    DialogueRequest))
     return app
 
@@ -238,8 +238,13 @@ async def _publish_metrics(metrics: Metrics) -> None:
 def _json_body(model: type[BaseModel]) -> dict:
     """The OpenAPI request body of a route that reads its JSON itself (so a bad body gets the
     OpenAI error shape, not FastAPI's): `model`'s schema, which `_document_request_bodies` adds."""
-    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    schema = {"$ref": f"#/components/schemas/{_schema_name(model)}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _schema_name(model: type[BaseModel]) -> str:
+    """The name a body's schema is documented under: its title where it sets one (OpenAI's names)."""
+    return model.model_config.get("title") or model.__name__
 
 
 def _document_request_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
@@ -255,7 +260,7 @@ def _document_request_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) 
         for model in models:
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(model_schema.pop("$defs", {}))
-            components[model.__name__] = model_schema
+            components[_schema_name(model)] = model_schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -278,7 +283,7 @@ async def _load_service(state: AppState) -> None:
     /ready and speech requests say 503 until it is done."""
     started = time.perf_counter()
     try:
-        from api.service import build_service
+        from api.speech.build import build_service
 
         from worker.cpu_runtime import configure_process
 

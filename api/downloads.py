@@ -70,7 +70,7 @@ class SharedDownloads:
         loopback address: every worker here shares the download directory already)."""
         if not redis_url or max_bytes <= 0 or _on_this_machine(redis_url):
             return None
-        from api.fleet.protocol import DEFAULT_PREFIX, connect
+        from api.speech.redis_link import DEFAULT_PREFIX, connect
 
         return cls(connect(redis_url), max_bytes, max_age_s, DEFAULT_PREFIX)
 

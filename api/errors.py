@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from api.protocol import ErrorDetail, ErrorResponse
+from api.speech.contract import KeyShareFull, Overloaded
 
 log = logging.getLogger("kokoro_fleet.api")
 
@@ -49,29 +50,22 @@ class ApiError(Exception):
         return JSONResponse(ErrorResponse(error=self.detail()).model_dump(), status_code=self.status, headers=self.headers)
 
 
-class CapacityError(ApiError):
+# --- the speech service's domain errors, as HTTP: the one place they get a status -------------
+
+def overloaded_error(exc: Overloaded) -> ApiError:
     """No capacity now: 503 with when to come back, in the two headers the OpenAI client reads
-    (`retry-after-ms` first, then `Retry-After` in whole seconds for everyone else)."""
-
-    status_code, error_type, error_code = 503, OVERLOADED, "overloaded"
-
-    def __init__(self, retry_after_s: float, message: str | None = None):
-        self.retry_after_s = max(0.001, retry_after_s)
-        super().__init__(
-            self.status_code,
-            message or f"The server is at capacity; retry in {self.retry_after_s:.1f} s.",
-            type=self.error_type, code=self.error_code,
-            headers={"Retry-After": str(max(1, math.ceil(self.retry_after_s))),
-                     "retry-after-ms": str(max(1, round(self.retry_after_s * 1000)))},
-        )
+    (`retry-after-ms` first, then `Retry-After` in whole seconds for everyone else). An API key at
+    its share (KeyShareFull) is a 429, as OpenAI's rate limit answers (the client retries it)."""
+    status, kind, code = (429, "requests", "rate_limit_exceeded") if isinstance(exc, KeyShareFull) else \
+        (503, OVERLOADED, "overloaded")
+    return ApiError(status, str(exc), type=kind, code=code,
+                    headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s))),
+                             "retry-after-ms": str(exc.retry_after_ms)})
 
 
-class KeyShareError(CapacityError):
-    """The request's API key holds its share of the server (KOKORO_KEY_MAX_SHARE) while other keys
-    are still admitted: 429 as OpenAI's rate limit answers (the client retries it), with when to
-    come back."""
-
-    status_code, error_type, error_code = 429, "requests", "rate_limit_exceeded"
+def as_api_error(exc: ApiError | Overloaded) -> ApiError:
+    """What the client is told of an error: an ApiError as it is, a domain error mapped."""
+    return overloaded_error(exc) if isinstance(exc, Overloaded) else exc
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -183,6 +177,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(Overloaded)
+    async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+        return overloaded_error(exc).response()
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -44,14 +44,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from api.admission import ProcessSlot
 from api.encoders import default_sample_rate
-from api.errors import ApiError, CapacityError, bad_request, internal_error, validation_error
+from api.errors import ApiError, as_api_error, bad_request, internal_error, validation_error
 from api.protocol import (LiveCleared, LiveClear, LiveDone, LiveEnd, LiveFlush, LiveFlushed, LiveStart, LiveStarted,
                           LiveText, LiveWords, SpeechUsage, StreamError, WordTimestampModel)
 from api.serving import admit_speech, pooled_encoder, release_slot
+from api.speech.contract import AudioPiece, Overloaded, SpeechPlan
 from api.state import AppState
 from api.transport import ClientStalled, access_log
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from worker.speech import AudioPiece, SpeechPlan
 from worker.text import NormalizationOptions
 from worker.text.segments import TextSegmenter
 
@@ -86,8 +86,8 @@ async def live_session(state: AppState, websocket: WebSocket) -> None:
     """One WebSocket connection, from the upgrade (or its refusal) to the close."""
     try:
         key = _check_upgrade(state, websocket)
-    except ApiError as refusal:
-        await _deny(websocket, refusal)
+    except (ApiError, Overloaded) as refusal:
+        await _deny(websocket, as_api_error(refusal))
         return
     await websocket.accept(subprotocol=_chosen_subprotocol(websocket))
     session_id = f"live_{uuid.uuid4().hex[:16]}"
@@ -301,10 +301,10 @@ class LiveSession:
                 except BaseException:
                     slot.release()
                     raise
-            except CapacityError as full:
+            except Overloaded as full:
                 wait = min(full.retry_after_s, deadline - time.monotonic())
                 if wait <= 0:
-                    raise SessionOver(full, TRY_AGAIN_LATER) from None
+                    raise SessionOver(as_api_error(full), TRY_AGAIN_LATER) from None
                 await asyncio.sleep(wait)
             except ApiError as refused:  # TextError / VoiceError: this piece cannot be spoken
                 if refused.status != 400:
@@ -417,8 +417,8 @@ def _chosen_subprotocol(websocket: WebSocket) -> str | None:
 
 
 def _check_upgrade(state: AppState, websocket: WebSocket) -> str | None:
-    """The name of the connection's API key, or the ApiError an HTTP request would be refused
-    with now (API key, readiness, this process full)."""
+    """The name of the connection's API key, or the error (ApiError, Overloaded) an HTTP request
+    would be refused with now (API key, readiness, this process full)."""
     key = state.check_api_key(_authorization(websocket))
     state.require_service()
     state.admission.admit("live_upgrade").release()  # full: the 503 with its Retry-After
@@ -455,8 +455,8 @@ async def _read_start(state: AppState, websocket: WebSocket) -> LiveStart | None
             raise validation_error(e) from None
         voice = start.voice_spec
         state.require_service().voices.resolve(voice)  # an unknown voice fails now, not at the first piece
-    except ApiError as e:
-        raise SessionOver(e, POLICY_VIOLATION) from None
+    except (ApiError, Overloaded) as e:
+        raise SessionOver(as_api_error(e), POLICY_VIOLATION) from None
     except ValueError as e:  # VoiceError
         raise SessionOver(bad_request(str(e), param="voice", code="invalid_voice"), POLICY_VIOLATION) from None
     return start

@@ -183,10 +183,11 @@ class _SpeechOptions(BaseModel):
                 for name, a in aliases.items()}
 
 
-class SpeechRequest(_SpeechOptions):
-    """Body of `POST /v1/audio/speech` (and of the captioned variant)."""
+class SpeechRequestBody(_SpeechOptions):
+    """Body of `POST /v1/audio/speech` (and of the captioned variant); api.speech's `SpeechRequest`
+    is what the speech service gets from it. Documented under OpenAI's name for it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="SpeechRequest")
 
     model: str = Field(MODEL_ID, description=f"`{MODEL_ID}`; OpenAI's {', '.join(MODEL_ALIASES)} are accepted as aliases.")
     input: str = Field(..., description="The text to speak. At most KOKORO_MAX_INPUT_CHARS characters (4096 by default).")
@@ -233,8 +234,10 @@ class SpeechRequest(_SpeechOptions):
         return _checked_text(value, info, "input")
 
 
-class CaptionedSpeechRequest(SpeechRequest):
+class CaptionedSpeechRequest(SpeechRequestBody):
     """Body of `POST /v1/audio/speech/captioned`: a speech request that may turn the words off."""
+
+    model_config = ConfigDict(extra="forbid", title="CaptionedSpeechRequest")
 
     return_timestamps: bool = Field(True, description="Kokoro-FastAPI's switch: false sends the audio with an "
                                                       "empty `timestamps` list.")
@@ -301,9 +304,9 @@ class PhonemeSpeechRequest(BaseModel):
     def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
         return _checked_sample_rate(value, info)
 
-    def as_speech_request(self) -> SpeechRequest:
+    def as_speech_request(self) -> SpeechRequestBody:
         """The same request in the speech endpoint's terms (already validated), `input` holding the phonemes."""
-        return SpeechRequest.model_construct(
+        return SpeechRequestBody.model_construct(
             input=self.phonemes, voice=self.voice, response_format=self.response_format, speed=self.speed,
             stream=self.stream, volume_multiplier=self.volume_multiplier, model=MODEL_ID, stream_format="audio",
             instructions=None, lang_code=None, normalization_options=None, return_download_link=False,
@@ -359,12 +362,12 @@ class DialogueRequest(BaseModel):
             parts.append(turn.text.strip())
         return first, " ".join(parts)
 
-    def as_speech_request(self, context: dict) -> SpeechRequest:
+    def as_speech_request(self, context: dict) -> SpeechRequestBody:
         """The same conversation as a speech request with voice tags, checked as one (its
         `input` within the character limit)."""
         voice, text = self.speech_input()
         fields = self.model_dump(exclude={"turns", "pause_between_turns"}, exclude_none=True)
-        return SpeechRequest.model_validate({**fields, "voice": voice, "input": text, "allow_voice_tags": True},
+        return SpeechRequestBody.model_validate({**fields, "voice": voice, "input": text, "allow_voice_tags": True},
                                             context=context)
 
 

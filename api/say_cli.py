@@ -78,7 +78,8 @@ def progress_line(done: int, total: int, audio_s: float, elapsed_s: float, expec
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.speech import SpeechRequest, SpeechService
+    from api.speech.build import build_local_service
+    from api.speech.contract import SpeechRequest
     from worker.text import TextError
     from worker.voices import VoiceError
     from worker.weights import WeightsError
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        service = SpeechService.from_settings(settings)
+        service = build_local_service(settings)
         plan = service.plan(SpeechRequest(read_text(args.text), args.voice, args.speed, args.lang,
                                           phonemes=args.phonemes))
     except (TextError, VoiceError, WeightsError, OSError) as exc:

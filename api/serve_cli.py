@@ -4,7 +4,7 @@
                        [--dispatch shared|local] [--baseline] [--engine torch|sim]
 
 Each Uvicorn worker is an HTTP front and one model replica (api.app:app_factory builds both, see
-api/fleet/service.py). Several workers share their work through Redis: without `--redis-url` (or REDIS_URL)
+api/speech/fleet.py). Several workers share their work through Redis: without `--redis-url` (or REDIS_URL)
 this command starts and owns an embedded `redis-server` (loopback, a free port, no persistence; the
 workers reach it through a Unix socket, cheaper per round trip than TCP),
 stopped with the fleet, also on SIGTERM/SIGINT; with one it uses that Redis (passwords and

@@ -40,12 +40,10 @@ from api.encoders import CONTENT_TYPES, Encoder, make_encoder
 from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
 from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, PhonemeSpeechRequest,
                           PhonemizeChunk, PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone,
-                          SpeechRequest, SpeechUsage, StreamError, WordTimestampModel)
-from api.service import SpeechBackend
+                          SpeechRequestBody, SpeechUsage, StreamError, WordTimestampModel)
+from api.speech.contract import AudioPiece, SpeechBackend, SpeechPlan, SpeechRequest
 from api.state import AppState
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
-from worker.speech import AudioPiece, SpeechPlan
-from worker.speech import SpeechRequest as WorkerSpeechRequest
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 log = logging.getLogger("kokoro_fleet.api")
@@ -157,7 +155,7 @@ class AdmittedRequest:
     """A validated speech request and what admission gave it: the plan to stream, this process's
     slot, the request's log record, and the download file it fills (`return_download_link`)."""
 
-    req: SpeechRequest
+    req: SpeechRequestBody
     plan: SpeechPlan
     slot: ProcessSlot
     info: RequestInfo
@@ -185,7 +183,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
         elif dialogue:
             req = _dialogue_as_speech(DialogueRequest.model_validate(data, context=context), context)
         else:
-            req = (CaptionedSpeechRequest if captioned else SpeechRequest).model_validate(data, context=context)
+            req = (CaptionedSpeechRequest if captioned else SpeechRequestBody).model_validate(data, context=context)
     except ValidationError as e:
         raise validation_error(e) from None
     info.voice, info.chars, info.format, info.stream = req.voice_spec, len(req.input), req.response_format, req.stream
@@ -205,7 +203,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     return AdmittedRequest(req, plan, slot, info, download)
 
 
-def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechRequest:
+def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechRequestBody:
     """The dialogue as one speech request; a 400 on `turns` when, joined with their voice tags and
     pauses, they exceed the input limit."""
     try:
@@ -225,11 +223,11 @@ async def admit_speech(service: SpeechBackend, text: str, options, phonemes: boo
     live session's start) for API key `key` (its name); its TextError / VoiceError (a ValueError
     naming the field) becomes a 400."""
     try:
-        return await service.admit(WorkerSpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
-                                                       lang_code=options.lang_code,
-                                                       normalization=options.normalization(), phonemes=phonemes,
-                                                       voice_tags=getattr(options, "allow_voice_tags", False),
-                                                       voice_aliases=options.frontend_aliases()),
+        return await service.admit(SpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
+                                                 lang_code=options.lang_code,
+                                                 normalization=options.normalization(), phonemes=phonemes,
+                                                 voice_tags=getattr(options, "allow_voice_tags", False),
+                                                 voice_aliases=options.frontend_aliases()),
                                    key=key)
     except ValueError as e:
         param = getattr(e, "param", None)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from api.admission import ProcessAdmission
 from api.downloads import DownloadStore
-from api.errors import ApiError, CapacityError
+from api.errors import ApiError
 from api.metrics import Metrics
-from api.service import SpeechBackend
+from api.speech.contract import Overloaded, SpeechBackend
 from worker.machine import usable_cores
 from worker.settings import Settings
 
@@ -68,7 +68,7 @@ class AppState:
             if self.load_error:
                 raise ApiError(503, "The model failed to load; the operator has to fix the server (see its log).",
                                type="server_error", code="model_unavailable")
-            raise CapacityError(2.0, "The model is still loading; retry in a few seconds.")
+            raise Overloaded(2.0, "The model is still loading; retry in a few seconds.")
         return self.service
 
 

@@ -105,7 +105,7 @@ def rows_from_metrics(samples: dict[str, list[tuple[dict[str, str], float]]]) ->
 
 
 async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow], dict]:
-    from api.fleet.protocol import DEFAULT_PREFIX, GAUGES, connect, read_replicas, read_stats
+    from api.speech.redis_link import DEFAULT_PREFIX, GAUGES, connect, read_replicas, read_stats
 
     client = connect(url)
     try:
@@ -152,7 +152,7 @@ class StatusUnavailable(Exception):
 
 def read_status(args: argparse.Namespace) -> tuple[list[ReplicaRow], dict]:
     if args.redis_url:
-        from api.fleet.protocol import QueueUnavailable
+        from api.speech.redis_link import QueueUnavailable
 
         try:
             return asyncio.run(rows_from_redis(args.redis_url, args.prefix))

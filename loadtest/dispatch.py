@@ -233,7 +233,7 @@ async def replica_jobs(redis_url: str | None) -> dict[str, int]:
     """Jobs done per replica, read from the fleet's Redis (every prefix: shared and per-worker)."""
     if not redis_url:
         return {}
-    from api.fleet.protocol import connect
+    from api.speech.redis_link import connect
 
     client = connect(redis_url)
     try:
@@ -251,7 +251,7 @@ async def result_traffic(redis_url: str | None) -> dict[str, float]:
     the job) or as PCM through Redis."""
     if not redis_url:
         return {}
-    from api.fleet.protocol import connect, read_stats
+    from api.speech.redis_link import connect, read_stats
 
     client = connect(redis_url)
     try:

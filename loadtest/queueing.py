@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 
 from loadtest.texts import load_texts
-from worker.speech import SECONDS_PER_PHONEME
+from worker.audio import SECONDS_PER_PHONEME
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ REDIS_COUNTERS = ("total_commands_processed", "total_net_input_bytes", "total_ne
 
 async def redis_snapshot(url: str) -> dict[str, Any]:
     """Redis's cumulative counters (INFO stats, INFO cpu, INFO commandstats) at one moment."""
-    from api.fleet.protocol import connect
+    from api.speech.redis_link import connect
 
     client = connect(url)
     try:

@@ -1,4 +1,4 @@
--- lib.lua: the prelude every script starts with. The Python loader (api/fleet/protocol.py)
+-- lib.lua: the prelude every script starts with. The Python loader (api/speech/redis_link.py)
 -- prepends this file to each script body before SCRIPT LOAD, so key names and the few shared
 -- steps (unqueue, fail, drop) exist once. ARGV[1] is always the key prefix (default "{kf}": the
 -- braces are a cluster hash tag, so every key of one fleet lives in one slot).

@@ -10,6 +10,10 @@ import numpy as np
 SAMPLE_RATE = 24_000
 SAMPLES_PER_FRAME = 600
 FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE  # 0.025
+# Before synthesis the only measure of a text's length is its phoneme count; Kokoro speaks about
+# 13 phonemes a second at speed 1. The one speaking-rate estimate: the audio-length limit checks it,
+# the simulated engine matches it, and the fleet's queue starts from it until it has measured better.
+SECONDS_PER_PHONEME = 0.075
 
 PCM16_FULL_SCALE = np.float32(32767.0)
 

@@ -42,7 +42,7 @@ import torch
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.engine import BatchItem, Synthesis
 from worker.replica import run_to_completion
-from worker.speech import SECONDS_PER_PHONEME
+from worker.audio import SECONDS_PER_PHONEME
 
 # Frames (25 ms) per token at speed 1, by kind: about 3 frames (75 ms) a token over an English
 # sentence, as SECONDS_PER_PHONEME assumes; a clause's punctuation holds a pause.

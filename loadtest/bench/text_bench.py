@@ -56,10 +56,11 @@ def time_synthesis(paths: list[Path] | None = None, lang_code: str = "a", voice:
     """Seconds the engine takes to synthesize every chunk of the files (after one warm-up)."""
     import sys
 
-    from worker.speech import SpeechService
+    from api.speech.build import build_local_service
+    from worker.settings import get_settings
     from worker.text import text_to_chunks
 
-    service = SpeechService.from_settings()
+    service = build_local_service(get_settings())
     engine, bank = service.replica.engine, service.voices
     engine.warmup()
     pack = bank.resolve(voice)
@@ -89,7 +90,8 @@ def first_request(lang_code: str, preloaded: bool) -> dict:
     import torch
 
     from worker.settings import Settings
-    from worker.speech import SpeechRequest, SpeechService
+    from api.speech.contract import SpeechRequest
+    from api.speech.local import SpeechService
     from worker.voices import VoiceBank
 
     name = FIRST_REQUEST_FILES.get(lang_code)

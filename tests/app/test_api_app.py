@@ -31,7 +31,7 @@ import uvicorn
 
 from api.app import create_app
 from worker.settings import Settings
-from worker.speech import ReplicaStats, SpeechPlan
+from api.speech.contract import ReplicaStats, SpeechPlan
 from worker.text import Chunk, NothingToSay
 from worker.voices import VoiceBank
 
@@ -91,7 +91,7 @@ def scripted_voices() -> VoiceBank:
 
 
 class ScriptedService:
-    """The speech-service contract (api/service.py) with a scripted replica: one chunk per sentence."""
+    """The speech-service contract (api/speech/contract.py) with a scripted replica: one chunk per sentence."""
 
     def __init__(self):
         self.replica = ScriptedReplica()
@@ -351,7 +351,8 @@ def test_phonemize_shows_each_piece_as_read(http):
 def test_openapi_documents_every_request_body(http):
     """/docs and client generators see the bodies' fields, though the routes read their JSON
     themselves (for the OpenAI error shape): each body names its model, every reference resolves."""
-    from api.protocol import CaptionedSpeechRequest, PhonemeSpeechRequest, PhonemizeRequest, SpeechRequest
+    from api.protocol import CaptionedSpeechRequest, PhonemeSpeechRequest, PhonemizeRequest
+    from api.protocol import SpeechRequestBody as SpeechRequest
 
     schema = http.get("/openapi.json").json()
     components = schema["components"]["schemas"]
@@ -637,7 +638,7 @@ def test_a_download_link_works_on_another_machine_of_the_fleet(tmp_path, redis_s
     """Two servers with their own download directories (two machines) on one Redis: the link one
     gave is served by the other, with the same bytes and headers."""
     from api.downloads import SharedDownloads
-    from api.fleet.protocol import connect
+    from api.speech.redis_link import connect
 
     apps = [create_app(Settings().replace(download_dir=str(tmp_path / m)), service=ScriptedService()) for m in "ab"]
 

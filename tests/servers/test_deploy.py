@@ -569,7 +569,7 @@ def test_entrypoint_kills_a_server_that_outlives_the_grace_period(tmp_path):
 
 
 def _server_missing() -> str | None:
-    for path in ("api/serve_cli.py", "api/app.py", "worker/engine.py", "worker/speech.py"):
+    for path in ("api/serve_cli.py", "api/app.py", "worker/engine.py", "api/speech/local.py"):
         if not (ROOT / path).exists():
             return f"{path} has not landed yet: the entrypoint's serve-and-drain test needs the whole server"
     return None

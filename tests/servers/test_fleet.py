@@ -14,14 +14,15 @@ import os
 import numpy as np
 import pytest
 
-from api.errors import CapacityError
-from api.fleet.protocol import GAUGES, connect, decode_job, encode_job, read_stats
-from api.fleet.service import FleetPlan, FleetSpeechService
+from api.errors import overloaded_error
+from api.speech.redis_link import GAUGES, connect, decode_job, encode_job, read_stats
+from api.speech.fleet import FleetPlan, FleetSpeechService
 from api.metrics import Metrics
 from api.serve_cli import EmbeddedRedis, Mps, check_gpu_memory
 from api.status_cli import parse_metrics, rows_from_metrics
 from worker.replica import BaselineReplica, served
-from worker.speech import SpeechRequest, SpeechService
+from api.speech.contract import Overloaded, SpeechRequest
+from api.speech.local import SpeechService
 
 TWO_CHUNKS = ("The first sentence is short. The second one goes on for a good while longer, so that the "
               "text needs more than one chunk of phonemes, and the fleet has several jobs to share out.")
@@ -129,12 +130,12 @@ def test_a_full_fleet_refuses_with_both_retry_headers_and_frees_the_slot_after(l
         try:
             plan = local_service.plan(SpeechRequest(TWO_CHUNKS, "af_heart"))
             first = await fleet.admit(plan.request)
-            with pytest.raises(CapacityError) as refused:
+            with pytest.raises(Overloaded) as refused:
                 await fleet.admit(SpeechRequest("Hello.", "af_heart"))
             await collect(fleet, first)
             again = await fleet.admit(SpeechRequest("Hello.", "af_heart"))
             await collect(fleet, again)
-            return refused.value, await idle(redis_server.url), fleet.counters
+            return overloaded_error(refused.value), await idle(redis_server.url), fleet.counters
         finally:
             await fleet.aclose()
 
@@ -170,7 +171,7 @@ def test_a_burst_beyond_the_bound_is_refused_without_planning_its_texts(local_se
             await fleet.aclose()
 
     first, planned_first, stats = asyncio.run(go())
-    refused = [r for r in first if isinstance(r, CapacityError)]
+    refused = [r for r in first if isinstance(r, Overloaded)]
     assert len(refused) == 10 and len(first) - len(refused) == 2, first
     # At most the worker's share of the bound (2) planned before admission, plus the admitted ones
     # planned after their reservation (which of the burst's calls reaches Redis first is a race);
@@ -183,7 +184,7 @@ def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, 
     """Two fleets on one Redis (two containers) share one `admitted` counter: each one's derived
     bound must count the other's replicas too, or the second container's replicas idle behind 503s
     at the first one's size; and it shrinks back when the other fleet leaves."""
-    from api.fleet.owner import AdmissionBounds
+    from api.speech.owner import AdmissionBounds
 
     async def until(predicate, timeout_s: float = 15.0) -> bool:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -321,7 +322,7 @@ def test_a_fleet_worker_that_has_not_read_the_replica_table_yet_says_fleet_not_s
 def test_a_started_fleet_worker_reads_the_fleets_figures_at_once(local_service, redis_server):
     """The first read of Redis comes when the worker starts, not one refresh (a second) later: a
     worker that has just started shows the replica table in /metrics and `status` straight away."""
-    from api.fleet.service import STATS_REFRESH_S
+    from api.speech.fleet import STATS_REFRESH_S
 
     async def go():
         fleet = await fleet_for(local_service, redis_server.url).start()

@@ -25,12 +25,12 @@ import httpx
 import numpy as np
 import pytest
 
-from api.fleet.owner import AdmissionBounds, AdmissionClient, ChunkJob, RequestLost
-from api.fleet.protocol import GAUGES, connect, encode_job, read_stats
+from api.speech.owner import AdmissionBounds, AdmissionClient, ChunkJob, RequestLost
+from api.speech.redis_link import GAUGES, connect, encode_job, read_stats
 from loadtest.dispatch import FleetProcess
 from loadtest.texts import load_texts
 from test_fleet_serve import redis  # noqa: F401  (the module's redis-server fixture)
-from worker.speech import SECONDS_PER_PHONEME
+from worker.audio import SECONDS_PER_PHONEME
 from worker.weights.tiny import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ import pytest
 from loadtest.dispatch import FleetProcess
 from loadtest.runner import Runner, Step, Target, Workload, summarize
 from loadtest.texts import load_texts
-from api.fleet.protocol import GAUGES, connect, read_replicas, read_stats
+from api.speech.redis_link import GAUGES, connect, read_replicas, read_stats
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.fleet.owner import (
+from api.speech.owner import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -26,8 +26,8 @@ from api.fleet.owner import (
     ResultTimeout,
     retry_after,
 )
-from api.fleet.protocol import GAUGES, connect, read_replicas
-from api.fleet.replica import DELIVERED, DROPPED, STALE, Dispatcher
+from api.speech.redis_link import GAUGES, connect, read_replicas
+from api.speech.lease_loop import DELIVERED, DROPPED, STALE, Dispatcher
 
 
 def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.fleet.owner import (
+from api.speech.owner import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -31,8 +31,8 @@ from api.fleet.owner import (
     RequestFailed,
     ResultTimeout,
 )
-from api.fleet.protocol import GAUGES, QueueStats, connect, read_stats
-from api.fleet.replica import Dispatcher
+from api.speech.redis_link import GAUGES, QueueStats, connect, read_stats
+from api.speech.lease_loop import Dispatcher
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"

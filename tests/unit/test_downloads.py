@@ -74,7 +74,7 @@ def test_a_fleet_of_several_machines_shares_its_downloads_through_redis(tmp_path
     the shared size only on its own machine; a discarded one nowhere."""
     import asyncio
 
-    from api.fleet.protocol import connect
+    from api.speech.redis_link import connect
 
     async def go():
         client = connect(redis_server.url)

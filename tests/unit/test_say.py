@@ -68,7 +68,7 @@ def test_mandarin_and_japanese_voices_speak_at_a_speaking_rate(real_weights, tmp
 
 def test_long_text_in_one_wav_at_a_speaking_rate_without_clicks(real_weights, tmp_path, monkeypatch):
     from api.cli import main
-    from worker.speech import SpeechService
+    from api.speech.local import SpeechService
 
     piece_lengths: list[int] = []
     original_stream = SpeechService.stream

@@ -18,7 +18,9 @@ from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.engine import BatchItem
 from worker.settings import Settings
 from worker.sim_engine import FRAMES_PER_TOKEN, LENGTH_SCALE, SimCost, SimReplica, sim_voices, token_frames
-from worker.speech import SECONDS_PER_PHONEME, SpeechRequest, SpeechService
+from api.speech.contract import SpeechRequest
+from api.speech.local import SpeechService
+from worker.audio import SECONDS_PER_PHONEME
 from worker.text import text_to_chunks
 from worker.voices import VoiceBank
 from worker.weights import VOICE_NAMES
@@ -169,7 +171,7 @@ def test_a_sim_service_streams_pieces_with_word_timestamps(sleeps):
 def test_build_service_builds_the_sim_only_when_asked(monkeypatch):
     """The default engine never falls back to the simulation: with weights that cannot load, the
     build fails instead."""
-    from api.service import build_service
+    from api.speech.build import build_service
     from worker.weights import WeightsError
 
     sim = asyncio.run(build_service(Settings.from_env({"KOKORO_ENGINE": "sim"})))

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from worker.engine import Synthesis
-from worker.speech import EDGE_FADE_SAMPLES, SAMPLE_RATE, SpeechRequest, SpeechService, fade_edges
+from api.speech.contract import EDGE_FADE_SAMPLES, SpeechRequest, fade_edges
+from api.speech.local import SpeechService
+from worker.audio import SAMPLE_RATE
 from worker.settings import Settings
 from worker.text import NormalizationOptions, NothingToSay, TextError, text_to_chunks
 from worker.voices import VoiceBank, VoiceError

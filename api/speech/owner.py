@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis.asyncio as aioredis
 
-from api.admission import key_bound
-from api.fleet.protocol import (
+from api.speech.contract import key_bound
+from api.speech.redis_link import (
     DEFAULT_PREFIX,
     QueueStats,
     QueueUnavailable,
@@ -177,7 +177,7 @@ class AdmissionClient(TracksAvailability):
                  local_results: dict[str, bytes] | None = None,
                  local_delivered: dict[str, tuple[np.ndarray, bool]] | None = None):
         self.client = client
-        # PCM that this process's own replica made for this owner's requests (api.fleet.replica's
+        # PCM that this process's own replica made for this owner's requests (api.speech.lease_loop's
         # Dispatcher fills it; fetch.lua answers "local" for those chunks).
         self.local_results = local_results if local_results is not None else {}
         # job id -> (durations, request released) of those chunks once Redis accepted their completion:
@@ -190,7 +190,7 @@ class AdmissionClient(TracksAvailability):
         self.bounds = bounds
         self.prefix = prefix
         self.owner_ttl_ms = int(owner_ttl_s * 1000)
-        # The speaking-rate prior (the fleet service passes worker.speech.SECONDS_PER_PHONEME); the
+        # The speaking-rate prior (the fleet service passes worker.audio.SECONDS_PER_PHONEME); the
         # queue replaces it with the measured figure after the first completed chunk.
         self.ms_per_phoneme = ms_per_phoneme
         self.poll_s = poll_s  # longest single blocking read; must stay below the socket timeout

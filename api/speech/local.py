@@ -1,11 +1,11 @@
-"""One speech request, from text to PCM pieces: the seam between the API and a replica.
+"""The local speech service: one speech request, from text to PCM pieces, on this process's replica.
 
 `SpeechService.plan` does everything that can reject a request (voice spec, language, text, the
 audio-length limit) before any audio exists, so the API can still answer 400; `SpeechService.stream`
 then synthesizes the plan chunk by chunk on this process's replica and yields each piece as soon as
 it exists. `admit` (the plan, made in the process's text-frontend thread), `health`, `stats` and
-`aclose` complete the contract the HTTP layer serves through (api/service.py); the fleet's service
-implements the same contract over the shared queue.
+`aclose` complete the contract (api/speech/contract.py); the fleet's service implements the same
+contract over the shared queue.
 """
 
 from __future__ import annotations
@@ -14,123 +14,18 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from worker.audio import SAMPLE_RATE
+from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, chunk_piece
 from worker.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
                          load_lexicon, phonemes_to_chunks, text_to_chunks)
-from worker.timestamps import WordTimestamp, word_timestamps
 from worker.text.markup import Delivery, split_speech, voice_tags_as_ssml
 from worker.voices import Voice, VoiceBank, VoiceError
 
-# Chunks are synthesized independently, so their edges need not meet at zero. A short raised-cosine
-# fade at each edge makes every join continuous (no click) without audibly touching speech: Kokoro
-# starts and ends each chunk on the pad token's near-silence anyway.
-EDGE_FADE_SAMPLES = 96  # 4 ms at 24 kHz
-# Before synthesis the only measure of a request's length is its phoneme count; Kokoro speaks about
-# 13 phonemes a second at speed 1 (75 ms each). The one speaking-rate estimate: the audio-length
-# limit checks it, and the fleet's queue starts from it until it has measured better.
-SECONDS_PER_PHONEME = 0.075
 # Texts up to this long are planned on the event loop: their text frontend takes about 0.2 ms (a
 # 40-character sentence on a 2-core AMD EPYC), less than the hop to the text-frontend thread and
 # back costs the loop. Longer texts (a 4,096-character input takes tens of ms) go to the thread.
 INLINE_PLAN_CHARS = 200
-# The speaking rates a request may ask for (the API's bounds); a <prosody rate> stays within them.
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
-
-
-def _raised_cosine(n: int) -> np.ndarray:
-    return (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n))).astype(np.float32)
-
-
-_FADE_IN = _raised_cosine(EDGE_FADE_SAMPLES)
-
-
-@dataclass(frozen=True)
-class SpeechRequest:
-    text: str
-    voice: str = "af_heart"
-    speed: float = 1.0
-    lang_code: str | None = None  # None: follow the voice's language
-    normalization: NormalizationOptions | None = None
-    phonemes: bool = False  # `text` holds Kokoro phonemes to speak as given (no normalization, no G2P)
-    voice_tags: bool = False  # read Kokoro-FastAPI's `[voice:...]` and `[rate:...]` tags (markup.voice_tags_as_ssml)
-    # Short names for voices in this request (`voice` and voice tags): lowercase name -> (spec, its own pace).
-    voice_aliases: dict[str, tuple[str, float]] = field(default_factory=dict, hash=False)
-
-
-@dataclass
-class SpeechPlan:
-    request: SpeechRequest
-    voice: Voice
-    lang_code: str
-    chunks: list[Chunk]
-    voices: dict[str, Voice] = field(default_factory=dict)  # those SSML's <voice name> gave parts of the text
-
-    def voice_of(self, chunk: Chunk) -> Voice:
-        """The voice that reads `chunk`: the request's, or the one a <voice> element named."""
-        return self.voices[chunk.voice] if chunk.voice else self.voice
-
-    def voice_spec_of(self, chunk: Chunk) -> str:
-        return chunk.voice or self.request.voice
-
-    def speed_of(self, chunk: Chunk) -> float:
-        """The request's speed, times a <prosody rate> around the chunk, within the model's range."""
-        return min(MAX_SPEED, max(MIN_SPEED, self.request.speed * chunk.rate))
-
-    @property
-    def phoneme_count(self) -> int:
-        return sum(len(c.ids) for c in self.chunks)
-
-    @property
-    def estimated_seconds(self) -> float:
-        """Audio length expected before any synthesis: phonemes at the usual rate, plus pauses."""
-        speech = sum(len(c.ids) * SECONDS_PER_PHONEME / self.speed_of(c) for c in self.chunks)
-        return speech + sum(c.pause_after for c in self.chunks)
-
-
-@dataclass(frozen=True)
-class ReplicaStats:
-    """What this process's replica has done so far, for /metrics and the Retry-After estimate."""
-
-    busy: bool
-    jobs_done: int
-    busy_seconds: float   # wall seconds spent running inferences
-    audio_seconds: float  # audio those inferences made
-    cache_hits: int = 0              # chunks served from the replica's SynthesisCache, not computed
-    cache_audio_seconds: float = 0.0  # their audio
-    cache_bytes: int = 0             # the cache's size now
-
-    @property
-    def seconds_per_audio_second(self) -> float | None:
-        """Replica seconds one audio second costs, as measured (None before the first job)."""
-        return self.busy_seconds / self.audio_seconds if self.audio_seconds > 0 else None
-
-
-@dataclass
-class AudioPiece:
-    pcm: np.ndarray  # float32 [samples], 24 kHz mono, edges faded, pause silence appended
-    words: list[WordTimestamp] = field(default_factory=list)  # absolute seconds from the request's start
-    index: int = 0
-    is_last: bool = False
-
-    @property
-    def seconds(self) -> float:
-        return len(self.pcm) / SAMPLE_RATE
-
-
-def fade_edges(audio: np.ndarray) -> np.ndarray:
-    """A copy of `audio` whose first and last few milliseconds ramp from and to zero."""
-    out = np.asarray(audio, dtype=np.float32).copy()
-    n = min(EDGE_FADE_SAMPLES, len(out) // 2)
-    if n:
-        ramp = _FADE_IN if n == EDGE_FADE_SAMPLES else _raised_cosine(n)
-        out[:n] *= ramp
-        out[-n:] *= ramp[::-1]
-    return out
 
 
 class SpeechService:
@@ -145,20 +40,6 @@ class SpeechService:
         # request's admission, 503 and audio behind it. One thread: the frontend's caches and
         # espeak-ng are then never entered by two requests at once.
         self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-frontend")
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> "SpeechService":
-        """Load the weights, build the engine and its replica: what a server or `say` starts with."""
-        from worker.engine import Engine
-        from worker.replica import Replica
-        from worker.weights import load_weights
-
-        settings = settings or get_settings()
-        weights = load_weights(settings)
-        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype,
-                        seed=settings.seed, cuda_graphs=settings.cuda_graphs)
-        return cls(Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20),
-                   VoiceBank(weights.voices, settings.voices_dir), settings)
 
     async def warmup(self) -> None:
         """Warm the replica, and load the text readers of KOKORO_PRELOAD_LANGUAGES (English by
@@ -263,10 +144,7 @@ class SpeechService:
         return {}
 
     def stats(self) -> ReplicaStats:
-        r = self.replica
-        cache = getattr(r, "cache", None)  # only the model's Replica keeps one
-        return ReplicaStats(bool(r.busy), int(r.jobs_done), float(r.busy_seconds), float(r.audio_seconds),
-                            *((cache.hits, cache.hit_audio_seconds, cache.bytes) if cache is not None else ()))
+        return ReplicaStats.of(self.replica)
 
     async def aclose(self) -> None:
         """Stop the text-frontend thread; the replica's threads end with the process."""
@@ -281,22 +159,11 @@ class SpeechService:
         offset_s = 0.0
         last = len(plan.chunks) - 1
         for index, chunk in enumerate(plan.chunks):
-            words: list[WordTimestamp] = []
-            pcm = np.zeros(0, dtype=np.float32)
+            audio = durations = None
             if chunk.ids:
                 style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
                 result = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
-                pcm = fade_edges(result.audio)
-                words = word_timestamps(chunk, result.durations, offset_s)
-            if chunk.pause_after > 0:
-                pcm = np.concatenate([pcm, np.zeros(round(chunk.pause_after * SAMPLE_RATE), np.float32)])
-            offset_s += len(pcm) / SAMPLE_RATE
-            yield AudioPiece(pcm, words, index, index == last)
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+                audio, durations = result.audio, result.durations
+            piece = chunk_piece(chunk, index, index == last, offset_s, audio, durations)
+            offset_s += piece.seconds
+            yield piece

@@ -35,7 +35,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from prometheus_client import Histogram
 
-from api.fleet.protocol import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
+from api.speech.redis_link import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                 unavailable_as_error)
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
 

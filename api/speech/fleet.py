@@ -1,9 +1,9 @@
 """The fleet's speech service: every Uvicorn worker is an HTTP front and one model replica; the
 work is shared through Redis.
 
-`FleetSpeechService` implements the speech-service contract (api/service.py) when REDIS_URL is set
+`FleetSpeechService` implements the speech-service contract (api/speech/contract.py) when REDIS_URL is set
 (the launcher sets it to its embedded Redis server when it runs several workers). `admit(request)`
-reserves a slot in the fleet (or refuses: 503 with Retry-After), plans the text off the event
+reserves a slot in the fleet (or refuses: `Overloaded`, a 503 with Retry-After), plans the text off the event
 loop, turns the plan's chunks into jobs in the shared, deadline-ordered queue, and returns a
 `FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from the in-order results,
 whichever replica ran them. Beside it this worker's `Dispatcher` leases the fleet's
@@ -39,18 +39,17 @@ from typing import Any
 import numpy as np
 from prometheus_client import Histogram
 
-from api.errors import CapacityError, KeyShareError
-from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
-                             RequestLost, Ticket)
-from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
-                                read_replicas, read_stats, stop_if_cancelled, worker_id)
-from api.fleet.replica import Dispatcher, ReplicaJobRunner
 from api.metrics import Metrics
-from worker.audio import SAMPLE_RATE, from_pcm16
+from api.speech.contract import (AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest,
+                                 chunk_piece)
+from api.speech.lease_loop import Dispatcher, ReplicaJobRunner
+from api.speech.local import SpeechService
+from api.speech.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
+                              RequestLost, Ticket)
+from api.speech.redis_link import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
+                                   read_replicas, read_stats, stop_if_cancelled, worker_id)
+from worker.audio import SECONDS_PER_PHONEME, from_pcm16
 from worker.settings import Settings
-from worker.speech import (SECONDS_PER_PHONEME, AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest,
-                           SpeechService, fade_edges)
-from worker.timestamps import WordTimestamp, word_timestamps
 
 log = logging.getLogger("kokoro_fleet.fleet")
 
@@ -223,14 +222,14 @@ class FleetSpeechService:
         return self.local.plan(request)
 
     async def admit(self, request: SpeechRequest, key: str | None = None) -> FleetPlan:
-        """A slot in the shared queue (or, Redis unreachable, on this replica); CapacityError when
+        """A slot in the shared queue (or, Redis unreachable, on this replica); Overloaded when
         the fleet is full. A longer text's slot is reserved before the text is planned (in the
         text-frontend thread), so a burst beyond the fleet's bound is refused after one Redis round
         trip each, however much text the admitted requests' planning has to get through. A short
         text is planned on the loop in less time than that round trip takes, so it skips the
         reservation (admit.lua checks both bounds in the one call that enqueues it), unless this
         worker looks crowded (`_plans_inline`). `key`, the API key's name, counts the request
-        against that key's share of the fleet (KOKORO_KEY_MAX_SHARE; KeyShareError beyond it)."""
+        against that key's share of the fleet (KOKORO_KEY_MAX_SHARE; KeyShareFull beyond it)."""
         self._admitting += 1
         try:
             return await self._admit(request, key)
@@ -251,12 +250,12 @@ class FleetSpeechService:
         live = self.snapshot.stats.live_replicas if self.snapshot.stats else 0
         return math.ceil(bound / max(1, self.replicas, live)) if bound > 0 else math.inf
 
-    def _refused(self, e: Refused) -> CapacityError:
+    def _refused(self, e: Refused) -> Overloaded:
         if e.reason in ("key", "key_work"):  # one key's share is full, not the fleet: no crowding to remember
-            return KeyShareError(e.retry_after_ms / 1000, str(e))
+            return KeyShareFull(e.retry_after_ms / 1000, str(e))
         self.counters.refused += 1
         self._refused_at = time.monotonic()
-        return CapacityError(e.retry_after_ms / 1000, str(e))
+        return Overloaded(e.retry_after_ms / 1000, str(e))
 
     async def _admit(self, request: SpeechRequest, key: str | None = None) -> FleetPlan:
         rid = None
@@ -385,10 +384,8 @@ class FleetSpeechService:
         chunks = plan.chunks
         try:
             for index, chunk in enumerate(chunks):
-                pcm = np.zeros(0, dtype=np.float32)
-                words: list[WordTimestamp] = []
+                audio = durations = None
                 if chunk.ids:
-                    audio, durations = None, None
                     if remote:
                         try:
                             result = await anext(results)
@@ -409,12 +406,9 @@ class FleetSpeechService:
                         style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
                         synthesis = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
                         audio, durations = synthesis.audio, synthesis.durations
-                    pcm = fade_edges(audio)
-                    words = word_timestamps(chunk, durations, offset_s)
-                if chunk.pause_after > 0:
-                    pcm = np.concatenate([pcm, np.zeros(round(chunk.pause_after * SAMPLE_RATE), np.float32)])
-                offset_s += len(pcm) / SAMPLE_RATE
-                yield AudioPiece(pcm, words, index, index == len(chunks) - 1)
+                piece = chunk_piece(chunk, index, index == len(chunks) - 1, offset_s, audio, durations)
+                offset_s += piece.seconds
+                yield piece
             finished = True
         finally:
             await results.aclose()
@@ -507,7 +501,7 @@ class FleetSpeechService:
         m.counter("kokoro_fleet_worker_failed_total", "Requests the queue ended with an error.", lambda: c.failed)
         m.gauge("kokoro_fleet_replica_busy_fraction_lifetime",
                 "Fraction of this worker's lifetime its replica spent running inferences.",
-                lambda: self.replica.busy_seconds / max(1e-9, time.monotonic() - started))
+                lambda: self.stats().busy_seconds / max(1e-9, time.monotonic() - started))
         m.counter("kokoro_fleet_lease_losses_total", "This replica's results refused because its lease had expired.",
                   lambda: self.dispatcher.lease_losses)
         m.counter("kokoro_fleet_batch_fallbacks_total",

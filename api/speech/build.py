@@ -1,0 +1,60 @@
+"""The one builder of the speech service a worker process serves with: baseline, fleet or local."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from api.metrics import Metrics
+from api.speech.contract import SpeechBackend
+from api.speech.local import SpeechService
+from worker.settings import Settings, SettingsError
+from worker.voices import VoiceBank
+
+log = logging.getLogger("kokoro_fleet.api")
+
+
+def build_local_service(settings: Settings) -> SpeechService:
+    """This process's replica and its local service: the weights, the engine and the replica the
+    settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
+    from worker.engine import Engine
+    from worker.replica import BaselineReplica, Replica
+    from worker.weights import load_weights
+
+    if settings.engine == "sim":  # only ever by KOKORO_ENGINE=sim: no model, no weights
+        from worker.sim_engine import SimCost, SimReplica, sim_voices
+        from worker.weights import VOICE_NAMES
+
+        if settings.baseline:
+            raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
+                                "one model); serve the baseline with KOKORO_ENGINE=torch")
+        replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
+        return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
+    weights = load_weights(settings)
+    engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,
+                    cuda_graphs=settings.cuda_graphs and not settings.baseline)
+    replica = (BaselineReplica(engine) if settings.baseline else
+               Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
+    return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
+
+
+async def build_service(settings: Settings, metrics: Metrics | None = None) -> SpeechBackend:
+    """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
+    from api.speech.fleet import FleetSpeechService
+
+    # Each stage's time in the log: a fleet's start-up is minutes on a GPU box, and where they go
+    # (weights and engine, graph capture, the text readers) decides what to make faster.
+    started = time.perf_counter()
+    local = await asyncio.to_thread(build_local_service, settings)
+    built = time.perf_counter()
+    await local.warmup()  # the replica (CUDA graphs on a GPU), and the text frontend's lexicons
+    log.info("start-up: weights and engine %.1f s, warm-up %.1f s (replica and text readers)",
+             built - started, time.perf_counter() - built)
+    if settings.baseline or not settings.queue_url:
+        return local
+    fleet = FleetSpeechService(local, settings.queue_url, settings, replicas=max(1, settings.workers),
+                               dispatch=settings.dispatch)
+    if metrics is not None:
+        fleet.register_metrics(metrics)
+    return await fleet.start()
