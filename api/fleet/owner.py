@@ -46,7 +46,8 @@ from api.fleet.protocol import (
 
 __all__ = [
     "AdmissionBounds", "AdmissionClient", "ChunkJob", "ChunkResult", "QueueUnavailable", "Refused",
-    "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "retry_after",
+    "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "place_spacing_ms", "retry_after",
+    "retry_headers",
 ]
 
 # Audio seconds per busy second of one replica, assumed until a completion has measured it.
@@ -161,10 +162,34 @@ def retry_after(work_s: float, replicas: int, rate: float | None) -> tuple[int, 
     """(Retry-After seconds, retry-after-ms) for `work_s` audio seconds that must drain first, at
     `rate` audio seconds per second on each of `replicas` replicas. Seconds are an integer >= 1
     (the header's grammar); milliseconds are the finer figure the OpenAI client prefers."""
-    capacity = max(1, replicas) * (rate if rate and rate > 0 else DEFAULT_RATE_PRIOR)
-    ms = 1000.0 * max(0.0, work_s) / capacity
-    ms = int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(ms))))
+    return retry_headers(1000.0 * max(0.0, work_s) / _capacity(replicas, rate))
+
+
+def retry_headers(wait_ms: float) -> tuple[int, int]:
+    """(Retry-After seconds, retry-after-ms) for a wait of `wait_ms`, clamped to the sane range."""
+    ms = int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(wait_ms))))
     return max(1, math.ceil(ms / 1000)), ms
+
+
+def _capacity(replicas: int, rate: float | None) -> float:
+    """Audio seconds the fleet makes per second: `replicas` at `rate` each (the prior until measured)."""
+    return max(1, replicas) * (rate if rate and rate > 0 else DEFAULT_RATE_PRIOR)
+
+
+def place_spacing_ms(reason: str, work_ahead_ms: float, admitted: int, new_work_ms: float, replicas: int,
+                     rate: float | None, key_work_share: float = 1.0) -> float:
+    """How long one more place takes to free after the first, for a crowd of clients refused for
+    `reason`: each refused client given the next such slot comes back about as fast as places free
+    (queue/retry.lua keeps the slots). A request slot ("requests", "key") frees when an average
+    admitted request has run; room under the work bound ("work") when as much work as this request
+    brings has drained, at the key's share of the fleet's output for "key_work"."""
+    if reason == "work":
+        work_ms = new_work_ms
+    elif reason == "key_work":
+        work_ms = new_work_ms / max(key_work_share, 1e-6)
+    else:
+        work_ms = work_ahead_ms / max(1, admitted)
+    return max(1.0, work_ms / _capacity(replicas, rate))
 
 
 class AdmissionClient(TracksAvailability):
@@ -235,7 +260,7 @@ class AdmissionClient(TracksAvailability):
                                  self.owner_ttl_ms, self.bounds.max_requests, key or "",
                                  self.bounds.key_max_requests)
         if reply[0] != 1:
-            raise self._refused(reply)
+            raise await self._refused(reply, key)
         return rid
 
     async def withdraw(self, request_id: str) -> bool:
@@ -266,10 +291,11 @@ class AdmissionClient(TracksAvailability):
             _, arrival_ms, total_est_ms, live, *leased = reply
             return Ticket(rid, len(jobs), int(arrival_ms), total_est_ms / 1000, int(live),
                           tuple(leased[0]) if leased else ())
-        raise self._refused(reply)
+        raise await self._refused(reply, key)
 
-    def _refused(self, reply: list) -> Refused:
-        """The `Refused` for a refusal reply of admit.lua or reserve.lua, with its retry estimate."""
+    async def _refused(self, reply: list, key: str | None = None) -> Refused:
+        """The `Refused` for a refusal reply of admit.lua or reserve.lua, with its retry estimate:
+        when the first place frees, pushed back behind the clients refused before it (retry.lua)."""
         _, reason, admitted, queued_ms, inflight_ms, new_ms, live, rate, *over = reply
         reason = reason.decode()
         rate = float(rate) if rate else None
@@ -284,7 +310,16 @@ class AdmissionClient(TracksAvailability):
         else:
             # A slot frees when one admitted request finishes: about the average work per request.
             must_drain_ms = work_ahead_ms / max(1, admitted)
-        seconds, ms = retry_after(must_drain_ms / 1000, int(live), rate)
+        _, first_ms = retry_after(must_drain_ms / 1000, int(live), rate)
+        spacing_ms = place_spacing_ms(reason, work_ahead_ms, int(admitted), new_ms, int(live), rate,
+                                      self.bounds.key_work_share)
+        scope = f"key:{key}" if reason in ("key", "key_work") and key else "fleet"
+        try:
+            wait_ms = await self._call("retry slot", self.scripts.retry, self.prefix, scope, first_ms,
+                                       math.ceil(spacing_ms), RETRY_AFTER_MAX_MS)
+        except QueueUnavailable:  # the refusal stands; only the spreading is lost
+            wait_ms = first_ms
+        seconds, ms = retry_headers(wait_ms)
         return Refused(reason, seconds, ms, work_ahead_ms / 1000, int(admitted), int(live), rate)
 
     async def results(self, ticket: Ticket, timeout_s: float | None = None,

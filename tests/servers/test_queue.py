@@ -24,7 +24,9 @@ from api.fleet.owner import (
     RequestFailed,
     RequestLost,
     ResultTimeout,
+    place_spacing_ms,
     retry_after,
+    retry_headers,
 )
 from api.fleet.protocol import GAUGES, connect, read_replicas
 from api.fleet.replica import DELIVERED, DROPPED, STALE, Dispatcher
@@ -66,6 +68,67 @@ def test_retry_after_is_whole_seconds_at_least_one_and_scales_with_work_and_capa
     assert ms_more == 2 * ms and ms_wider == ms // 2
     assert retry_after(3.3, 1, 1.0)[0] == 4        # rounded up: a client retrying early is refused again
     assert retry_after(1e9, 1, 1.0)[1] == 300_000  # clamped: a sane upper bound
+
+
+def test_each_further_place_frees_after_one_average_request_or_this_requests_work():
+    # 8 requests hold 40 audio-s: a slot frees per 5 audio-s drained, at 2 replicas x 10 audio-s/s
+    assert place_spacing_ms("requests", 40_000, 8, 0, 2, 10.0) == pytest.approx(250.0)
+    assert place_spacing_ms("key", 40_000, 8, 0, 2, 10.0) == pytest.approx(250.0)
+    # over the work bound, room for one more such request once its own work has drained
+    assert place_spacing_ms("work", 40_000, 8, 3_000, 2, 10.0) == pytest.approx(150.0)
+    # a key's jobs drain at its share of the output: twice as slowly at half
+    assert place_spacing_ms("key_work", 40_000, 8, 3_000, 2, 10.0, key_work_share=0.5) == pytest.approx(300.0)
+    # unmeasured rate: the prior; nothing ahead: a floor of 1 ms, never 0 (every retry its own slot)
+    assert place_spacing_ms("requests", 4_000, 1, 0, 1, None) == pytest.approx(4000.0)
+    assert place_spacing_ms("requests", 0, 0, 0, 1, 5.0) == 1.0
+    assert retry_headers(1234.2) == (2, 1235) and retry_headers(5) == (1, 100) and retry_headers(1e12)[1] == 300_000
+
+
+def test_a_crowd_of_refused_clients_is_given_retry_times_one_place_apart(redis_server):
+    """Each refusal is sent back one place's time after the one before it, not all after the time
+    the first place takes: a crowd then returns about as fast as places free (issue 39: 48 refused
+    clients came back about 440 times a second, each told 0.1 s)."""
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=2, max_queued_seconds=0))
+        rep = replica(redis_server.url, "r0")
+        t0 = await client.admit(jobs(40, work_s=0.05))  # measures the rate
+        assert await rep.step()
+        await collect(client, t0)
+        await client.release(t0.request_id)
+        held = [await client.admit(jobs(100, 100)), await client.admit(jobs(100))]
+        hints = []
+        for _ in range(6):
+            with pytest.raises(Refused) as refused:
+                await client.reserve()
+            hints.append(refused.value.retry_after_ms)
+        stats = await client.stats()
+        spacing = place_spacing_ms("requests", 1000 * refused.value.work_ahead_s, 2, 0, 1, stats.rate)
+        for h in held:
+            await client.release(h.request_id)
+        return hints, spacing
+
+    hints, spacing = asyncio.run(go())
+    first, step = hints[0], np.ceil(spacing)  # retry.lua keeps whole milliseconds
+    # the k-th refused client comes back k places after the first (a few ms pass between the calls)
+    for k, h in enumerate(hints):
+        assert first + k * step - 50 <= h <= first + k * step + 2
+    assert hints == sorted(hints) and len(set(hints)) == len(hints)
+
+
+def test_the_retry_slots_of_a_crowd_that_has_gone_leave_nothing_behind(redis_server):
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))
+        held = await client.admit(jobs(1))  # nothing measured: one tiny request, the prior rate
+        with pytest.raises(Refused) as refused:
+            await client.reserve()
+        left = await client.client.keys("*:retry:*")
+        await asyncio.sleep(refused.value.retry_after_ms / 1000 + 0.5)  # its slot, then one spacing, passed
+        gone = await client.client.keys("*:retry:*")
+        await client.release(held.request_id)
+        return left, gone
+
+    left, gone = asyncio.run(go())
+    assert len(left) == 1 and gone == []
 
 
 # --- Admission ----------------------------------------------------------------------------------
@@ -148,6 +211,9 @@ def test_work_bound_credits_what_the_replicas_make_before_a_long_texts_later_chu
 
         await client.client.hset(stats_key, "rate", "20")  # 20 audio-s per s: 16 audio-ms per ms credited
         short = await client.admit(jobs(20))              # due now: 7.5 + 1.5 s; the rest is due later
+        # the refused client above holds the crowd's first retry slot (retry.lua); forget it, so the
+        # hints below are each the first place's time alone
+        await client.client.delete(f"{client.prefix}:retry:fleet")
         with pytest.raises(Refused) as due_now:           # 7.5 + 1.5 + 1.5 s due now: over by 0.5 s
             await client.admit(jobs(20))
         assert due_now.value.reason == "work"
@@ -303,6 +369,7 @@ def test_one_api_key_queues_at_most_its_share_of_the_work_bound_so_another_key_s
         # against 5 + 3 s allowed: 1 s over (the whole fleet's credit would have let it in), draining
         # at 2.5 audio-s/s (its half of 5): 400 ms.
         await shared.client.hset(stats_key, "rate", "5")
+        await shared.client.delete(f"{shared.prefix}:retry:key:reader")  # the first place's time alone
         with pytest.raises(Refused) as half_credit:
             await shared.admit(jobs(20, 60, 60), key="reader")
         assert half_credit.value.reason == "key_work" and half_credit.value.retry_after_ms == 400
