@@ -45,7 +45,7 @@ from api.fleet.protocol import (
 )
 
 __all__ = [
-    "AdmissionBounds", "AdmissionClient", "ChunkJob", "ChunkResult", "QueueUnavailable", "Refused",
+    "AdmissionBounds", "AdmissionClient", "ChunkJob", "first_audio_places", "ChunkResult", "QueueUnavailable", "Refused",
     "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "place_spacing_ms", "retry_after",
     "retry_headers",
 ]
@@ -77,22 +77,38 @@ class AdmissionBounds:
 
     @classmethod
     def for_replicas(cls, replicas: int, max_requests: int = 0, max_queued_seconds: float = 0.0,
-                     key_max_share: float = 1.0) -> "AdmissionBounds":
-        """Defaults derived from the replica count: two requests per replica (one running, one
-        waiting), and 20 s of queued audio per replica; explicit non-zero values win. One key may
-        hold `key_max_share` of the request bound and of the work bound."""
+                     key_max_share: float = 1.0, *, batch_max: int = 1,
+                     first_audio_places: int = 0) -> "AdmissionBounds":
+        """Defaults derived from the replicas: two requests per replica (one running, one waiting),
+        enough to fill every replica's batch (`batch_max`), and as many as the fleet can start within
+        its first-audio target (`first_audio_places`, from `first_audio_places()`), whichever is most;
+        20 s of queued audio per replica; explicit non-zero values win. One key may hold
+        `key_max_share` of the request bound and of the work bound."""
         replicas = max(1, replicas)
-        max_requests = max_requests or 2 * replicas
+        max_requests = max_requests or max(2 * replicas, replicas * max(1, batch_max), first_audio_places)
         max_queued_seconds = max_queued_seconds or 20.0 * replicas
         key_work = key_max_share * max_queued_seconds if 0 < key_max_share < 1 else 0.0
         return cls(max_requests, max_queued_seconds, key_bound(key_max_share, max_requests), key_work)
 
     @classmethod
-    def from_settings(cls, settings, replicas: int) -> "AdmissionBounds":
-        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults;
-        KOKORO_KEY_MAX_SHARE of both bounds for one key."""
+    def from_settings(cls, settings, replicas: int, rate: float | None = None,
+                      seconds_per_phoneme: float = 0.0) -> "AdmissionBounds":
+        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults (with
+        the measured `rate` and a first chunk of KOKORO_FIRST_CHUNK_PHONEMES at `seconds_per_phoneme`,
+        what KOKORO_FIRST_AUDIO_TARGET_MS allows); KOKORO_KEY_MAX_SHARE of both bounds for one key."""
+        places = first_audio_places(replicas, rate, settings.first_audio_target_ms / 1000,
+                                    settings.first_chunk_phonemes * seconds_per_phoneme)
         return cls.for_replicas(replicas, settings.queue_max_requests, settings.queue_max_audio_seconds,
-                                settings.key_max_share)
+                                settings.key_max_share, batch_max=settings.batch_max, first_audio_places=places)
+
+
+def first_audio_places(replicas: int, rate: float | None, target_s: float, first_chunk_audio_s: float) -> int:
+    """How many requests arriving together all hear their first audio within `target_s`: the first
+    chunks (`first_chunk_audio_s` each) that `replicas` make in that time at `rate` audio seconds per
+    busy second each (their measured service rate, batches included). 0 when any is unknown."""
+    if not (rate and rate > 0 and target_s > 0 and first_chunk_audio_s > 0):
+        return 0
+    return math.floor(max(1, replicas) * rate * target_s / first_chunk_audio_s)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ class FleetSpeechService:
         self.redis_url = redis_url
         self.replicas = replicas if dispatch == "shared" else 1
         self.bounds = AdmissionBounds.from_settings(settings, self.replicas)
+        self._bounds_replicas = self.replicas  # the replica count the bounds were last derived from
         self.chunk_timeout_s = settings.chunk_timeout_seconds or None
         self.wait_histogram = Histogram(WAIT_BUCKETS)
         local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
@@ -473,10 +474,18 @@ class FleetSpeechService:
         fix a bound still win."""
         if self.dispatch != "shared":
             return
-        bounds = AdmissionBounds.from_settings(self.settings, max(self.replicas, live_replicas))
+        replicas = max(self.replicas, live_replicas)
+        stats = self.snapshot.stats
+        rate = stats.rate if stats else None
+        learnt_ms = stats.fields.get("ms_per_phoneme") if stats else None  # audio per phoneme, measured
+        bounds = AdmissionBounds.from_settings(self.settings, replicas, rate,
+                                               learnt_ms / 1000 if learnt_ms else SECONDS_PER_PHONEME)
         if bounds != self.admission.bounds:
-            log.info("fleet worker %s: %d live replicas on the queue: admission bounds %s", self.name,
-                     max(self.replicas, live_replicas), bounds)
+            # the measured rate moves a little with every refresh: only a new replica count is news
+            level = logging.INFO if replicas != self._bounds_replicas else logging.DEBUG
+            log.log(level, "fleet worker %s: %d live replicas on the queue at %s audio-s/s each: admission "
+                    "bounds %s", self.name, replicas, f"{rate:.1f}" if rate else "an unmeasured rate", bounds)
+            self._bounds_replicas = replicas
             self.bounds = self.admission.bounds = bounds
 
     # --- /metrics -------------------------------------------------------------------------------

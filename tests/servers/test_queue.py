@@ -20,6 +20,7 @@ from api.fleet.owner import (
     AdmissionClient,
     ChunkJob,
     QueueUnavailable,
+    first_audio_places,
     Refused,
     RequestFailed,
     RequestLost,
@@ -941,3 +942,28 @@ def test_bounds_default_from_the_replica_count_and_settings_override_them():
     least = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_KEY_MAX_SHARE": "0.1"}), replicas=2)
     assert least.key_max_requests == 1  # a key may always run one request
     assert least.key_max_queued_seconds == pytest.approx(4.0)
+
+
+def test_the_request_bound_follows_the_measured_rate_and_the_first_audio_target():
+    """Issue 39: about 21 requests in flight at c = 64 on the GPU, too few to fill batches. Without
+    KOKORO_QUEUE_MAX_REQUESTS the bound is what the replicas can start within the first-audio target
+    at their measured rate, when that is more than two per replica or a batch each."""
+    from worker.settings import Settings
+
+    # 8 replicas at 375 audio-s/s each (3,000 together) make 750 audio-s in 250 ms: 166 first chunks of 4.5 s
+    assert first_audio_places(8, 375.0, 0.25, 4.5) == 166
+    assert first_audio_places(8, None, 0.25, 4.5) == 0 and first_audio_places(8, 375.0, 0.0, 4.5) == 0
+    settings = Settings.from_env({"KOKORO_BATCH_MAX": "8"})
+    assert settings.first_audio_target_ms == 250.0
+    unmeasured = AdmissionBounds.from_settings(settings, replicas=8, seconds_per_phoneme=0.075)
+    assert unmeasured.max_requests == 64  # a full batch for each replica, until a rate is measured
+    fast = AdmissionBounds.from_settings(settings, replicas=8, rate=375.0, seconds_per_phoneme=0.075)
+    assert fast.max_requests == 166 and fast.max_queued_seconds == 160.0
+    slow = AdmissionBounds.from_settings(Settings.from_env({}), replicas=8, rate=5.0, seconds_per_phoneme=0.075)
+    assert slow.max_requests == 16  # a CPU's rate: two per replica stays the floor
+    pinned = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_QUEUE_MAX_REQUESTS": "12"}), replicas=8,
+                                           rate=375.0, seconds_per_phoneme=0.075)
+    assert pinned.max_requests == 12
+    off = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_FIRST_AUDIO_TARGET_MS": "0"}), replicas=8,
+                                        rate=375.0, seconds_per_phoneme=0.075)
+    assert off.max_requests == 16
