@@ -116,6 +116,13 @@ class Settings:
     workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim; on CPU one per "
         "usable core, a container's CPU quota included, and no more than the available memory holds: "
         "KOKORO_REPLICA_CPU_MIB).")
+    replicas: int = setting(
+        "KOKORO_REPLICAS", 0,
+        "Model replicas among the Uvicorn workers (0: one in every worker). Fewer than KOKORO_WORKERS: every "
+        "worker stays an HTTP front (text, admission, encoding) and only this many also hold a replica, each "
+        "running batches (KOKORO_BATCH_MAX) for the whole fleet through the shared queue; `serve` refuses more "
+        "than the workers, and fewer without a shared queue (one worker, `--baseline` or `local` dispatch).",
+        minimum=0)
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop; it counts idle keep-alive connections too and answers beyond it with a bare 503 (no Retry-After) that closes the connection (0: 512, or twice KOKORO_MAX_REQUESTS plus 16 if more).")
     api_keys: str = setting(
         "KOKORO_API_KEYS", "",

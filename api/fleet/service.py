@@ -43,7 +43,7 @@ from api.fleet.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUn
                              RequestLost, Ticket)
 from api.fleet.protocol import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
                                 read_replicas, read_stats, stop_if_cancelled, worker_id)
-from api.fleet.replica import Dispatcher, ReplicaJobRunner
+from api.fleet.replica import Dispatcher, NoReplica, ReplicaJobRunner
 from api.metrics import Histogram, Metrics
 from worker.audio import SAMPLE_RATE, from_pcm16
 from worker.settings import Settings
@@ -142,7 +142,8 @@ class FleetSpeechService:
                                      # the TTL, or a reaper would drop its row (and its counters)
                                      idle_wait_s=min(1.0, owner_ttl_s / 3),
                                      local_results=local_results, local_delivered=local_delivered,
-                                     own_slack_ms=settings.own_job_slack_ms, engine=self.replica.engine.label)
+                                     own_slack_ms=settings.own_job_slack_ms, engine=self.replica.engine.label,
+                                     leases=not isinstance(self.replica, NoReplica))
         self._stats_client = connect(redis_url)
         self.counters = FleetCounters()
         self.snapshot = FleetSnapshot()
@@ -314,6 +315,9 @@ class FleetSpeechService:
                 self._unclaimed[ticket.request_id] = fleet_plan
                 return fleet_plan
         self._note_degraded()
+        if isinstance(self.replica, NoReplica):  # an HTTP front only: nothing to serve it on here
+            raise CapacityError(1.0, "The server cannot reach its queue and this worker holds no replica; "
+                                     "retry in about 1 s.")
         self.counters.served_locally += 1
         return FleetPlan.admitted(plan, None)
 
