@@ -66,7 +66,9 @@ import modal
 # time, 3.02-s streamed requests), 2026-11-23, AMD EPYC with 2 cores beside other jobs (load
 # average 2.5-4.3); the higher of two runs. Measured per core as this machine counts them; Modal's
 # `cpu=` counts physical cores, so a plan from these figures errs on the generous side.
-FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 6.02, "opus": 8.88, "aac": 5.08, "flac": 1.53, "wav": 0.74, "pcm": 0.78}
+# pcm, mp3 and opus: the sample paragraphs through a sim fleet at batched GPU costs instead
+# (loadtest/results/2026-11-27-cpu-frontend, the higher of two runs).
+FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 5.73, "opus": 8.50, "aac": 5.08, "flac": 1.53, "wav": 0.74, "pcm": 0.79}
 
 
 def frontend_cores(audio_seconds_per_second: float, response_format: str, utilization: float = 1.0) -> float:
