@@ -1,7 +1,8 @@
 """The whole fleet on a GPU box without network: `kokoro-fleet serve --workers 8` on full-size RANDOM
 weights (KOKORO_WEIGHTS=random-full), under closed-loop load at a few concurrency levels.
 
-    python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR --budget-s 300
+    python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR [--budget-s 540] [--levels 1,64,128,256]
+                                  [--replicas N] [--batch-max K]
 
 The box has torch (CUDA), transformers, numpy, httpx and a few more, but neither this project's other
 packages nor redis-server nor espeak-ng, and no network. So they travel in a bundle folder that
@@ -374,6 +375,10 @@ class Fleet:
             self.env["KOKORO_DTYPE"] = args.dtype
         if not args.cuda_graphs:
             self.env["KOKORO_CUDA_GRAPHS"] = "false"
+        if args.replicas:
+            self.env["KOKORO_REPLICAS"] = str(args.replicas)
+        if args.batch_max:
+            self.env["KOKORO_BATCH_MAX"] = str(args.batch_max)
         self.env.pop("REDIS_URL", None)
         self.cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                     "--workers", str(args.workers), "--device", args.device, "--engine", args.engine,
@@ -685,7 +690,8 @@ def markdown(result: dict[str, Any]) -> str:
     meta = result.get("meta", {})
     gpu = meta.get("gpu") or {}
     lines = [
-        f"# Fleet load test: {meta.get('workers')} workers, {meta.get('engine')} engine, "
+        f"# Fleet load test: {meta.get('workers')} workers ({meta.get('replicas', meta.get('workers'))} replicas, "
+        f"batch max {meta.get('batch_max', 'default')}), {meta.get('engine')} engine, "
         f"weights {meta.get('weights')} on {meta.get('device')} ({gpu.get('name', 'no GPU')})",
         "",
         ("**RANDOM weights: the audio is not speech.** Full-size Kokoro-82M shapes, CUDA graphs and speech-like "
@@ -761,8 +767,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python-version", default="3.12", help="--make-bundle: the box's Python (default 3.12)")
     p.add_argument("--bundle", default=".fleet", help="the bundle folder (wheels/, debs/), default .fleet")
     p.add_argument("--out", help="where gpu_fleet.json, gpu_fleet.md and gpu_fleet.log go")
-    p.add_argument("--budget-s", type=float, default=300.0, help="the whole run's limit, install to stop (default 300)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="the whole run's limit, install to stop (default 540: under the device's 10-minute call)")
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--replicas", type=int, default=0,
+                   help="KOKORO_REPLICAS: workers holding a model replica (default 0: every worker)")
+    p.add_argument("--batch-max", type=int, default=0,
+                   help="KOKORO_BATCH_MAX: jobs a replica runs as one pass (default 0: the server's default)")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--engine", default="torch", choices=["torch", "sim"],
                    help="torch (default) or sim: the simulated engine (no model), for a quick check of the rest")
@@ -770,7 +781,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="", help="KOKORO_DTYPE (default: the server's auto, bf16 on CUDA)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--mps", default="auto", choices=["auto", "on", "off"], help="KOKORO_MPS (default auto)")
-    p.add_argument("--levels", default="1,8,64", help="closed-loop concurrency levels (default 1,8,64)")
+    p.add_argument("--levels", default="1,64,128,256", help="closed-loop concurrency levels (default 1,64,128,256)")
     p.add_argument("--duration", type=float, default=30.0,
                    help="seconds each level holds its load at most; less when the budget is short (default 30)")
     p.add_argument("--min-duration", type=float, default=5.0, help="a level shorter than this is skipped (default 5)")
@@ -801,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     result: dict[str, Any] = {
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "workers": args.workers,
+                 "replicas": args.replicas or args.workers, "batch_max": args.batch_max or "default",
                  "device": args.device, "engine": args.engine, "weights": args.weights, "dtype": args.dtype or "auto",
                  "cuda_graphs": args.cuda_graphs, "levels": levels, "texts": args.texts, "format": args.format,
                  "budget_s": args.budget_s, "python": platform.python_version(), "machine": platform.machine(),
