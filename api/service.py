@@ -59,8 +59,6 @@ class SpeechBackend(Protocol):
 async def build_service(settings: Settings, metrics: Metrics | None = None) -> SpeechBackend:
     """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
     from api.fleet.service import FleetSpeechService
-    from worker.engine import Engine
-    from worker.replica import BaselineReplica, Replica
     from worker.speech import resolve_device
     from worker.weights import load_weights
 
@@ -74,6 +72,11 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
                                     "one model); serve the baseline with KOKORO_ENGINE=torch")
             replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
             return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
+        # imported here, not above: the engine imports the model and transformers (seconds of a
+        # worker's start-up), which an HTTP front (KOKORO_REPLICAS) never uses
+        from worker.engine import Engine
+        from worker.replica import BaselineReplica, Replica
+
         weights = load_weights(settings)
         engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype, seed=settings.seed,
                         cuda_graphs=settings.cuda_graphs and not settings.baseline)
