@@ -18,8 +18,9 @@ SPEECH = {"model": "kokoro", "voice": "af_heart", "input": "Three fronts and one
 
 
 def test_workers_without_a_replica_serve_through_the_one_that_has_it(tmp_path):
+    # room for the 6 clients at once (one replica's derived bound is 4: a batch of KOKORO_BATCH_MAX)
     env = {"KOKORO_SIM_CHUNK_MS": "20", "KOKORO_SIM_PHONEME_MS": "0.2", "KOKORO_REPLICAS": "1",
-           "KOKORO_BATCH_MAX": "4"}
+           "KOKORO_BATCH_MAX": "4", "KOKORO_QUEUE_MAX_REQUESTS": "8"}
     with FleetProcess(3, env=env, log_dir=tmp_path, name="fronts", engine="sim") as fleet:
         def speak(_: int) -> tuple[int, str, int]:
             r = httpx.post(fleet.url + "/v1/audio/speech", json=SPEECH, timeout=60, trust_env=False,
