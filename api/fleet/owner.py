@@ -55,6 +55,10 @@ __all__ = [
 DEFAULT_RATE_PRIOR = 1.0
 RETRY_AFTER_MIN_MS = 100
 RETRY_AFTER_MAX_MS = 300_000
+# The longest a crowd is spread over: beyond it a refused client is told this (or the first place's
+# time, if later). Under an open-loop overload new arrivals, not returning clients, take the places
+# that free, so the crowd's line would otherwise grow for as long as the overload lasts.
+RETRY_CROWD_MAX_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -332,7 +336,7 @@ class AdmissionClient(TracksAvailability):
         scope = f"key:{key}" if reason in ("key", "key_work") and key else "fleet"
         try:
             wait_ms = await self._call("retry slot", self.scripts.retry, self.prefix, scope, first_ms,
-                                       math.ceil(spacing_ms), RETRY_AFTER_MAX_MS)
+                                       math.ceil(spacing_ms), max(first_ms, RETRY_CROWD_MAX_MS))
         except QueueUnavailable:  # the refusal stands; only the spreading is lost
             wait_ms = first_ms
         seconds, ms = retry_headers(wait_ms)

@@ -967,3 +967,24 @@ def test_the_request_bound_follows_the_measured_rate_and_the_first_audio_target(
     off = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_FIRST_AUDIO_TARGET_MS": "0"}), replicas=8,
                                         rate=375.0, seconds_per_phoneme=0.075)
     assert off.max_requests == 16
+
+
+def test_a_crowd_is_spread_over_at_most_thirty_seconds(redis_server):
+    """Under an open-loop overload new arrivals take the places that free, so the crowd's line would
+    grow as long as the overload lasts: past RETRY_CROWD_MAX_MS every refused client is told that."""
+    from api.fleet.owner import RETRY_CROWD_MAX_MS
+
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))
+        held = await client.admit(jobs(100))  # 7.5 s of work, at the prior 1 audio-s/s: 7.5 s a place
+        hints = []
+        for _ in range(6):
+            with pytest.raises(Refused) as refused:
+                await client.reserve()
+            hints.append(refused.value.retry_after_ms)
+        await client.release(held.request_id)
+        return hints
+
+    hints = asyncio.run(go())
+    assert hints[:4] == sorted(hints[:4]) and hints[0] >= 7_000 and hints[3] >= 3 * 7_500
+    assert hints[4] == hints[5] == RETRY_CROWD_MAX_MS
