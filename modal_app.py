@@ -62,9 +62,10 @@ import modal
 
 
 # CPU milliseconds the whole serving path costs per audio-second served, per response_format, from
-# `python -m loadtest.frontend` (how and where: loadtest/README.md). Counted per logical core while
-# Modal's `cpu=` counts physical cores, so a plan from these figures errs on the generous side.
-FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 6.02, "opus": 8.88, "aac": 5.08, "flac": 1.53, "wav": 0.74, "pcm": 0.78}
+# `python -m loadtest.frontend` (how and where: loadtest/README.md and loadtest/results/). Counted per
+# logical core while Modal's `cpu=` counts physical cores, so a plan from these figures errs on the
+# generous side.
+FRONTEND_CPU_MS_PER_AUDIO_S = {"mp3": 5.73, "opus": 8.50, "aac": 5.08, "flac": 1.53, "wav": 0.74, "pcm": 0.79}
 
 
 def frontend_cores(audio_seconds_per_second: float, response_format: str, utilization: float = 1.0) -> float:

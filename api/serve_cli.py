@@ -107,6 +107,44 @@ def resolve_workers(settings: Settings) -> int:
     return usable_cores()
 
 
+def resolve_replicas(settings: Settings, workers: int) -> int:
+    """KOKORO_REPLICAS (0: every worker), checked against the workers: never more, and fewer only
+    where the workers share one queue (a front-only worker's chunks run on the others' replicas)."""
+    replicas = settings.replicas or workers
+    if replicas > workers:
+        raise SystemExit(f"kokoro-fleet serve: KOKORO_REPLICAS={settings.replicas} is more than the {workers} "
+                         "worker(s): each replica lives in a worker; set KOKORO_WORKERS to at least as many")
+    if replicas < workers and (settings.baseline or workers == 1 or settings.dispatch != "shared"):
+        raise SystemExit(f"kokoro-fleet serve: KOKORO_REPLICAS={settings.replicas} below the {workers} worker(s) "
+                         "needs the shared queue (several workers, KOKORO_DISPATCH=shared, not --baseline): a "
+                         "worker without a replica runs its requests on the others'")
+    return replicas
+
+
+REPLICA_SLOTS_DIR = "replica-slots"  # under KOKORO_METRICS_DIR, which the workers of one server share
+_held_slots: list = []  # the open lock file of this worker's replica slot, held for the process's life
+
+
+def claim_replica_slot(directory: str | Path, slots: int) -> int | None:
+    """One of `slots` replica slots for this worker process (a lock file of `directory` held until
+    it exits, so a worker that dies gives its slot to the one Uvicorn starts in its place), or None
+    when all are held: this worker is then an HTTP front only."""
+    import fcntl
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for slot in range(slots):
+        f = open(directory / f"replica-{slot}.lock", "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _held_slots.append(f)
+        return slot
+    return None
+
+
 # --- memory on CPU ---------------------------------------------------------------------------------
 
 def replica_cpu_mib(settings: Settings) -> int:
@@ -392,6 +430,10 @@ def run(args: argparse.Namespace) -> int:
     if settings.baseline and (settings.workers > 1 or getattr(args, "workers", None)):
         log.warning("--baseline runs one process: ignoring --workers/KOKORO_WORKERS=%d", settings.workers)
     os.environ["KOKORO_WORKERS"] = str(workers)
+    replicas = resolve_replicas(settings, workers)
+    if replicas < workers:
+        log.info("%d of the %d workers hold a model replica; the others are HTTP fronts (KOKORO_REPLICAS)",
+                 replicas, workers)
     mps = Mps(settings.mps)
     redis: EmbeddedRedis | None = None
     metrics_dir = None
@@ -402,10 +444,12 @@ def run(args: argparse.Namespace) -> int:
         from api.metrics import share_with_workers
 
         share_with_workers(metrics_dir or settings.metrics_dir)
+    if settings.metrics_dir:  # a run starts from zero: a previous run's workers held no slot of this one's
+        shutil.rmtree(Path(settings.metrics_dir) / REPLICA_SLOTS_DIR, ignore_errors=True)
     try:
         if on_gpu:
             index = gpu_index(settings)
-            log.info(check_gpu_memory(workers, settings.replica_gpu_mib, free_gpu_mib(index), index))
+            log.info(check_gpu_memory(replicas, settings.replica_gpu_mib, free_gpu_mib(index), index))
             if workers > 1:
                 log.info(mps.ensure())
         if settings.baseline:

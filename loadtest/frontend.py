@@ -2,6 +2,7 @@
 until the CPU saturates, next to the encoder alone.
 
     python -m loadtest.frontend [--workers 2] [--concurrency 24] [--seconds 15] [--formats mp3,opus,aac,flac,wav,pcm]
+                                [--texts paragraphs] [--sim-chunk-ms A --sim-phoneme-ms B --batch-max K]
 
 Starts `kokoro-fleet serve --engine sim` with a zero cost model (KOKORO_SIM_CHUNK_MS=0,
 KOKORO_SIM_PHONEME_MS=0: every chunk is ready at once, so everything the CPU does is the front end:
@@ -13,7 +14,12 @@ before and after, and prints per format:
 * server CPU-seconds per audio-second served, and requests per second per core (requests per
   server CPU-second: what one fully used core would serve);
 * the encoder alone (api.encoders, the same audio in the same pieces, in this process, one thread),
-  CPU-seconds per audio-second, and the full path's ratio to it.
+  CPU-seconds per audio-second, and the full path's ratio to it;
+* cores per 1,000 audio-s/s: the cores a box's front end needs per 1,000 audio-seconds a second.
+
+`--texts` sends a sample set in turn instead of the one sentence, and `--sim-chunk-ms`,
+`--sim-phoneme-ms`, `--batch-max` give the simulated replicas a service time (a batched pass's cost),
+so the front end works at the rates and batch sizes a GPU box would see.
 
 `--lame-check speech.wav` instead compares LAME's quality levels on a recording (e.g. from
 `kokoro-fleet say ... -o speech.wav`): CPU per audio-second and the log-spectral distance of each
@@ -39,6 +45,7 @@ import numpy as np
 
 from api.encoders import FORMATS, make_encoder
 from loadtest.dispatch import FleetProcess, process_tree
+from loadtest.texts import load_texts
 from worker.audio import SAMPLE_RATE
 
 # One chunk of about 3 s of speech, the request the issue's goals are stated for: 3.02 s from the
@@ -95,16 +102,21 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, int, bool]:
         body += size
 
 
-async def _connection(port: int, request: bytes, stop_at: float, counts: dict) -> None:
+async def _connection(port: int, requests: list[bytes], first: int, stop_at: float, counts: dict) -> None:
+    """Sends `requests` in turn from the `first`; counts statuses, and 200s per request (`served`)."""
     reader = writer = None
+    turn = first
     while time.perf_counter() < stop_at:
         if writer is None:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
+        which = turn % len(requests)
+        turn += 1
+        writer.write(requests[which])
         status, size, close = await _read_response(reader)
         counts[status] = counts.get(status, 0) + 1
         if status == 200:
             counts["bytes"] = counts.get("bytes", 0) + size
+            counts.setdefault("served", [0] * len(requests))[which] += 1
         if close:
             writer.close()
             writer = None
@@ -112,26 +124,29 @@ async def _connection(port: int, request: bytes, stop_at: float, counts: dict) -
         writer.close()
 
 
-def _drive(port: int, fmt: str, concurrency: int, seconds: float, out) -> None:
-    """In a child process: `concurrency` connections for `seconds`; sends back the counts."""
-    body = json.dumps({"model": "kokoro", "voice": "af_heart", "input": TEXT, "response_format": fmt,
-                       "stream": True}).encode()
-    request = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+def _drive(port: int, fmt: str, texts: list[str], concurrency: int, seconds: float, out) -> None:
+    """In a child process: `concurrency` connections for `seconds`, each sending the texts in turn
+    (from a different one); sends back the counts."""
+    requests = []
+    for text in texts:
+        body = json.dumps({"model": "kokoro", "voice": "af_heart", "input": text, "response_format": fmt,
+                           "stream": True}).encode()
+        requests.append((f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
     counts: dict = {}
 
     async def main() -> None:
         stop_at = time.perf_counter() + seconds
-        await asyncio.gather(*(_connection(port, request, stop_at, counts) for _ in range(concurrency)))
+        await asyncio.gather(*(_connection(port, requests, i, stop_at, counts) for i in range(concurrency)))
 
     asyncio.run(main())
     out.send(counts)
 
 
-def drive(port: int, fmt: str, concurrency: int, seconds: float) -> dict:
+def drive(port: int, fmt: str, concurrency: int, seconds: float, texts: list[str] | None = None) -> dict:
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_drive, args=(port, fmt, concurrency, seconds, send))
+    child = ctx.Process(target=_drive, args=(port, fmt, texts or [TEXT], concurrency, seconds, send))
     child.start()
     counts = receive.recv()
     child.join()
@@ -207,12 +222,12 @@ def lame_check(path: str, levels=(None, 2, 5, 7, 9)) -> None:
         encoders._CODECS["mp3"] = default
 
 
-def request_audio(port: int) -> np.ndarray:
+def request_audio(port: int, text: str = TEXT) -> np.ndarray:
     """The request's audio as the server streams it (pcm), as float32."""
     import httpx
 
     r = httpx.post(f"http://127.0.0.1:{port}/v1/audio/speech", timeout=60,
-                   json={"model": "kokoro", "voice": "af_heart", "input": TEXT, "response_format": "pcm"})
+                   json={"model": "kokoro", "voice": "af_heart", "input": text, "response_format": "pcm"})
     r.raise_for_status()
     return np.frombuffer(r.content, dtype="<i2").astype(np.float32) / 32767.0
 
@@ -232,6 +247,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="load per format")
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--texts", default="",
+                        help="a loadtest text set (short, paragraphs, long or a file) sent in turn; default: one "
+                             "3-second sentence")
+    parser.add_argument("--sim-chunk-ms", type=float, default=0.0,
+                        help="the simulated engine's cost of one pass (KOKORO_SIM_CHUNK_MS; default 0: no service time)")
+    parser.add_argument("--sim-phoneme-ms", type=float, default=0.0,
+                        help="... and of each phoneme of every padded row (KOKORO_SIM_PHONEME_MS; default 0)")
+    parser.add_argument("--batch-max", type=int, default=1, help="KOKORO_BATCH_MAX of the fleet (default 1)")
     parser.add_argument("--lame-check", metavar="WAV", help="compare LAME's quality levels on this recording")
     args = parser.parse_args(argv)
     if args.lame_check:
@@ -240,27 +263,31 @@ def main(argv: list[str] | None = None) -> None:
         return
     formats = [f for f in args.formats.split(",") if f]
 
-    env = {"KOKORO_SIM_CHUNK_MS": "0", "KOKORO_SIM_PHONEME_MS": "0", "KOKORO_PLAYGROUND": "false",
+    env = {"KOKORO_SIM_CHUNK_MS": str(args.sim_chunk_ms), "KOKORO_SIM_PHONEME_MS": str(args.sim_phoneme_ms),
+           "KOKORO_BATCH_MAX": str(args.batch_max), "KOKORO_PLAYGROUND": "false",
            "KOKORO_MAX_REQUESTS": "1024", "KOKORO_QUEUE_MAX_REQUESTS": "4096",
            "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "100000"}
+    texts = load_texts(args.texts) if args.texts else [TEXT]
     fleet = FleetProcess(args.workers, engine="sim", env=env, log_dir=args.log_dir, name="frontend-bench")
     fleet.start(ready_timeout=300)
     rows = []
     try:
-        audio = request_audio(fleet.port)
-        audio_s = len(audio) / SAMPLE_RATE
-        # The server encodes a request piece by piece, one piece per chunk (one here).
+        # Each text's audio (the simulated engine's lengths are deterministic); the encoder alone
+        # is timed on the first, one piece (the server encodes piece by piece, one per chunk).
+        audios = [request_audio(fleet.port, text) for text in texts]
+        text_seconds = [len(a) / SAMPLE_RATE for a in audios]
+        audio = audios[0]
         pieces = [audio]
         for fmt in formats:
-            drive(fleet.port, fmt, min(4, args.concurrency), 1.0)  # warm: connections, codecs, caches
+            drive(fleet.port, fmt, min(4, args.concurrency), 1.0, texts)  # warm: connections, codecs, caches
             before = cpu_seconds(fleet.proc.pid)
             started = time.perf_counter()
-            counts = drive(fleet.port, fmt, args.concurrency, args.seconds)
+            counts = drive(fleet.port, fmt, args.concurrency, args.seconds, texts)
             wall = time.perf_counter() - started
             after = cpu_seconds(fleet.proc.pid)
             cpu, redis_cpu = after["all"] - before["all"], after["redis"] - before["redis"]
             served = counts.get(200, 0)
-            served_audio = served * audio_s
+            served_audio = sum(n * s for n, s in zip(counts.get("served", []), text_seconds))
             alone = encoder_cost(fmt, pieces)
             full = cpu / served_audio if served_audio else float("nan")
             rows.append({"format": fmt, "requests": served, "refused": counts.get(503, 0),
@@ -269,21 +296,33 @@ def main(argv: list[str] | None = None) -> None:
                          "alone": alone, "rps_per_core": served / cpu if cpu else float("nan"),
                          "audio_per_core": served_audio / cpu if cpu else float("nan")})
             r = rows[-1]
-            print(f"{fmt}: {served} requests ({r['refused']} refused, {r['other']} other) in {wall:.1f} s, "
+            print(f"{fmt}: {served} requests, {served_audio:.0f} audio-s ({r['refused']} refused, {r['other']} other) "
+                  f"in {wall:.1f} s, "
                   f"server CPU {cpu:.1f} s, {100 * r['redis_share']:.0f}% of it redis-server "
                   f"(load average {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         fleet.stop()
 
-    print(f"\n{cpu_model()}, {os.cpu_count()} cores; sim fleet of {args.workers} workers, service time 0; "
-          f"{len(audio) / SAMPLE_RATE:.2f} s requests ({TEXT!r}, one chunk), {args.concurrency} keep-alive streams; "
+    service = (f"service time {args.sim_chunk_ms:g} ms + {args.sim_phoneme_ms:g} ms x phonemes x rows a pass, "
+               f"batch max {args.batch_max}" if args.sim_chunk_ms or args.sim_phoneme_ms else "service time 0")
+    requests = (f"{len(audio) / SAMPLE_RATE:.2f} s requests ({TEXT!r}, one chunk)" if not args.texts else
+                f"the {len(texts)} texts of {args.texts!r} in turn ({sum(text_seconds) / len(texts):.1f} s of audio "
+                f"each on average)")
+    print(f"\n{cpu_model()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}; sim fleet of {args.workers} "
+          f"workers, {service}; {requests}, {args.concurrency} keep-alive streams; "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
-    print("| format | full path CPU-s per audio-s | encoder alone | full / encoder | requests/s per core | "
-          "audio-s/s per core |")
-    print("|---|---|---|---|---|---|")
+    print("| format | full path CPU-s per audio-s | cores per 1,000 audio-s/s | encoder alone | full / encoder | "
+          "requests/s per core | audio-s/s per core | redis-server's share |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['format']} | {r['full'] * 1000:.2f} ms | {r['alone'] * 1000:.2f} ms | "
-              f"{r['full'] / r['alone']:.2f}x | {r['rps_per_core']:.0f} | {r['audio_per_core']:.0f} |")
+        print(f"| {r['format']} | {r['full'] * 1000:.2f} ms | {cores_per_thousand(r['full']):.1f} | "
+              f"{r['alone'] * 1000:.2f} ms | {r['full'] / r['alone']:.2f}x | {r['rps_per_core']:.0f} | "
+              f"{r['audio_per_core']:.0f} | {100 * r['redis_share']:.0f}% |")
+
+
+def cores_per_thousand(cpu_s_per_audio_s: float) -> float:
+    """Cores busy serving 1,000 audio-seconds a second at this CPU cost per audio-second."""
+    return 1000 * cpu_s_per_audio_s
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The whole fleet on a GPU box without network: `kokoro-fleet serve --workers 8` on full-size RANDOM
 weights (KOKORO_WEIGHTS=random-full), under closed-loop load at a few concurrency levels.
 
-    python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR --budget-s 300
+    python3 -m loadtest.gpu_fleet --bundle .fleet --out DIR [--budget-s 540] [--levels 1,64,128,256]
+                                  [--replicas N] [--batch-max K]
 
 The box has torch (CUDA), transformers, numpy, httpx and a few more, but neither this project's other
 packages nor redis-server nor espeak-ng, and no network. So they travel in a bundle folder that
@@ -374,6 +375,10 @@ class Fleet:
             self.env["KOKORO_DTYPE"] = args.dtype
         if not args.cuda_graphs:
             self.env["KOKORO_CUDA_GRAPHS"] = "false"
+        if args.replicas:
+            self.env["KOKORO_REPLICAS"] = str(args.replicas)
+        if args.batch_max:
+            self.env["KOKORO_BATCH_MAX"] = str(args.batch_max)
         self.env.pop("REDIS_URL", None)
         self.cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                     "--workers", str(args.workers), "--device", args.device, "--engine", args.engine,
@@ -427,14 +432,16 @@ class Fleet:
                         "timed_out": True}
             time.sleep(0.5)
 
+    def redis_port(self) -> int | None:
+        """The embedded redis-server's port, from serve's log."""
+        m = re.search(r"embedded redis-server at redis://127\.0\.0\.1:(\d+)", self.text())
+        return int(m.group(1)) if m else None
+
     def stop(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.proc is None:
             return out
-        redis_port = None
-        m = re.search(r"embedded redis-server at redis://127\.0\.0\.1:(\d+)", self.text())
-        if m:
-            redis_port = m.group(1)
+        redis_port = self.redis_port()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -573,6 +580,60 @@ def mps_state(serve_log: str) -> dict[str, Any]:
     return state
 
 
+# --- Redis: its CPU and bytes over a level ----------------------------------------------------------------
+
+REDIS_FIGURES = ("used_cpu_sys", "used_cpu_user", "total_net_input_bytes", "total_net_output_bytes")
+
+
+def redis_info(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> dict[str, float]:
+    """REDIS_FIGURES from `INFO` of the fleet's Redis (RESP by hand: nothing but the standard library
+    is imported here); {} when it does not answer."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"*1\r\n$4\r\nINFO\r\n")
+            data = b""
+            while b"\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return {}
+                data += chunk
+            header, _, body = data.partition(b"\r\n")
+            if not header.startswith(b"$"):
+                return {}
+            size = int(header[1:])
+            while len(body) < size:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+    except (OSError, ValueError):
+        return {}
+    return parse_redis_info(body[:size].decode(errors="replace"))
+
+
+def parse_redis_info(text: str) -> dict[str, float]:
+    figures = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in REDIS_FIGURES:
+            try:
+                figures[name] = float(value)
+            except ValueError:
+                pass
+    return figures
+
+
+def redis_load(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float] | None:
+    """Redis's share of one core (sys + user CPU seconds per wall second) and its bytes per second in
+    and out between two INFO readings; None without both."""
+    if wall_s <= 0 or any(k not in before or k not in after for k in REDIS_FIGURES):
+        return None
+    cpu_s = (after["used_cpu_sys"] - before["used_cpu_sys"]) + (after["used_cpu_user"] - before["used_cpu_user"])
+    return {"cpu_core_fraction": round(cpu_s / wall_s, 3),
+            "net_in_bytes_per_s": round((after["total_net_input_bytes"] - before["total_net_input_bytes"]) / wall_s),
+            "net_out_bytes_per_s": round((after["total_net_output_bytes"] - before["total_net_output_bytes"]) / wall_s)}
+
+
 # --- one level of load ------------------------------------------------------------------------------------
 
 STEP_FIELDS = ("ok", "rejected_503", "errors", "attempted", "requests_per_s", "audio_s_per_wall_s",
@@ -587,6 +648,8 @@ def run_level(args: argparse.Namespace, fleet: Fleet, env: dict[str, str], concu
            "--warmup", str(args.warmup), "--wait", "30", "--quiet", "--timeout", "120",
            "--read-timeout", "60", "--out", str(out)]
     level: dict[str, Any] = {"concurrency": concurrency, "duration_s": round(duration, 1)}
+    redis_port = fleet.redis_port()
+    redis_before = redis_info(redis_port) if redis_port else {}
     started = time.monotonic()
     with GpuSampler() as gpu:
         try:
@@ -598,8 +661,11 @@ def run_level(args: argparse.Namespace, fleet: Fleet, env: dict[str, str], concu
             level["returncode"] = None
             level["error"] = f"the load generator ran past {timeout:.0f} s and was stopped"
             log.block(f"loadtest c={concurrency} (stopped)", str(e.stdout or "")[-2000:])
-    level["wall_s"] = round(time.monotonic() - started, 1)
+    wall_s = time.monotonic() - started
+    level["wall_s"] = round(wall_s, 1)
     level["gpu"] = gpu.summary()
+    # over the generator's whole run (warm-up and the tail included): an upper bound of the level's share
+    level["redis"] = redis_load(redis_before, redis_info(redis_port) if redis_port else {}, wall_s)
     summary_path = out / "summary.json"
     if summary_path.is_file():
         step = json.loads(summary_path.read_text())["steps"][0]
@@ -608,6 +674,7 @@ def run_level(args: argparse.Namespace, fleet: Fleet, env: dict[str, str], concu
         for key in ("ttfa_s", "e2e_s", "rtf", "underrun_s", "headers_s", "retry_after_s"):
             level[key] = {p: step.get(key, {}).get(p) for p in ("p50", "p95", "p99", "mean", "max", "n")}
         level["error_examples"] = step.get("error_examples")
+        level["refused_per_s"] = round((level["rejected_503"] or 0) / duration, 1)
     elif "error" not in level:
         level["error"] = f"no summary.json (exit {level.get('returncode')})"
     return level
@@ -623,7 +690,8 @@ def markdown(result: dict[str, Any]) -> str:
     meta = result.get("meta", {})
     gpu = meta.get("gpu") or {}
     lines = [
-        f"# Fleet load test: {meta.get('workers')} workers, {meta.get('engine')} engine, "
+        f"# Fleet load test: {meta.get('workers')} workers ({meta.get('replicas', meta.get('workers'))} replicas, "
+        f"batch max {meta.get('batch_max', 'default')}), {meta.get('engine')} engine, "
         f"weights {meta.get('weights')} on {meta.get('device')} ({gpu.get('name', 'no GPU')})",
         "",
         ("**RANDOM weights: the audio is not speech.** Full-size Kokoro-82M shapes, CUDA graphs and speech-like "
@@ -638,12 +706,13 @@ def markdown(result: dict[str, Any]) -> str:
         _mps_sentence(result.get("mps")),
         "",
         "| c | ok | 503 | err | req/s | audio-s/s | TTFA p50 | p95 | p99 | E2E p50 | p95 | p99 | RTF p50 | "
-        "in flight | GPU util mean/max % | GPU mem max MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "in flight | GPU util mean/max % | GPU mem max MiB | 503/s | Retry-After p50/p95 ms | Redis CPU % of a core | "
+        "Redis in/out MB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in result.get("levels", []):
         if "ttfa_s" not in lv:
-            lines.append(f"| {lv['concurrency']} | {lv.get('error', 'no result')} |" + " |" * 14)
+            lines.append(f"| {lv['concurrency']} | {lv.get('error', 'no result')} |" + " |" * 18)
             continue
         g = lv.get("gpu") or {}
         rtf = lv["rtf"]["p50"]
@@ -652,12 +721,25 @@ def markdown(result: dict[str, Any]) -> str:
             f"{lv['audio_s_per_wall_s']:.1f} | {_ms(lv['ttfa_s']['p50'])} | {_ms(lv['ttfa_s']['p95'])} | "
             f"{_ms(lv['ttfa_s']['p99'])} | {_ms(lv['e2e_s']['p50'])} | {_ms(lv['e2e_s']['p95'])} | "
             f"{_ms(lv['e2e_s']['p99'])} | {'-' if rtf is None else f'{rtf:.3f}'} | {lv['mean_in_flight']:.1f} | "
-            f"{g.get('util_pct_mean', '-')}/{g.get('util_pct_max', '-')} | {g.get('mem_used_mib_max', '-')} |")
+            f"{g.get('util_pct_mean', '-')}/{g.get('util_pct_max', '-')} | {g.get('mem_used_mib_max', '-')} | "
+            f"{_refusals_and_redis(lv)} |")
     for note in result.get("notes", []):
         lines.append(f"\n- {note}")
     if result.get("error"):
         lines.append(f"\n**Stopped early:** {result['error'].splitlines()[0]}")
     return "\n".join(lines) + "\n"
+
+
+def _refusals_and_redis(lv: dict[str, Any]) -> str:
+    """The 503/s, Retry-After and Redis cells of a level's row."""
+    retry = lv.get("retry_after_s") or {}
+    redis = lv.get("redis") or {}
+    cpu = redis.get("cpu_core_fraction")
+    net = (f"{redis['net_in_bytes_per_s'] / 1e6:.1f}/{redis['net_out_bytes_per_s'] / 1e6:.1f}"
+           if "net_in_bytes_per_s" in redis else "-")
+    return " | ".join((f"{lv['refused_per_s']:.1f}" if lv.get("refused_per_s") is not None else "-",
+                       f"{_ms(retry.get('p50'))}/{_ms(retry.get('p95'))}",
+                       "-" if cpu is None else f"{100 * cpu:.0f}", net))
 
 
 def _mps_sentence(mps: dict[str, Any] | None) -> str:
@@ -685,8 +767,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python-version", default="3.12", help="--make-bundle: the box's Python (default 3.12)")
     p.add_argument("--bundle", default=".fleet", help="the bundle folder (wheels/, debs/), default .fleet")
     p.add_argument("--out", help="where gpu_fleet.json, gpu_fleet.md and gpu_fleet.log go")
-    p.add_argument("--budget-s", type=float, default=300.0, help="the whole run's limit, install to stop (default 300)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="the whole run's limit, install to stop (default 540: under the device's 10-minute call)")
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--replicas", type=int, default=0,
+                   help="KOKORO_REPLICAS: workers holding a model replica (default 0: every worker)")
+    p.add_argument("--batch-max", type=int, default=0,
+                   help="KOKORO_BATCH_MAX: jobs a replica runs as one pass (default 0: the server's default)")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--engine", default="torch", choices=["torch", "sim"],
                    help="torch (default) or sim: the simulated engine (no model), for a quick check of the rest")
@@ -694,7 +781,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="", help="KOKORO_DTYPE (default: the server's auto, bf16 on CUDA)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--mps", default="auto", choices=["auto", "on", "off"], help="KOKORO_MPS (default auto)")
-    p.add_argument("--levels", default="1,8,64", help="closed-loop concurrency levels (default 1,8,64)")
+    p.add_argument("--levels", default="1,64,128,256", help="closed-loop concurrency levels (default 1,64,128,256)")
     p.add_argument("--duration", type=float, default=30.0,
                    help="seconds each level holds its load at most; less when the budget is short (default 30)")
     p.add_argument("--min-duration", type=float, default=5.0, help="a level shorter than this is skipped (default 5)")
@@ -725,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     result: dict[str, Any] = {
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "workers": args.workers,
+                 "replicas": args.replicas or args.workers, "batch_max": args.batch_max or "default",
                  "device": args.device, "engine": args.engine, "weights": args.weights, "dtype": args.dtype or "auto",
                  "cuda_graphs": args.cuda_graphs, "levels": levels, "texts": args.texts, "format": args.format,
                  "budget_s": args.budget_s, "python": platform.python_version(), "machine": platform.machine(),
@@ -784,7 +872,8 @@ def main(argv: list[str] | None = None) -> int:
             level = run_level(args, fleet, env, c, duration, max(10.0, left - 2), scratch, log)
             result["levels"].append(level)
             if "ttfa_s" in level:
-                log(f"c={c}: ok {level['ok']}, 503 {level['rejected_503']}, errors {level['errors']}, "
+                log(f"c={c}: ok {level['ok']}, 503 {level['rejected_503']} ({level['refused_per_s']}/s), "
+                    f"errors {level['errors']}, redis {level.get('redis')}, "
                     f"{level['audio_s_per_wall_s']:.1f} audio-s/s, {level['requests_per_s']:.2f} req/s, TTFA p50/p95/p99 "
                     f"{_ms(level['ttfa_s']['p50'])}/{_ms(level['ttfa_s']['p95'])}/{_ms(level['ttfa_s']['p99'])} ms, "
                     f"gpu {level.get('gpu')}")

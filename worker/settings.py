@@ -115,6 +115,13 @@ class Settings:
     workers: int = setting("KOKORO_WORKERS", 0, "Uvicorn workers, one model replica each (0: 8 on a GPU or with KOKORO_ENGINE=sim; on CPU one per "
         "usable core, a container's CPU quota included, and no more than the available memory holds: "
         "KOKORO_REPLICA_CPU_MIB).")
+    replicas: int = setting(
+        "KOKORO_REPLICAS", 0,
+        "Model replicas among the Uvicorn workers (0: one in every worker). Fewer than KOKORO_WORKERS: every "
+        "worker stays an HTTP front (text, admission, encoding) and only this many also hold a replica, each "
+        "running batches (KOKORO_BATCH_MAX) for the whole fleet through the shared queue; `serve` refuses more "
+        "than the workers, and fewer without a shared queue (one worker, `--baseline` or `local` dispatch).",
+        minimum=0)
     limit_concurrency: int = setting("KOKORO_LIMIT_CONCURRENCY", 0, "Uvicorn's per-process connection backstop; it counts idle keep-alive connections too and answers beyond it with a bare 503 (no Retry-After) that closes the connection (0: 512, or twice KOKORO_MAX_REQUESTS plus 16 if more).")
     api_keys: str = setting(
         "KOKORO_API_KEYS", "",
@@ -228,7 +235,8 @@ class Settings:
     queue_max_requests: int = setting(
         "KOKORO_QUEUE_MAX_REQUESTS", 0,
         "Requests admitted at once across the whole fleet (shared queue); beyond it 503 with Retry-After "
-        "(0: two per replica).")
+        "(0: two per replica, a batch per replica (KOKORO_BATCH_MAX) or what KOKORO_FIRST_AUDIO_TARGET_MS "
+        "allows at the measured service rate, whichever is most).")
     queue_max_audio_seconds: float = setting(
         "KOKORO_QUEUE_MAX_AUDIO_SECONDS", 0.0,
         "Estimated audio seconds of chunk jobs waiting for a replica in the shared queue beyond what the "
@@ -236,6 +244,12 @@ class Settings:
         "in full; a long text's later chunks, due only as its listener reaches them, count only past the "
         "replicas' measured output by then (queue/PROTOCOL.md), so one long request does not refuse the "
         "short ones behind it.")
+    first_audio_target_ms: float = setting(
+        "KOKORO_FIRST_AUDIO_TARGET_MS", 250.0,
+        "The first audio the fleet aims to give every admitted request within, ms: with 0 for "
+        "KOKORO_QUEUE_MAX_REQUESTS, the fleet admits as many requests at once as its replicas make first "
+        "chunks (KOKORO_FIRST_CHUNK_PHONEMES) in this time at their measured service rate, when that is more "
+        "than two per replica or a full batch for each (0: the replica count alone).", minimum=0)
     lease_seconds: float = setting(
         "KOKORO_LEASE_SECONDS", 10.0,
         "A replica's lease on a chunk job, renewed by heartbeats; a replica silent this long loses the job, "

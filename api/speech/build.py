@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from api.metrics import Metrics
 from api.speech.contract import SpeechBackend
@@ -39,6 +40,20 @@ def build_local_service(settings: Settings) -> SpeechService:
     return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
 
 
+def build_front_service(settings: Settings) -> SpeechService:
+    """A worker without a replica (KOKORO_REPLICAS): the voices and the text frontend, no engine."""
+    from api.speech.lease_loop import NoReplica
+
+    if settings.engine == "sim":
+        from worker.sim_engine import sim_voices
+        from worker.weights import VOICE_NAMES
+
+        return SpeechService(NoReplica(), VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
+    from worker.weights import load_weights
+
+    return SpeechService(NoReplica(), VoiceBank(load_weights(settings).voices, settings.voices_dir), settings)
+
+
 async def build_service(settings: Settings, metrics: Metrics | None = None) -> SpeechBackend:
     """The speech service this worker serves with, built and warmed up: baseline, fleet or local."""
     from api.speech.fleet import FleetSpeechService
@@ -46,15 +61,30 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
     # Each stage's time in the log: a fleet's start-up is minutes on a GPU box, and where they go
     # (weights and engine, graph capture, the text readers) decides what to make faster.
     started = time.perf_counter()
-    local = await asyncio.to_thread(build_local_service, settings)
+    build = build_local_service if _holds_replica(settings) else build_front_service
+    local = await asyncio.to_thread(build, settings)
     built = time.perf_counter()
     await local.warmup()  # the replica (CUDA graphs on a GPU), and the text frontend's lexicons
     log.info("start-up: weights and engine %.1f s, warm-up %.1f s (replica and text readers)",
              built - started, time.perf_counter() - built)
     if settings.baseline or not settings.queue_url:
         return local
-    fleet = FleetSpeechService(local, settings.queue_url, settings, replicas=max(1, settings.workers),
-                               dispatch=settings.dispatch)
+    fleet = FleetSpeechService(local, settings.queue_url, settings,
+                               replicas=max(1, settings.replicas or settings.workers), dispatch=settings.dispatch)
     if metrics is not None:
         fleet.register_metrics(metrics)
     return await fleet.start()
+
+
+def _holds_replica(settings: Settings) -> bool:
+    """Whether this worker builds a replica: every worker does unless KOKORO_REPLICAS is below the
+    workers; then the first that many to start (a slot each, api.serve_cli.claim_replica_slot)."""
+    if not settings.replicas or settings.replicas >= settings.workers or not settings.queue_url:
+        return True
+    if not settings.metrics_dir:  # only `serve` runs several workers, and it always gives them one
+        return True
+    from api.serve_cli import REPLICA_SLOTS_DIR, claim_replica_slot
+
+    slot = claim_replica_slot(Path(settings.metrics_dir) / REPLICA_SLOTS_DIR, settings.replicas)
+    log.info("replica slot %s of %d", "none: an HTTP front only" if slot is None else slot, settings.replicas)
+    return slot is not None

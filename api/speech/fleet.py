@@ -42,7 +42,7 @@ from prometheus_client import Histogram
 from api.metrics import Metrics
 from api.speech.contract import (AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest,
                                  chunk_piece)
-from api.speech.lease_loop import Dispatcher, ReplicaJobRunner
+from api.speech.lease_loop import Dispatcher, NoReplica, ReplicaJobRunner
 from api.speech.local import SpeechService
 from api.speech.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
                               RequestLost, Ticket)
@@ -125,6 +125,7 @@ class FleetSpeechService:
         self.redis_url = redis_url
         self.replicas = replicas if dispatch == "shared" else 1
         self.bounds = AdmissionBounds.from_settings(settings, self.replicas)
+        self._bounds_replicas = self.replicas  # the replica count the bounds were last derived from
         self.chunk_timeout_s = settings.chunk_timeout_seconds or None
         self.wait_histogram = Histogram("kokoro_fleet_first_chunk_wait_seconds", "Wait of requests' first chunks "
                                         "in the queue before this replica leased them.", buckets=WAIT_BUCKETS,
@@ -143,7 +144,8 @@ class FleetSpeechService:
                                      # the TTL, or a reaper would drop its row (and its counters)
                                      idle_wait_s=min(1.0, owner_ttl_s / 3),
                                      local_results=local_results, local_delivered=local_delivered,
-                                     own_slack_ms=settings.own_job_slack_ms, engine=self.replica.engine.label)
+                                     own_slack_ms=settings.own_job_slack_ms, engine=self.replica.engine.label,
+                                     leases=not isinstance(self.replica, NoReplica))
         self._stats_client = connect(redis_url)
         self.counters = FleetCounters()
         self.snapshot = FleetSnapshot()
@@ -315,6 +317,9 @@ class FleetSpeechService:
                 self._unclaimed[ticket.request_id] = fleet_plan
                 return fleet_plan
         self._note_degraded()
+        if isinstance(self.replica, NoReplica):  # an HTTP front only: nothing to serve it on here
+            raise Overloaded(1.0, "The server cannot reach its queue and this worker holds no replica; "
+                                 "retry in about 1 s.")
         self.counters.served_locally += 1
         return FleetPlan.admitted(plan, None)
 
@@ -470,10 +475,18 @@ class FleetSpeechService:
         fix a bound still win."""
         if self.dispatch != "shared":
             return
-        bounds = AdmissionBounds.from_settings(self.settings, max(self.replicas, live_replicas))
+        replicas = max(self.replicas, live_replicas)
+        stats = self.snapshot.stats
+        rate = stats.rate if stats else None
+        learnt_ms = stats.fields.get("ms_per_phoneme") if stats else None  # audio per phoneme, measured
+        bounds = AdmissionBounds.from_settings(self.settings, replicas, rate,
+                                               learnt_ms / 1000 if learnt_ms else SECONDS_PER_PHONEME)
         if bounds != self.admission.bounds:
-            log.info("fleet worker %s: %d live replicas on the queue: admission bounds %s", self.name,
-                     max(self.replicas, live_replicas), bounds)
+            # the measured rate moves a little with every refresh: only a new replica count is news
+            level = logging.INFO if replicas != self._bounds_replicas else logging.DEBUG
+            log.log(level, "fleet worker %s: %d live replicas on the queue at %s audio-s/s each: admission "
+                    "bounds %s", self.name, replicas, f"{rate:.1f}" if rate else "an unmeasured rate", bounds)
+            self._bounds_replicas = replicas
             self.bounds = self.admission.bounds = bounds
 
     # --- /metrics -------------------------------------------------------------------------------

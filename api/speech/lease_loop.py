@@ -98,7 +98,7 @@ class Dispatcher(TracksAvailability):
                  max_request_age_s: float = 3600.0, idle_wait_s: float = 1.0, ewma_alpha: float = 0.2,
                  retry_backoff_s: float = 0.5, batch_max: int = 1, run_batch: RunBatch | None = None,
                  batch_window_ms: int = BATCH_WINDOW_MS, batch_size_ratio: float = BATCH_SIZE_RATIO,
-                 engine: str = ""):
+                 engine: str = "", leases: bool = True):
         if batch_max < 1:
             raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self.client = client
@@ -106,6 +106,9 @@ class Dispatcher(TracksAvailability):
         self.engine = engine  # shown in the replica table ("torch cuda bf16", "sim"); "" writes none
         self.run_job = run_job
         self.run_batch = run_batch
+        # False in a worker that holds no replica (KOKORO_REPLICAS below the workers): its loop
+        # only reaps, it is never claimed, and it never joins the replica table.
+        self.leases = leases
         self.batch_max = int(batch_max)
         self.batch_window_ms = int(batch_window_ms)
         self.batch_size_ratio = float(batch_size_ratio)
@@ -195,7 +198,7 @@ class Dispatcher(TracksAvailability):
         """Take the replica for this process's owner side if it is waiting for work: the owner's
         next admission then leases for it (`lease_arguments()` to admit.lua) and `run_claimed`
         runs what that leased. False when the replica is busy (or already claimed, or stopping)."""
-        if not self._idle or not self._unclaimed.is_set() or self._stopping.is_set():
+        if not self.leases or not self._idle or not self._unclaimed.is_set() or self._stopping.is_set():
             return False
         self._unclaimed.clear()
         return True
@@ -249,9 +252,12 @@ class Dispatcher(TracksAvailability):
     async def run(self) -> None:
         """Serve jobs until `stop()`; runs the reaper tick beside it."""
         reaper = asyncio.create_task(self._reap_forever(), name=f"reaper-{self.replica_id}")
-        with contextlib.suppress(QueueUnavailable):
-            await self._announce_engine()
+        if self.leases:
+            with contextlib.suppress(QueueUnavailable):
+                await self._announce_engine()
         try:
+            while not self.leases and not self._stopping.is_set():
+                await self._stopping.wait()
             while not self._stopping.is_set():
                 try:
                     if not self._unclaimed.is_set():  # the owner side is running jobs on the replica
@@ -427,6 +433,27 @@ class Dispatcher(TracksAvailability):
     async def _sleep_or_stop(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+class NoReplica:
+    """The replica of a worker that is an HTTP front only (KOKORO_REPLICAS below the workers): text,
+    admission and encoding here, every chunk on the replicas of other workers through the queue."""
+
+    simulated = False
+    busy = False
+    jobs_done = 0
+    busy_seconds = 0.0
+    audio_seconds = 0.0
+    engine = type("NoEngine", (), {"label": "none"})()
+
+    async def warmup(self) -> None:
+        """Nothing to warm: the text readers are the speech service's."""
+
+    async def synthesize(self, *args, **kwargs):
+        raise RuntimeError("this worker holds no replica (KOKORO_REPLICAS): its chunks run on other workers' "
+                           "replicas through the queue, which is unreachable")
+
+    synthesize_batch = synthesize
 
 
 class ReplicaJobRunner:

@@ -45,8 +45,9 @@ from api.speech.redis_link import (
 )
 
 __all__ = [
-    "AdmissionBounds", "AdmissionClient", "ChunkJob", "ChunkResult", "QueueUnavailable", "Refused",
-    "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "retry_after",
+    "AdmissionBounds", "AdmissionClient", "ChunkJob", "first_audio_places", "ChunkResult", "QueueUnavailable", "Refused",
+    "RequestFailed", "RequestLost", "ResultTimeout", "Ticket", "place_spacing_ms", "retry_after",
+    "retry_headers",
 ]
 
 # Audio seconds per busy second of one replica, assumed until a completion has measured it.
@@ -54,6 +55,10 @@ __all__ = [
 DEFAULT_RATE_PRIOR = 1.0
 RETRY_AFTER_MIN_MS = 100
 RETRY_AFTER_MAX_MS = 300_000
+# The longest a crowd is spread over: beyond it a refused client is told this (or the first place's
+# time, if later). Under an open-loop overload new arrivals, not returning clients, take the places
+# that free, so the crowd's line would otherwise grow for as long as the overload lasts.
+RETRY_CROWD_MAX_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -76,22 +81,38 @@ class AdmissionBounds:
 
     @classmethod
     def for_replicas(cls, replicas: int, max_requests: int = 0, max_queued_seconds: float = 0.0,
-                     key_max_share: float = 1.0) -> "AdmissionBounds":
-        """Defaults derived from the replica count: two requests per replica (one running, one
-        waiting), and 20 s of queued audio per replica; explicit non-zero values win. One key may
-        hold `key_max_share` of the request bound and of the work bound."""
+                     key_max_share: float = 1.0, *, batch_max: int = 1,
+                     first_audio_places: int = 0) -> "AdmissionBounds":
+        """Defaults derived from the replicas: two requests per replica (one running, one waiting),
+        enough to fill every replica's batch (`batch_max`), and as many as the fleet can start within
+        its first-audio target (`first_audio_places`, from `first_audio_places()`), whichever is most;
+        20 s of queued audio per replica; explicit non-zero values win. One key may hold
+        `key_max_share` of the request bound and of the work bound."""
         replicas = max(1, replicas)
-        max_requests = max_requests or 2 * replicas
+        max_requests = max_requests or max(2 * replicas, replicas * max(1, batch_max), first_audio_places)
         max_queued_seconds = max_queued_seconds or 20.0 * replicas
         key_work = key_max_share * max_queued_seconds if 0 < key_max_share < 1 else 0.0
         return cls(max_requests, max_queued_seconds, key_bound(key_max_share, max_requests), key_work)
 
     @classmethod
-    def from_settings(cls, settings, replicas: int) -> "AdmissionBounds":
-        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults;
-        KOKORO_KEY_MAX_SHARE of both bounds for one key."""
+    def from_settings(cls, settings, replicas: int, rate: float | None = None,
+                      seconds_per_phoneme: float = 0.0) -> "AdmissionBounds":
+        """KOKORO_QUEUE_MAX_REQUESTS / KOKORO_QUEUE_MAX_AUDIO_SECONDS, or the derived defaults (with
+        the measured `rate` and a first chunk of KOKORO_FIRST_CHUNK_PHONEMES at `seconds_per_phoneme`,
+        what KOKORO_FIRST_AUDIO_TARGET_MS allows); KOKORO_KEY_MAX_SHARE of both bounds for one key."""
+        places = first_audio_places(replicas, rate, settings.first_audio_target_ms / 1000,
+                                    settings.first_chunk_phonemes * seconds_per_phoneme)
         return cls.for_replicas(replicas, settings.queue_max_requests, settings.queue_max_audio_seconds,
-                                settings.key_max_share)
+                                settings.key_max_share, batch_max=settings.batch_max, first_audio_places=places)
+
+
+def first_audio_places(replicas: int, rate: float | None, target_s: float, first_chunk_audio_s: float) -> int:
+    """How many requests arriving together all hear their first audio within `target_s`: the first
+    chunks (`first_chunk_audio_s` each) that `replicas` make in that time at `rate` audio seconds per
+    busy second each (their measured service rate, batches included). 0 when any is unknown."""
+    if not (rate and rate > 0 and target_s > 0 and first_chunk_audio_s > 0):
+        return 0
+    return math.floor(max(1, replicas) * rate * target_s / first_chunk_audio_s)
 
 
 @dataclass(frozen=True)
@@ -161,10 +182,34 @@ def retry_after(work_s: float, replicas: int, rate: float | None) -> tuple[int, 
     """(Retry-After seconds, retry-after-ms) for `work_s` audio seconds that must drain first, at
     `rate` audio seconds per second on each of `replicas` replicas. Seconds are an integer >= 1
     (the header's grammar); milliseconds are the finer figure the OpenAI client prefers."""
-    capacity = max(1, replicas) * (rate if rate and rate > 0 else DEFAULT_RATE_PRIOR)
-    ms = 1000.0 * max(0.0, work_s) / capacity
-    ms = int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(ms))))
+    return retry_headers(1000.0 * max(0.0, work_s) / _capacity(replicas, rate))
+
+
+def retry_headers(wait_ms: float) -> tuple[int, int]:
+    """(Retry-After seconds, retry-after-ms) for a wait of `wait_ms`, clamped to the sane range."""
+    ms = int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(wait_ms))))
     return max(1, math.ceil(ms / 1000)), ms
+
+
+def _capacity(replicas: int, rate: float | None) -> float:
+    """Audio seconds the fleet makes per second: `replicas` at `rate` each (the prior until measured)."""
+    return max(1, replicas) * (rate if rate and rate > 0 else DEFAULT_RATE_PRIOR)
+
+
+def place_spacing_ms(reason: str, work_ahead_ms: float, admitted: int, new_work_ms: float, replicas: int,
+                     rate: float | None, key_work_share: float = 1.0) -> float:
+    """How long one more place takes to free after the first, for a crowd of clients refused for
+    `reason`: each refused client given the next such slot comes back about as fast as places free
+    (queue/retry.lua keeps the slots). A request slot ("requests", "key") frees when an average
+    admitted request has run; room under the work bound ("work") when as much work as this request
+    brings has drained, at the key's share of the fleet's output for "key_work"."""
+    if reason == "work":
+        work_ms = new_work_ms
+    elif reason == "key_work":
+        work_ms = new_work_ms / max(key_work_share, 1e-6)
+    else:
+        work_ms = work_ahead_ms / max(1, admitted)
+    return max(1.0, work_ms / _capacity(replicas, rate))
 
 
 class AdmissionClient(TracksAvailability):
@@ -235,7 +280,7 @@ class AdmissionClient(TracksAvailability):
                                  self.owner_ttl_ms, self.bounds.max_requests, key or "",
                                  self.bounds.key_max_requests)
         if reply[0] != 1:
-            raise self._refused(reply)
+            raise await self._refused(reply, key)
         return rid
 
     async def withdraw(self, request_id: str) -> bool:
@@ -266,10 +311,11 @@ class AdmissionClient(TracksAvailability):
             _, arrival_ms, total_est_ms, live, *leased = reply
             return Ticket(rid, len(jobs), int(arrival_ms), total_est_ms / 1000, int(live),
                           tuple(leased[0]) if leased else ())
-        raise self._refused(reply)
+        raise await self._refused(reply, key)
 
-    def _refused(self, reply: list) -> Refused:
-        """The `Refused` for a refusal reply of admit.lua or reserve.lua, with its retry estimate."""
+    async def _refused(self, reply: list, key: str | None = None) -> Refused:
+        """The `Refused` for a refusal reply of admit.lua or reserve.lua, with its retry estimate:
+        when the first place frees, pushed back behind the clients refused before it (retry.lua)."""
         _, reason, admitted, queued_ms, inflight_ms, new_ms, live, rate, *over = reply
         reason = reason.decode()
         rate = float(rate) if rate else None
@@ -284,7 +330,16 @@ class AdmissionClient(TracksAvailability):
         else:
             # A slot frees when one admitted request finishes: about the average work per request.
             must_drain_ms = work_ahead_ms / max(1, admitted)
-        seconds, ms = retry_after(must_drain_ms / 1000, int(live), rate)
+        _, first_ms = retry_after(must_drain_ms / 1000, int(live), rate)
+        spacing_ms = place_spacing_ms(reason, work_ahead_ms, int(admitted), new_ms, int(live), rate,
+                                      self.bounds.key_work_share)
+        scope = f"key:{key}" if reason in ("key", "key_work") and key else "fleet"
+        try:
+            wait_ms = await self._call("retry slot", self.scripts.retry, self.prefix, scope, first_ms,
+                                       math.ceil(spacing_ms), max(first_ms, RETRY_CROWD_MAX_MS))
+        except QueueUnavailable:  # the refusal stands; only the spreading is lost
+            wait_ms = first_ms
+        seconds, ms = retry_headers(wait_ms)
         return Refused(reason, seconds, ms, work_ahead_ms / 1000, int(admitted), int(live), rate)
 
     async def results(self, ticket: Ticket, timeout_s: float | None = None,

@@ -34,7 +34,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 QUEUE_DIR = Path(__file__).resolve().parents[2] / "queue"
-SCRIPT_NAMES = ("reserve", "admit", "withdraw", "lease", "heartbeat", "complete", "fetch", "cancel", "release", "reap")
+SCRIPT_NAMES = ("reserve", "admit", "withdraw", "lease", "heartbeat", "complete", "fetch", "cancel", "release", "reap",
+                "retry")
 DEFAULT_PREFIX = "{kf}"  # braces: a Redis Cluster hash tag, so all of one fleet's keys share a slot
 
 # The gauges that must return to zero when the fleet is idle (what the fault tests check).

@@ -193,8 +193,9 @@ def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, 
         return predicate()
 
     async def go():
-        a = await fleet_for(local_service, redis_server.url, name="a").start()
-        b = await fleet_for(local_service, redis_server.url, name="b").start()
+        # the replica count alone (however fast the tiny model runs here, no first-audio sizing)
+        a = await fleet_for(local_service, redis_server.url, name="a", first_audio_target_ms=0).start()
+        b = await fleet_for(local_service, redis_server.url, name="b", first_audio_target_ms=0).start()
         seen = [a.admission.bounds]
         fleets = [a, b]
         try:

@@ -20,11 +20,14 @@ from api.speech.owner import (
     AdmissionClient,
     ChunkJob,
     QueueUnavailable,
+    first_audio_places,
     Refused,
     RequestFailed,
     RequestLost,
     ResultTimeout,
+    place_spacing_ms,
     retry_after,
+    retry_headers,
 )
 from api.speech.redis_link import GAUGES, connect, read_replicas
 from api.speech.lease_loop import DELIVERED, DROPPED, STALE, Dispatcher
@@ -66,6 +69,67 @@ def test_retry_after_is_whole_seconds_at_least_one_and_scales_with_work_and_capa
     assert ms_more == 2 * ms and ms_wider == ms // 2
     assert retry_after(3.3, 1, 1.0)[0] == 4        # rounded up: a client retrying early is refused again
     assert retry_after(1e9, 1, 1.0)[1] == 300_000  # clamped: a sane upper bound
+
+
+def test_each_further_place_frees_after_one_average_request_or_this_requests_work():
+    # 8 requests hold 40 audio-s: a slot frees per 5 audio-s drained, at 2 replicas x 10 audio-s/s
+    assert place_spacing_ms("requests", 40_000, 8, 0, 2, 10.0) == pytest.approx(250.0)
+    assert place_spacing_ms("key", 40_000, 8, 0, 2, 10.0) == pytest.approx(250.0)
+    # over the work bound, room for one more such request once its own work has drained
+    assert place_spacing_ms("work", 40_000, 8, 3_000, 2, 10.0) == pytest.approx(150.0)
+    # a key's jobs drain at its share of the output: twice as slowly at half
+    assert place_spacing_ms("key_work", 40_000, 8, 3_000, 2, 10.0, key_work_share=0.5) == pytest.approx(300.0)
+    # unmeasured rate: the prior; nothing ahead: a floor of 1 ms, never 0 (every retry its own slot)
+    assert place_spacing_ms("requests", 4_000, 1, 0, 1, None) == pytest.approx(4000.0)
+    assert place_spacing_ms("requests", 0, 0, 0, 1, 5.0) == 1.0
+    assert retry_headers(1234.2) == (2, 1235) and retry_headers(5) == (1, 100) and retry_headers(1e12)[1] == 300_000
+
+
+def test_a_crowd_of_refused_clients_is_given_retry_times_one_place_apart(redis_server):
+    """Each refusal is sent back one place's time after the one before it, not all after the time
+    the first place takes: a crowd then returns about as fast as places free (issue 39: 48 refused
+    clients came back about 440 times a second, each told 0.1 s)."""
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=2, max_queued_seconds=0))
+        rep = replica(redis_server.url, "r0")
+        t0 = await client.admit(jobs(40, work_s=0.05))  # measures the rate
+        assert await rep.step()
+        await collect(client, t0)
+        await client.release(t0.request_id)
+        held = [await client.admit(jobs(100, 100)), await client.admit(jobs(100))]
+        hints = []
+        for _ in range(6):
+            with pytest.raises(Refused) as refused:
+                await client.reserve()
+            hints.append(refused.value.retry_after_ms)
+        stats = await client.stats()
+        spacing = place_spacing_ms("requests", 1000 * refused.value.work_ahead_s, 2, 0, 1, stats.rate)
+        for h in held:
+            await client.release(h.request_id)
+        return hints, spacing
+
+    hints, spacing = asyncio.run(go())
+    first, step = hints[0], np.ceil(spacing)  # retry.lua keeps whole milliseconds
+    # the k-th refused client comes back k places after the first (a few ms pass between the calls)
+    for k, h in enumerate(hints):
+        assert first + k * step - 50 <= h <= first + k * step + 2
+    assert hints == sorted(hints) and len(set(hints)) == len(hints)
+
+
+def test_the_retry_slots_of_a_crowd_that_has_gone_leave_nothing_behind(redis_server):
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))
+        held = await client.admit(jobs(1))  # nothing measured: one tiny request, the prior rate
+        with pytest.raises(Refused) as refused:
+            await client.reserve()
+        left = await client.client.keys("*:retry:*")
+        await asyncio.sleep(refused.value.retry_after_ms / 1000 + 0.5)  # its slot, then one spacing, passed
+        gone = await client.client.keys("*:retry:*")
+        await client.release(held.request_id)
+        return left, gone
+
+    left, gone = asyncio.run(go())
+    assert len(left) == 1 and gone == []
 
 
 # --- Admission ----------------------------------------------------------------------------------
@@ -148,6 +212,9 @@ def test_work_bound_credits_what_the_replicas_make_before_a_long_texts_later_chu
 
         await client.client.hset(stats_key, "rate", "20")  # 20 audio-s per s: 16 audio-ms per ms credited
         short = await client.admit(jobs(20))              # due now: 7.5 + 1.5 s; the rest is due later
+        # the refused client above holds the crowd's first retry slot (retry.lua); forget it, so the
+        # hints below are each the first place's time alone
+        await client.client.delete(f"{client.prefix}:retry:fleet")
         with pytest.raises(Refused) as due_now:           # 7.5 + 1.5 + 1.5 s due now: over by 0.5 s
             await client.admit(jobs(20))
         assert due_now.value.reason == "work"
@@ -303,6 +370,7 @@ def test_one_api_key_queues_at_most_its_share_of_the_work_bound_so_another_key_s
         # against 5 + 3 s allowed: 1 s over (the whole fleet's credit would have let it in), draining
         # at 2.5 audio-s/s (its half of 5): 400 ms.
         await shared.client.hset(stats_key, "rate", "5")
+        await shared.client.delete(f"{shared.prefix}:retry:key:reader")  # the first place's time alone
         with pytest.raises(Refused) as half_credit:
             await shared.admit(jobs(20, 60, 60), key="reader")
         assert half_credit.value.reason == "key_work" and half_credit.value.retry_after_ms == 400
@@ -874,3 +942,49 @@ def test_bounds_default_from_the_replica_count_and_settings_override_them():
     least = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_KEY_MAX_SHARE": "0.1"}), replicas=2)
     assert least.key_max_requests == 1  # a key may always run one request
     assert least.key_max_queued_seconds == pytest.approx(4.0)
+
+
+def test_the_request_bound_follows_the_measured_rate_and_the_first_audio_target():
+    """Issue 39: about 21 requests in flight at c = 64 on the GPU, too few to fill batches. Without
+    KOKORO_QUEUE_MAX_REQUESTS the bound is what the replicas can start within the first-audio target
+    at their measured rate, when that is more than two per replica or a batch each."""
+    from worker.settings import Settings
+
+    # 8 replicas at 375 audio-s/s each (3,000 together) make 750 audio-s in 250 ms: 166 first chunks of 4.5 s
+    assert first_audio_places(8, 375.0, 0.25, 4.5) == 166
+    assert first_audio_places(8, None, 0.25, 4.5) == 0 and first_audio_places(8, 375.0, 0.0, 4.5) == 0
+    settings = Settings.from_env({"KOKORO_BATCH_MAX": "8"})
+    assert settings.first_audio_target_ms == 250.0
+    unmeasured = AdmissionBounds.from_settings(settings, replicas=8, seconds_per_phoneme=0.075)
+    assert unmeasured.max_requests == 64  # a full batch for each replica, until a rate is measured
+    fast = AdmissionBounds.from_settings(settings, replicas=8, rate=375.0, seconds_per_phoneme=0.075)
+    assert fast.max_requests == 166 and fast.max_queued_seconds == 160.0
+    slow = AdmissionBounds.from_settings(Settings.from_env({}), replicas=8, rate=5.0, seconds_per_phoneme=0.075)
+    assert slow.max_requests == 16  # a CPU's rate: two per replica stays the floor
+    pinned = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_QUEUE_MAX_REQUESTS": "12"}), replicas=8,
+                                           rate=375.0, seconds_per_phoneme=0.075)
+    assert pinned.max_requests == 12
+    off = AdmissionBounds.from_settings(Settings.from_env({"KOKORO_FIRST_AUDIO_TARGET_MS": "0"}), replicas=8,
+                                        rate=375.0, seconds_per_phoneme=0.075)
+    assert off.max_requests == 16
+
+
+def test_a_crowd_is_spread_over_at_most_thirty_seconds(redis_server):
+    """Under an open-loop overload new arrivals take the places that free, so the crowd's line would
+    grow as long as the overload lasts: past RETRY_CROWD_MAX_MS every refused client is told that."""
+    from api.speech.owner import RETRY_CROWD_MAX_MS
+
+    async def go():
+        client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))
+        held = await client.admit(jobs(100))  # 7.5 s of work, at the prior 1 audio-s/s: 7.5 s a place
+        hints = []
+        for _ in range(6):
+            with pytest.raises(Refused) as refused:
+                await client.reserve()
+            hints.append(refused.value.retry_after_ms)
+        await client.release(held.request_id)
+        return hints
+
+    hints = asyncio.run(go())
+    assert hints[:4] == sorted(hints[:4]) and hints[0] >= 7_000 and hints[3] >= 3 * 7_500
+    assert hints[4] == hints[5] == RETRY_CROWD_MAX_MS

@@ -85,3 +85,30 @@ def test_mps_is_read_from_the_gpus_processes_not_only_from_the_log(processes, li
     assert state["mps_server_listed"] is listed
     sentence = gpu_fleet.markdown({"mps": state})
     assert ("time-slice" in sentence) is (not listed)
+
+
+def test_each_level_reports_its_refusals_per_second_and_redis_cpu_and_bytes(tmp_path, redis_server):
+    """The report gives every level's 503s per second, its Retry-After, and the Redis's CPU share and
+    bytes per second from two INFO readings (issue 39: is Redis the next wall?)."""
+    port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    before = gpu_fleet.redis_info(port)
+    assert set(before) == set(gpu_fleet.REDIS_FIGURES)
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as s:  # 100 kB in through the network counter
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n" + b"x" * 100_000 + b"\r\n")
+        assert s.recv(16) == b"+OK\r\n"
+    after = gpu_fleet.redis_info(port)
+    load = gpu_fleet.redis_load(before, after, 2.0)
+    assert 50_000 <= load["net_in_bytes_per_s"] < 52_000 and load["cpu_core_fraction"] >= 0
+    assert gpu_fleet.redis_load(before, {}, 2.0) is None and gpu_fleet.redis_info(1) == {}
+
+    level = {"concurrency": 64, "ok": 10, "rejected_503": 300, "errors": 0, "requests_per_s": 1.0,
+             "audio_s_per_wall_s": 30.0, "mean_in_flight": 20.0, "gpu": None, "refused_per_s": 20.0,
+             "redis": {"cpu_core_fraction": 0.25, "net_in_bytes_per_s": 3_000_000, "net_out_bytes_per_s": 12_000_000},
+             **{k: {"p50": 0.1, "p95": 0.2, "p99": 0.3} for k in ("ttfa_s", "e2e_s", "rtf")},
+             "retry_after_s": {"p50": 0.4, "p95": 1.2}}
+    gpu_fleet.write_results(tmp_path, {"meta": {}, "levels": [level], "notes": []})
+    md = (tmp_path / gpu_fleet.OUT_MD).read_text()
+    assert "| 503/s | Retry-After p50/p95 ms | Redis CPU % of a core | Redis in/out MB/s |" in md
+    assert md.rstrip().endswith("| 20.0 | 400/1200 | 25 | 3.0/12.0 |")
