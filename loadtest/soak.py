@@ -649,7 +649,7 @@ def run(args: argparse.Namespace) -> int:
     result = soak(args)
     out = Path(args.out or f"loadtest-results/soak-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "soak.json").write_text(json.dumps(result, default=str) + "\n")
     print(report(result))
     print(f"result: {out / 'soak.json'}; plot: {plot(result, out / 'soak.png')}; server logs: {result['server_logs']}")
     return 1 if result["failures"] else 0
