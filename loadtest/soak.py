@@ -68,7 +68,7 @@ KINDS = ("stream", "download", "live", "cancel", "burst")
 
 
 @dataclass
-class Outcome:
+class SoakOutcome:
     """One request of the mixed load, as its user saw it."""
 
     at_s: float      # seconds since the load started, when it ended
@@ -160,14 +160,14 @@ class MixedLoad:
     def __init__(self, args: argparse.Namespace, fleets: list[FleetProcess]):
         self.args, self.fleets = args, fleets
         self.short, self.paragraphs = load_texts("short"), load_texts("paragraphs")
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[SoakOutcome] = []
         self.stop = asyncio.Event()
         self.t0 = time.monotonic()
         self._serial = 0
         self._rng = random.Random(args.seed)
 
     def _record(self, kind: str, fleet: FleetProcess, outcome: str, status: int = 0, error: str = "") -> None:
-        self.outcomes.append(Outcome(time.monotonic() - self.t0, kind, fleet.name, outcome, status, error[:300]))
+        self.outcomes.append(SoakOutcome(time.monotonic() - self.t0, kind, fleet.name, outcome, status, error[:300]))
 
     def _fleet(self) -> FleetProcess:
         self._serial += 1
@@ -313,7 +313,7 @@ class MixedLoad:
 
 # --- sampling --------------------------------------------------------------------------------------
 
-class Sampler:
+class LeakSampler:
     """Every `every_s` seconds: RSS and descriptors of every server process, Redis's memory and
     key count, and the fleets' watched /metrics counters."""
 
@@ -362,7 +362,7 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
     return 60.0 * sum((t - mx) * (v - my) for t, v in points) / var
 
 
-def series(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+def sampled_series(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
     """Every sampled figure as a named (seconds, value) series: `rss_mib <process>`, `fds <process>`,
     `redis_used_memory_mib`, `redis_keys`."""
     out: dict[str, list[tuple[float, float]]] = {}
@@ -379,7 +379,7 @@ def slopes_after_warmup(samples: list[dict[str, Any]], load_s: float) -> dict[st
     """Per series, over the load's second half: the slope per minute and the mean."""
     fit = [s for s in samples if s["phase"] == "load" and s["t_s"] >= load_s / 2]
     out = {}
-    for name, points in series(fit).items():
+    for name, points in sampled_series(fit).items():
         out[name] = {"per_min": slope_per_minute(points), "mean": sum(v for _, v in points) / len(points),
                      "points": len(points)}
     return out
@@ -407,7 +407,7 @@ def counter_deltas(first: dict[str, Any], last: dict[str, Any]) -> dict[str, flo
     return out
 
 
-def tracebacks(fleets: list[FleetProcess]) -> list[str]:
+def log_tracebacks(fleets: list[FleetProcess]) -> list[str]:
     found = []
     for f in fleets:
         text = f.log_path.read_text(errors="replace")
@@ -416,7 +416,7 @@ def tracebacks(fleets: list[FleetProcess]) -> list[str]:
     return found
 
 
-def evaluate(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
+def soak_failures(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
     """The reasons the soak failed (empty: it passed)."""
     failures = []
     for kind, c in result["by_kind"].items():
@@ -449,7 +449,7 @@ def evaluate(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
     return failures
 
 
-def by_kind(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
+def outcomes_by_kind(outcomes: list[SoakOutcome]) -> dict[str, dict[str, Any]]:
     out = {}
     for kind in KINDS:
         mine = [o for o in outcomes if o.kind == kind]
@@ -466,7 +466,7 @@ async def soak_fleets(args: argparse.Namespace, fleets: list[FleetProcess], redi
 
     client = aioredis.from_url(redis_server.url)
     load = MixedLoad(args, fleets)
-    sampler = Sampler(fleets, redis_server.process.pid, client, args.sample_every, load.t0)
+    sampler = LeakSampler(fleets, redis_server.process.pid, client, args.sample_every, load.t0)
     try:
         await load.warm_up()
         await asyncio.sleep(args.settle)
@@ -494,11 +494,11 @@ async def soak_fleets(args: argparse.Namespace, fleets: list[FleetProcess], redi
     return {
         "command": "soak", "argv": sys.argv, "started": now_iso(), "machine": machine(),
         "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-        "load_s": load_s, "by_kind": by_kind(load.outcomes),
+        "load_s": load_s, "by_kind": outcomes_by_kind(load.outcomes),
         "outcomes": [asdict(o) for o in load.outcomes],
         "samples": sampler.samples, "slopes": slopes_after_warmup(sampler.samples, load_s),
         "metrics_rise": counter_deltas(before, idle_after),
-        "replaced_processes": replaced, "tracebacks": tracebacks(fleets),
+        "replaced_processes": replaced, "tracebacks": log_tracebacks(fleets),
         "idle": {"leftover_keys": keys, "gauges": gauges, "fd_growth": fd_growth,
                  "fds_before": before["fds"], "fds_after": idle_after["fds"],
                  "redis_keys_before": before["redis"]["keys"], "redis_keys_after": idle_after["redis"]["keys"]},
@@ -538,11 +538,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         stop_all(fleets)
         redis.stop()
     result["server_logs"] = str(log_dir)
-    result["failures"] = evaluate(args, result)
+    result["failures"] = soak_failures(args, result)
     return result
 
 
-def report(result: dict[str, Any]) -> str:
+def report_soak(result: dict[str, Any]) -> str:
     lines = [f"soak: {result['load_s']:.0f} s of mixed load on fleets "
              f"{', '.join(sorted({s.split('/')[0] for s in result['samples'][0]['rss_mib'] if '/' in s}))} "
              f"and one redis-server; CPU {result['machine'].get('cpu', '?')}"]
@@ -565,13 +565,13 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: str | Path) -> Path:
+def plot_soak(result: dict[str, Any], path: str | Path) -> Path:
     """RSS and descriptors per process, Redis memory and keys, and the outcomes over time."""
     from loadtest.report import _plt, _save
 
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharex=True)
-    all_series = series(result["samples"])
+    all_series = sampled_series(result["samples"])
     half = result["load_s"] / 2
     for ax, kind, unit in ((axes[0][0], "rss_mib", "RSS (MiB)"), (axes[0][1], "fds", "open descriptors")):
         for name, points in sorted(all_series.items()):
@@ -652,6 +652,6 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"loadtest-results/soak-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(result, default=str) + "\n")
-    print(report(result))
-    print(f"result: {out / 'soak.json'}; plot: {plot(result, out / 'soak.png')}; server logs: {result['server_logs']}")
+    print(report_soak(result))
+    print(f"result: {out / 'soak.json'}; plot: {plot_soak(result, out / 'soak.png')}; server logs: {result['server_logs']}")
     return 1 if result["failures"] else 0

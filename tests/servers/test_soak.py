@@ -30,7 +30,7 @@ def test_a_short_soak_ends_without_errors_request_keys_or_descriptors_left(tmp_p
                      "--log-dir", str(tmp_path))
     result = soak.soak(args)
     print()
-    print(soak.report(result))
+    print(soak.report_soak(result))
     for kind, counts in result["by_kind"].items():
         assert counts["error"] == 0, (kind, counts["error_examples"])
         assert counts["ok"] > 0, kind
@@ -86,7 +86,7 @@ def test_a_steady_rise_fails_with_fail_on_leak_and_a_flat_noisy_series_does_not(
                 "slopes": soak.slopes_after_warmup(samples, 1800)}
 
     args = soak_args("--fail-on-leak")
-    assert soak.evaluate(args, result_with(flat)) == []
-    failures = soak.evaluate(args, result_with(rising))
+    assert soak.soak_failures(args, result_with(flat)) == []
+    failures = soak.soak_failures(args, result_with(rising))
     assert len(failures) == 1 and "rss_mib sim/worker:1" in failures[0]
-    assert soak.evaluate(soak_args(), result_with(rising)) == []  # without --fail-on-leak: printed, not failed
+    assert soak.soak_failures(soak_args(), result_with(rising)) == []  # without --fail-on-leak: printed, not failed
