@@ -52,7 +52,8 @@ from loadtest.texts import load_texts
 
 # Keys a fleet keeps while idle (queue/PROTOCOL.md's table); every other key of the prefix belongs
 # to a request, a download or something unknown, and must be gone once the fleet is idle.
-FLEET_SCOPED_KEYS = re.compile(r"^\{kf\}:(stats|queue|leases|holders|requests|ready|replicas|keys|replica:.+|alive:.+)$")
+FLEET_SCOPED_KEYS = re.compile(
+    r"^\{kf\}:(stats|queue|leases|holders|requests|ready|replicas|keys|replica:.+|alive:.+)$")
 # P:stats gauges that return to 0 when the fleet is idle.
 IDLE_ZERO_GAUGES = ("admitted", "queued_jobs", "queued_work_ms", "inflight_jobs", "inflight_work_ms")
 # /metrics counters watched for errors: a rise in any of these fails the soak.
@@ -60,7 +61,8 @@ ERROR_COUNTERS = ("kokoro_fleet_failed_total", "kokoro_fleet_worker_failed_total
 # ... and the ones reported beside them: a rise is worth reading about but is not an error by itself.
 NOTICE_COUNTERS = ("kokoro_fleet_expired_total", "kokoro_fleet_requeued_total", "kokoro_fleet_orphaned_total",
                    "kokoro_fleet_lease_losses_total", "kokoro_fleet_batch_fallbacks_total",
-                   "kokoro_client_stalls_total", "kokoro_client_disconnects_total", "kokoro_fleet_degraded_seconds_total")
+                   "kokoro_client_stalls_total", "kokoro_client_disconnects_total",
+                   "kokoro_fleet_degraded_seconds_total")
 # Default leak bounds of --fail-on-leak, per minute over the second half of the load: generous,
 # so that a flat series with noise never fails and a steady leak over half an hour does.
 LEAK_BOUNDS = {"rss_mib": 4.0, "fds": 1.0, "redis_used_memory_mib": 2.0}
@@ -299,9 +301,10 @@ class MixedLoad:
 
     async def run(self, seconds: float) -> None:
         a = self.args
-        users = ([self.stream_user() for _ in range(a.stream_users)] + [self.download_user() for _ in range(a.download_users)]
-                 + [self.live_user() for _ in range(a.live_users)] + [self.cancel_user() for _ in range(a.cancel_users)]
-                 + [self.burst_user()])
+        users = ([self.stream_user() for _ in range(a.stream_users)]
+                 + [self.download_user() for _ in range(a.download_users)]
+                 + [self.live_user() for _ in range(a.live_users)]
+                 + [self.cancel_user() for _ in range(a.cancel_users)] + [self.burst_user()])
         tasks = [asyncio.create_task(u) for u in users]
         try:
             await asyncio.wait_for(self.stop.wait(), seconds)
@@ -558,7 +561,8 @@ def report_soak(result: dict[str, Any]) -> str:
     lines.append(f"idle after the settle: Redis keys {idle['redis_keys_before']} -> {idle['redis_keys_after']}, "
                  f"request keys left: {idle['leftover_keys'] or 'none'}; gauges {idle['gauges']}")
     lines.append("descriptors idle before -> after: " + ", ".join(
-        f"{label} {idle['fds_before'][label]}->{idle['fds_after'].get(label, '-')}" for label in sorted(idle["fds_before"])))
+        f"{label} {idle['fds_before'][label]}->{idle['fds_after'].get(label, '-')}"
+        for label in sorted(idle["fds_before"])))
     passed = "PASS: no errors, no request keys left, descriptors back to idle" + (
         ", every slope within its bound" if result["config"].get("fail_on_leak") else "")
     lines += [f"FAIL: {f}" for f in result["failures"]] or [passed]
@@ -644,7 +648,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                        help="descriptors a process may hold more when idle after the load than idle before it")
     check.add_argument("--fail-on-leak", action="store_true",
                        help="also fail when a series grows faster than its bound over the second half: "
-                            + ", ".join(f"{k} {v:g}/min" for k, v in LEAK_BOUNDS.items()) + " (RSS and fds per process)")
+                            + ", ".join(f"{k} {v:g}/min" for k, v in LEAK_BOUNDS.items())
+                            + " (RSS and fds per process)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -653,5 +658,6 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(result, default=str) + "\n")
     print(report_soak(result))
-    print(f"result: {out / 'soak.json'}; plot: {plot_soak(result, out / 'soak.png')}; server logs: {result['server_logs']}")
+    print(f"result: {out / 'soak.json'}; plot: {plot_soak(result, out / 'soak.png')}; "
+          f"server logs: {result['server_logs']}")
     return 1 if result["failures"] else 0
