@@ -467,6 +467,7 @@ def outcomes_by_kind(outcomes: list[SoakOutcome]) -> dict[str, dict[str, Any]]:
 async def soak_fleets(args: argparse.Namespace, fleets: list[FleetProcess], redis_server) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
+    started_iso = now_iso()
     client = aioredis.from_url(redis_server.url)
     load = MixedLoad(args, fleets)
     sampler = LeakSampler(fleets, redis_server.process.pid, client, args.sample_every, load.t0)
@@ -495,7 +496,7 @@ async def soak_fleets(args: argparse.Namespace, fleets: list[FleetProcess], redi
     fd_growth = {label: idle_after["fds"].get(label, 0) - n for label, n in before["fds"].items()
                  if label in idle_after["fds"]}
     return {
-        "command": "soak", "argv": sys.argv, "started": now_iso(), "machine": machine(),
+        "command": "soak", "argv": sys.argv, "started": started_iso, "ended": now_iso(), "machine": machine(),
         "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
         "load_s": load_s, "by_kind": outcomes_by_kind(load.outcomes),
         "outcomes": [asdict(o) for o in load.outcomes],
