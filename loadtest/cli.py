@@ -359,6 +359,18 @@ def _run_live(args: argparse.Namespace) -> int:
     return live.run(args)
 
 
+def _configure_soak(p: argparse.ArgumentParser) -> None:
+    from loadtest import soak
+
+    soak.configure(p)
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    from loadtest import soak
+
+    return soak.run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest",
                                      description="Load tests that measure what a listener feels (TTFA, E2E, underrun).")
@@ -369,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         ("report", configure_report, run_report, "draw PNG plots of a run or compare directory"),
         ("selftest", _configure_selftest, _run_selftest, "measure the generator's own TTFA error against a stub server"),
         ("live", _configure_live, _run_live, "live speech sessions fed as a model writes: latency, stalls"),
+        ("soak", _configure_soak, _run_soak, "mixed load for a set time on fleets it starts: memory, descriptors, Redis keys"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter if name == "report" else argparse.HelpFormatter)
