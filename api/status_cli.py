@@ -124,7 +124,7 @@ async def rows_from_redis(url: str, prefix: str | None) -> tuple[list[ReplicaRow
     return rows, summary
 
 
-def format_table(rows: list[ReplicaRow], summary: dict) -> str:
+def format_replica_table(rows: list[ReplicaRow], summary: dict) -> str:
     head = (f"{'replica':<28} {'engine':<15} {'alive':>5} {'busy':>4} {'busy%':>6} {'jobs':>7} {'busy s':>9} "
             f"{'audio s':>9} {'RTFx':>6}")
     lines = [head, "-" * len(head)]
@@ -223,7 +223,7 @@ def show(args: argparse.Namespace) -> int:
                     print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal
                 elif args.watch:
                     print(time.strftime("%H:%M:%S"))
-                print(format_table(rows, summary), flush=True)
+                print(format_replica_table(rows, summary), flush=True)
         if not args.watch or (args.count and reads >= args.count):
             return 0 if rows is not None else 1
         time.sleep(args.watch)

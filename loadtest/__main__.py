@@ -1,5 +1,5 @@
 import sys
 
-from loadtest.cli import main
+from loadtest.loadtest_cli import main
 
 sys.exit(main())

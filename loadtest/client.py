@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
 
 # The API's `pcm`: raw 16-bit little-endian mono at Kokoro's 24 kHz.
 from worker.audio import SAMPLE_RATE as PCM_SAMPLE_RATE

@@ -53,8 +53,8 @@ from typing import Any
 
 import httpx
 
-from loadtest import metrics
-from loadtest.cli import format_table
+from loadtest import listener_metrics as metrics
+from loadtest.report import format_summary_table
 from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
 from loadtest.texts import load_texts
 
@@ -328,7 +328,7 @@ def side_by_side(runs: dict[str, list[StepRun]], max_outstanding: int | None = N
 
 def report(result: dict[str, Any]) -> str:
     s = result["summaries"]
-    lines = [format_table([s["shared"], s["local"]]), ""]
+    lines = [format_summary_table([s["shared"], s["local"]]), ""]
     for label in ("shared", "local"):
         t = s[label]["ttfa_s"]
         lines.append(f"{label:>6}: TTFA p50 {_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {_ms(t['p99'])}  "

@@ -323,7 +323,7 @@ def check_imports(env: dict[str, str], engine: str) -> str:
     """Import what `serve` and the load generator import, and find redis-server and espeak-ng, in a
     child with the fleet's environment: a missing piece is named here, not in a worker's traceback."""
     code = ("import api.app, api.serve_cli, api.speech.fleet, api.encoders, uvicorn, redis, av, fastapi, "
-            "loadtest.cli, loadtest.runner, worker.text; "
+            "loadtest.loadtest_cli, loadtest.runner, worker.text; "
             "import uvicorn.protocols.http.httptools_impl, websockets; "
             "import shutil, subprocess; assert shutil.which('redis-server'), 'no redis-server on PATH'; "
             "v = subprocess.run(['redis-server', '--version'], capture_output=True, text=True); "

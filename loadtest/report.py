@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
 from loadtest.results import result_sets
 
 COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]
@@ -203,3 +203,22 @@ def _save(fig, path: Path, plt) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _ms_cell(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def format_summary_table(summaries: list[dict[str, Any]]) -> str:
+    head = (f"{'target':>16} {'step':>9} {'ok':>5} {'503':>4} {'err':>4} {'drop':>4} {'req/s':>6} {'audio/s':>7} "
+            f"{'TTFA p50':>8} {'p95':>6} {'p99':>6} {'E2E p50':>7} {'p95':>6} {'RTF p50':>7} {'underrun p95':>12} {'in-flight':>9}")
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        rtf = s["rtf"]["p50"]
+        lines.append(
+            f"{s['target'][:16]:>16} {s['step']:>9} {s['ok']:>5} {s['rejected_503']:>4} {s['errors']:>4} {s['dropped']:>4} "
+            f"{s['requests_per_s']:>6.2f} {s['audio_s_per_wall_s']:>7.2f} {_ms_cell(s['ttfa_s']['p50']):>8} "
+            f"{_ms_cell(s['ttfa_s']['p95']):>6} {_ms_cell(s['ttfa_s']['p99']):>6} {_ms_cell(s['e2e_s']['p50']):>7} "
+            f"{_ms_cell(s['e2e_s']['p95']):>6} {('-' if rtf is None else f'{rtf:.3f}'):>7} "
+            f"{_ms_cell(s['underrun_s']['p95']):>12} {s['mean_in_flight']:>9.1f}")
+    return "\n".join(lines) + "\n(times in ms over successful requests; 503s, errors and client drops counted apart)"

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
 from loadtest.client import ConnectionSlots, RequestResult, RequestSpec, send_speech
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
 from loadtest.dispatch import REPO, FleetProcess, interleaved, start_all, stop_all, warm_then_capacity, write_result
 from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
 from loadtest.texts import load_texts

@@ -11,7 +11,7 @@ engine synthesizes a share of every kind of request, and both front ends take re
 
 - streams: streamed speech requests, read to the end;
 - downloads: non-streamed requests with `return_download_link`, then the link fetched;
-- live: WS /v1/audio/speech/live sessions (loadtest.live's client);
+- live: WS /v1/audio/speech/live sessions (loadtest.live_load's client);
 - cancels: streamed long texts dropped after their first audio bytes;
 - bursts: every `--burst-every` seconds, `--burst-size` requests at once, above the fleet's
   admission bound, so some must be answered 503 (which are counted apart, never as errors).
@@ -227,7 +227,7 @@ class MixedLoad:
             self._record("download", fleet, "error", 0, f"{type(e).__name__}: {e}")
 
     async def live_user(self) -> None:
-        from loadtest.live import run_session
+        from loadtest.live_load import run_session
 
         while not self.stop.is_set():
             await self.one_live(run_session, self._fleet())
@@ -288,7 +288,7 @@ class MixedLoad:
     async def warm_up(self) -> None:
         """One of every kind on each fleet, so that pools and lazily opened files exist before the
         idle baseline is taken."""
-        from loadtest.live import run_session
+        from loadtest.live_load import run_session
 
         async with make_client(1) as client:
             for fleet in self.fleets:

@@ -40,7 +40,7 @@ from worker.cpu_runtime import keep_freed_memory
 from worker.device import resolve_device
 from worker.model import KokoroModel
 from worker.model.layers import kernels, use_compiled_kernels
-from worker.weights.serving import fold, serving_state_dict
+from worker.weights.served_weights import fold, serving_state_dict
 
 log = logging.getLogger("kokoro_fleet.engine")
 

@@ -915,7 +915,7 @@ def test_audio_is_encoded_off_the_event_loop(monkeypatch):
 
 
 def test_the_load_generator_warns_when_the_server_answered_from_its_cache(server, service, monkeypatch):
-    from loadtest.cli import cache_warning
+    from loadtest.loadtest_cli import cache_warning
 
     assert asyncio.run(cache_warning(server.url)) is None  # no cache hits: nothing to say
     real = service.stats

@@ -276,7 +276,7 @@ def test_a_cleared_stream_stays_one_decodable_file(server, fmt):
 # --- the instrument: python -m loadtest live ----------------------------------------------------
 
 def test_server_stall_counts_only_silence_the_server_caused():
-    from loadtest.live import server_stall
+    from loadtest.live_load import server_stall
 
     # plays 0-1, the next arrives at 1.5 with its text complete at 0.8: 0.5 s the server caused
     assert server_stall([(0.0, 1.0, 0.0), (1.5, 1.0, 0.8)]) == pytest.approx(0.5)
@@ -290,7 +290,7 @@ def test_loadtest_live_measures_the_servers_share(server):
     """Against the scripted service (0.15 s of synthesis a piece): every piece's audio comes at
     least one synthesis after its text was complete, and a word waits longer than its piece."""
 
-    from loadtest.live import run_session, summarize_step
+    from loadtest.live_load import run_session, summarize_step
 
     text = "One two three. Four five six. Seven eight."
     session = asyncio.run(run_session(live_url(server), text, 40.0, "pcm", "af_heart"))
@@ -306,7 +306,7 @@ def test_loadtest_live_times_the_sentence_before_a_tool_pause(server):
     """With a tool pause after "One two three.", that sentence's audio comes `pause_ms` plus one
     synthesis after its last word; with `pause_ms` off, only once the writer resumes."""
 
-    from loadtest.live import run_session, summarize_step
+    from loadtest.live_load import run_session, summarize_step
 
     text = "One two three. Four five six."
     settled = asyncio.run(run_session(live_url(server), text, 40.0, "pcm", "af_heart", tool_pause=1.0, pause_ms=100))
@@ -398,7 +398,7 @@ def test_a_clear_that_comes_as_the_session_closes_is_dropped_not_answered(servic
 
 
 def test_player_course_splits_each_silence_by_cause():
-    from loadtest.live import player_course, server_stall
+    from loadtest.live_load import player_course, server_stall
 
     frames = [(0.0, 1.0, 0.0), (1.5, 1.0, 1.2), (2.0, 0.5, 1.9), (4.0, 1.0, 3.0)]
     assert player_course(frames) == [
@@ -414,7 +414,7 @@ def test_loadtest_live_draws_the_sessions_timeline(server, tmp_path):
 
     from PIL import Image
 
-    from loadtest.live import plot_timelines, run_session
+    from loadtest.live_load import plot_timelines, run_session
 
     session = asyncio.run(run_session(live_url(server), "One two three. Four five six.", 40.0, "pcm", "af_heart"))
     assert session.errors == [] and len(session.frames) >= 2

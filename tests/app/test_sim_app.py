@@ -13,7 +13,7 @@ import asyncio
 from app_client import started_app_client
 
 from api.app import create_app
-from api.status_cli import format_table, parse_metrics, rows_from_metrics
+from api.status_cli import format_replica_table, parse_metrics, rows_from_metrics
 from worker.settings import Settings
 from worker.sim_engine import SimReplica
 
@@ -56,7 +56,7 @@ def test_a_sim_server_says_it_is_simulated_everywhere():
 
     rows, summary = rows_from_metrics(parse_metrics(seen["metrics"]))
     assert summary["engine"] == "sim"
-    assert format_table(rows, summary).startswith("SIMULATED ENGINE")
+    assert format_replica_table(rows, summary).startswith("SIMULATED ENGINE")
     # the playground's fleet panel: the page carries the banner, hidden until the panel's JSON says so
     assert seen["playground"]["engine"] == "sim" and seen["playground"]["simulated"] is True
     assert 'id="fleet-simulated"' in seen["page"]
@@ -74,5 +74,5 @@ def test_the_default_server_is_not_simulated():
     assert 'engine="sim"' not in seen["metrics"]
     assert seen["speech"].status_code == 200 and seen["speech"].headers["x-kokoro-engine"] == "torch"
     rows, summary = rows_from_metrics(parse_metrics(seen["metrics"]))
-    assert summary["engine"] == "torch" and "SIMULATED" not in format_table(rows, summary)
+    assert summary["engine"] == "torch" and "SIMULATED" not in format_replica_table(rows, summary)
     assert seen["playground"]["engine"] == "torch" and seen["playground"]["simulated"] is False

@@ -310,14 +310,14 @@ def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, re
 def test_a_fleet_worker_that_has_not_read_the_replica_table_yet_says_fleet_not_single(local_service, redis_server):
     """Before its first read of Redis a fleet worker's /metrics has no replica rows; `status` and the
     playground must not take its own replica's figures for a single worker's."""
-    from api.status_cli import format_table
+    from api.status_cli import format_replica_table
 
     fleet = fleet_for(local_service, redis_server.url)  # not started: nothing read from Redis
     metrics = Metrics()
     fleet.register_metrics(metrics)
     rows, summary = rows_from_metrics(parse_metrics(metrics.render()))
     assert rows == [] and summary["mode"] == "fleet"
-    assert "not read the fleet's replica table" in format_table(rows, summary)
+    assert "not read the fleet's replica table" in format_replica_table(rows, summary)
 
 
 def test_a_started_fleet_worker_reads_the_fleets_figures_at_once(local_service, redis_server):

