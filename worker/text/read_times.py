@@ -98,13 +98,7 @@ MONTH_DAY = re.compile(r"\b(?P<mon>Jan(?:uary|\.)?|Feb(?:ruary|\.)?|Mar(?:ch|\.)
 def say_month_day(m: re.Match, british: bool) -> str:
     month = _MONTH_ABBR[m.group("mon").lower()[:4].rstrip(".")] if m.group("mon").lower()[:4].rstrip(".") in _MONTH_ABBR \
         else _MONTH_ABBR[m.group("mon").lower()[:3]]
-    d = int(m.group("d"))
-    if not 1 <= d <= 31:
-        return m.group(0)
-    spoken = f"{month} {num.ordinal(d)}"
-    if m.group("y"):
-        spoken += f", {num.year(int(m.group('y')), british)}"
-    return spoken
+    return _named_month_date(m, british, lambda d: f"{month} {num.ordinal(d)}", ", ")
 
 
 DAY_MONTH = re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>January|February|March|April|May|June|July|August|September|October|November|December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\b\.?(?:,?\s+(?P<y>\d{4})\b)?")
@@ -112,14 +106,18 @@ DAY_MONTH = re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<mon>Ja
 
 def say_day_month(m: re.Match, british: bool) -> str:
     month = _MONTH_ABBR[m.group("mon").lower()[:3]]
+    return _named_month_date(m, british, lambda d: f"the {num.ordinal(d)} of {month}", " ")
+
+
+def _named_month_date(m: re.Match, british: bool, day_and_month, year_joint: str) -> str:
+    """A date with its month in words: the day (1-31, else the text stays as written) said as
+    `day_and_month` says it, then the year, if any, after `year_joint`."""
     d = int(m.group("d"))
     if not 1 <= d <= 31:
         return m.group(0)
-    spoken = f"{num.ordinal(d)} {month}" if british else f"the {num.ordinal(d)} of {month}"
-    if british:
-        spoken = f"the {num.ordinal(d)} of {month}"
+    spoken = day_and_month(d)
     if m.group("y"):
-        spoken += f" {num.year(int(m.group('y')), british)}"
+        spoken += f"{year_joint}{num.year(int(m.group('y')), british)}"
     return spoken
 
 
