@@ -37,7 +37,7 @@ from api.serving import captioned_response, combined_voice_response, phonemize_r
 from api.state import AppState, encode_pool, parse_api_keys
 from api.swagger import docs_router
 from api.transport import AccessLogMiddleware
-from worker.settings import Settings, get_settings
+from api.settings import Settings, get_settings
 from worker.text import lexicon_status
 
 log = logging.getLogger("kokoro_fleet.api")

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from worker.settings import SettingsError
+from api.settings import SettingsError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
     "normalize": ("worker.text.cli", "print the normalized text"),
     "phonemize": ("worker.text.cli", "print the chunks and their phonemes"),
-    "settings": ("worker.settings_cli", "print every setting as docs/configuration.md's table"),
+    "settings": ("api.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 
 

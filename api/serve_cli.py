@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker.settings import Settings
+from api.settings import Settings
 
 log = logging.getLogger("kokoro_fleet.serve")
 

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def real_weights():
     """The real Kokoro-82M weights from the offline bundle (converted once, then cached)."""
-    from worker.settings import Settings
+    from api.settings import Settings
     from worker.weights import load_weights
 
     return load_weights(Settings.from_env().replace(weights="offline"))
@@ -17,7 +17,7 @@ def real_weights():
 @pytest.fixture(scope="session")
 def tiny_weights():
     """Seeded random weights of the small `tiny_config()` (same architecture), for fast tests."""
-    from worker.settings import Settings
+    from api.settings import Settings
     from worker.weights import load_weights
 
     return load_weights(Settings.from_env().replace(weights="tiny"))

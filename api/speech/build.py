@@ -9,7 +9,7 @@ import time
 from api.metrics import Metrics
 from api.speech.contract import SpeechBackend
 from api.speech.local import SpeechService
-from worker.settings import Settings, SettingsError
+from api.settings import Settings, SettingsError
 from worker.voices import VoiceBank
 
 log = logging.getLogger("kokoro_fleet.api")

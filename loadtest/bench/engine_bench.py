@@ -77,7 +77,7 @@ def _progress(message: str) -> None:
 
 
 def bench_weights(source: str):
-    from worker.settings import get_settings
+    from api.settings import get_settings
     from worker.weights import load_weights
 
     return load_weights(get_settings().replace(weights=source))

@@ -861,7 +861,7 @@ def test_no_redis_at_start_raises_queue_unavailable_promptly():
 
 
 def test_bounds_default_from_the_replica_count_and_settings_override_them():
-    from worker.settings import Settings
+    from api.settings import Settings
 
     derived = AdmissionBounds.from_settings(Settings.from_env({}), replicas=4)
     assert derived == AdmissionBounds(8, 80.0)

@@ -129,7 +129,7 @@ def test_each_worker_takes_its_share_of_the_cores_on_a_gpu_too(device, monkeypat
     OpenMP thread per core in every one of 8 workers. Nothing here touches CUDA: the thread count
     is set before any engine exists."""
     from worker import cpu_runtime
-    from worker.settings import Settings
+    from api.settings import Settings
 
     monkeypatch.setattr(cpu_runtime, "usable_cores", lambda: 16)
     before = torch.get_num_threads()
@@ -174,7 +174,7 @@ def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
     assert run(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=1048576") == ["False", "False"]
     # An engine asks for it in int8 mode only, where it was measured to pay; bf16 and fp32 keep
     # glibc's default and its lower resident memory.
-    engine = ("import sys; from worker.settings import Settings; from worker.weights import load_weights\n"
+    engine = ("import sys; from api.settings import Settings; from worker.weights import load_weights\n"
               "from worker.engine import Engine; from worker.cpu_runtime import _KEEP_FREED\n"
               "Engine(load_weights(Settings.from_env({'KOKORO_WEIGHTS': 'tiny'})), 'cpu', sys.argv[1], "
               "fused_kernels=False); print(_KEEP_FREED['applied'])")

@@ -16,7 +16,7 @@ import torch
 from worker import sim_engine
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.engine import BatchItem
-from worker.settings import Settings
+from api.settings import Settings
 from worker.sim_engine import FRAMES_PER_TOKEN, LENGTH_SCALE, SimCost, SimReplica, sim_voices, token_frames
 from api.speech.contract import SpeechRequest
 from api.speech.local import SpeechService
@@ -189,7 +189,7 @@ def test_say_refuses_the_simulated_engine_and_names_the_setting(monkeypatch, tmp
     """`say` is for listening to the model: with KOKORO_ENGINE=sim it writes no synthetic stand-in."""
     from api.cli import main
 
-    monkeypatch.setattr("worker.settings._current", Settings.from_env({"KOKORO_ENGINE": "sim"}))
+    monkeypatch.setattr("api.settings._current", Settings.from_env({"KOKORO_ENGINE": "sim"}))
     out = tmp_path / "out.wav"
     assert main(["say", "Hello there.", "-o", str(out)]) == 2
     assert "KOKORO_ENGINE=sim" in capsys.readouterr().err and not out.exists()

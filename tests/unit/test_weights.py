@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from worker import weights as W
-from worker.settings import Settings
+from api.settings import Settings
 from worker.voices import VoiceBank, voice_file
 
 # A short English sentence in Kokoro's phoneme alphabet (misaki style).
@@ -221,7 +221,7 @@ def test_cli_prints_the_error_and_exits_1_without_traceback(copied_parts, monkey
     flip_byte(parts[1], 12345)
     monkeypatch.setenv("KOKORO_CACHE_DIR", settings.cache_dir)
     monkeypatch.setenv("KOKORO_WEIGHTS", "offline")
-    monkeypatch.setattr("worker.settings._current", None)
+    monkeypatch.setattr("api.settings._current", None)
     monkeypatch.setattr("worker.weights.offline.find_onnx_parts", lambda _settings: parts)
     from api.cli import main
 

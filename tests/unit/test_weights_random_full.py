@@ -9,7 +9,7 @@ import torch
 
 from api.app import _engine
 from worker.engine import Engine
-from worker.settings import Settings, SettingsError
+from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
 from worker.weights import VOICE_NAMES, load_weights, official_config
 from worker.weights.cli import describe

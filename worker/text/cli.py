@@ -12,7 +12,7 @@ import json
 import sys
 import unicodedata
 
-from worker.settings import get_settings
+from api.settings import get_settings
 
 
 def _read_text(args: argparse.Namespace) -> str:

@@ -30,7 +30,7 @@ def _segmenter():
     dictionary in a file, which we keep in KOKORO_CACHE_DIR rather than /tmp)."""
     import jieba
 
-    from worker.settings import Settings
+    from api.settings import Settings
 
     jieba.setLogLevel(logging.WARNING)  # it prints its loading progress at INFO otherwise
     cache_dir = Settings.from_env(only=("cache_dir",)).cache_dir

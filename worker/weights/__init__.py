@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from worker.settings import Settings, get_settings
+from api.settings import Settings, get_settings
 from worker.weights.common import (COMPONENTS, CONFIG_PATH, STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights,
                                    WeightsError, official_config, serving_dir, sha256_file)
 from worker.weights.official import (OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_REVISION, OFFICIAL_SHA256,

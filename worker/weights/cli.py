@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from worker.settings import Settings
+from api.settings import Settings
 from worker.weights import (NPM_SPEC, NPM_TARBALL_SHA256, OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_SHA256, ONNX_NAME,
                             ONNX_PARTS, ONNX_SHA256, PARTS_VERSION, WeightsError, download_official, load_weights,
                             offline_dir, offline_ready, official_dir, prepare_offline, serving_dir,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:  # torch is imported lazily, so `kokoro-fleet weights` on a ready cache stays instant
     import torch
 
-    from worker.settings import Settings
+    from api.settings import Settings
 
 # The 54 voices of Kokoro-82M v1.0, as named in hexgrad/Kokoro-82M/voices and kokoro-js.
 VOICE_NAMES: tuple[str, ...] = (

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from worker.settings import Settings
+from api.settings import Settings
 from worker.weights.common import (COMPONENTS, STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights, WeightsError,
                                    atomic_path, log, sha256_file)
 

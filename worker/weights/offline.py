@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from worker.settings import Settings
+from api.settings import Settings
 from worker.weights.common import (STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights, WeightsError, atomic_path,
                                    file_lock, log, official_config, serving_dir, sha256_file,
                                    write_json_atomic)
