@@ -12,7 +12,7 @@ from worker.engine import Engine
 from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
 from worker.weights import VOICE_NAMES, load_weights, official_config
-from worker.weights.cli import describe
+from api.weights_cli import describe
 from worker.weights.common import STYLE_WIDTH, VOICE_ROWS
 
 
