@@ -18,6 +18,7 @@ log = logging.getLogger("kokoro_fleet.api")
 def build_local_service(settings: Settings) -> SpeechService:
     """This process's replica and its local service: the weights, the engine and the replica the
     settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
+    from api.weights_cli import weights_source
     from worker.engine import Engine
     from worker.replica import BaselineReplica, Replica
     from worker.weights import load_weights
@@ -31,7 +32,7 @@ def build_local_service(settings: Settings) -> SpeechService:
                                 "one model); serve the baseline with KOKORO_ENGINE=torch")
         replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
         return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
-    weights = load_weights(settings)
+    weights = load_weights(weights_source(settings))
     engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,
                     cuda_graphs=settings.cuda_graphs and not settings.baseline)
     replica = (BaselineReplica(engine) if settings.baseline else
