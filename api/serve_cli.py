@@ -372,9 +372,10 @@ def run(args: argparse.Namespace) -> int:
         if settings.baseline:
             raise SystemExit("kokoro-fleet serve: KOKORO_ENGINE=sim does not simulate the baseline; "
                              "serve the baseline with KOKORO_ENGINE=torch")
+        from api.speech.build import sim_cost
         from worker.sim_engine import describe
 
-        log.warning(describe(settings))
+        log.warning(describe(sim_cost(settings)))
     elif settings.weights == "random-full":
         from worker.weights.random_full import NOTICE
 

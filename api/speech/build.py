@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from api.metrics import Metrics
 from api.speech.contract import SpeechBackend
@@ -12,7 +13,17 @@ from api.speech.local import SpeechService
 from api.settings import Settings, SettingsError
 from worker.voices import VoiceBank
 
+if TYPE_CHECKING:
+    from worker.sim_engine import SimCost
+
 log = logging.getLogger("kokoro_fleet.api")
+
+
+def sim_cost(settings: Settings) -> "SimCost":
+    """The simulated engine's cost per chunk, KOKORO_SIM_CHUNK_MS + KOKORO_SIM_PHONEME_MS x phonemes."""
+    from worker.sim_engine import SimCost
+
+    return SimCost(settings.sim_chunk_ms, settings.sim_phoneme_ms)
 
 
 def build_local_service(settings: Settings) -> SpeechService:
@@ -21,16 +32,18 @@ def build_local_service(settings: Settings) -> SpeechService:
     from api.weights_cli import weights_source
     from worker.engine import Engine
     from worker.replica import BaselineReplica, Replica
+    from worker.text.mandarin import use_segmenter_cache
     from worker.weights import load_weights
 
+    use_segmenter_cache(settings.cache_dir)
     if settings.engine == "sim":  # only ever by KOKORO_ENGINE=sim: no model, no weights
-        from worker.sim_engine import SimCost, SimReplica, sim_voices
+        from worker.sim_engine import SimReplica, sim_voices
         from worker.weights import VOICE_NAMES
 
         if settings.baseline:
             raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
                                 "one model); serve the baseline with KOKORO_ENGINE=torch")
-        replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
+        replica = SimReplica(sim_cost(settings), seed=settings.seed)
         return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
     weights = load_weights(weights_source(settings))
     engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,

@@ -129,13 +129,13 @@ def test_each_worker_takes_its_share_of_the_cores_on_a_gpu_too(device, monkeypat
     OpenMP thread per core in every one of 8 workers. Nothing here touches CUDA: the thread count
     is set before any engine exists."""
     from worker import cpu_runtime
-    from api.settings import Settings
 
     monkeypatch.setattr(cpu_runtime, "usable_cores", lambda: 16)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(7)  # neither the share nor the default
-        cpu_runtime.configure_process(Settings(device=device, workers=8, cache_dir=str(tmp_path)))
+        cpu_runtime.configure_process(cache_dir=str(tmp_path), threads=0, workers=8, device=device,
+                                      inference_nice=0)
         assert torch.get_num_threads() == 2  # 16 cores / 8 workers
     finally:
         torch.set_num_threads(before)
