@@ -37,7 +37,7 @@ from api.serving import captioned_response, combined_voice_response, phonemize_r
 from api.state import AppState, encode_pool, parse_api_keys
 from api.swagger import docs_router
 from api.transport import AccessLogMiddleware
-from worker.settings import Settings, get_settings
+from api.settings import Settings, get_settings
 from worker.text import lexicon_status
 
 log = logging.getLogger("kokoro_fleet.api")
@@ -287,7 +287,9 @@ async def _load_service(state: AppState) -> None:
 
         from worker.cpu_runtime import configure_process
 
-        configure_process(state.settings)  # intra-op threads (cores / workers), compile cache
+        settings = state.settings
+        configure_process(cache_dir=settings.cache_dir, threads=settings.threads, workers=settings.workers,
+                          device=settings.device, inference_nice=settings.inference_nice)  # threads, compile cache
         log.info("start-up: imports and process set-up %.1f s", time.perf_counter() - started)
         # Built and warmed up: this worker's replica alone, behind the fleet's queue, or the baseline.
         service = await build_service(state.settings, state.metrics)
@@ -299,9 +301,10 @@ async def _load_service(state: AppState) -> None:
         state.service = service
         state.ready = True
         if state.settings.engine == "sim":
+            from api.speech.build import sim_cost
             from worker.sim_engine import describe
 
-            log.warning("ready in %.1f s: %s", time.perf_counter() - started, describe(state.settings))
+            log.warning("ready in %.1f s: %s", time.perf_counter() - started, describe(sim_cost(state.settings)))
         elif state.settings.weights == "random-full":
             from worker.weights.random_full import NOTICE
 

@@ -11,18 +11,18 @@ import argparse
 import importlib
 import sys
 
-from worker.settings import SettingsError
+from api.settings import SettingsError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
     "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
     "say": ("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
-    "weights": ("worker.weights.cli", "show or prepare the model weights in use"),
+    "weights": ("api.weights_cli", "show or prepare the model weights in use"),
     "bench": ("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
-    "normalize": ("worker.text.cli", "print the normalized text"),
-    "phonemize": ("worker.text.cli", "print the chunks and their phonemes"),
-    "settings": ("worker.settings_cli", "print every setting as docs/configuration.md's table"),
+    "normalize": ("api.text_cli", "print the normalized text"),
+    "phonemize": ("api.text_cli", "print the chunks and their phonemes"),
+    "settings": ("api.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from api.encoders import FORMATS, default_sample_rate, make_encoder, wav_header
-from worker.settings import get_settings
+from api.settings import get_settings
 
 # A file name's suffix -> the format written.
 FORMAT_OF_SUFFIX = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac",

@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker.settings import Settings
+from api.settings import Settings
+from api.speech.replica_slots import REPLICA_SLOTS_DIR
 
 log = logging.getLogger("kokoro_fleet.serve")
 
@@ -119,30 +120,6 @@ def resolve_replicas(settings: Settings, workers: int) -> int:
                          "needs the shared queue (several workers, KOKORO_DISPATCH=shared, not --baseline): a "
                          "worker without a replica runs its requests on the others'")
     return replicas
-
-
-REPLICA_SLOTS_DIR = "replica-slots"  # under KOKORO_METRICS_DIR, which the workers of one server share
-_held_slots: list = []  # the open lock file of this worker's replica slot, held for the process's life
-
-
-def claim_replica_slot(directory: str | Path, slots: int) -> int | None:
-    """One of `slots` replica slots for this worker process (a lock file of `directory` held until
-    it exits, so a worker that dies gives its slot to the one Uvicorn starts in its place), or None
-    when all are held: this worker is then an HTTP front only."""
-    import fcntl
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for slot in range(slots):
-        f = open(directory / f"replica-{slot}.lock", "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            continue
-        _held_slots.append(f)
-        return slot
-    return None
 
 
 # --- memory on CPU ---------------------------------------------------------------------------------
@@ -410,9 +387,10 @@ def run(args: argparse.Namespace) -> int:
         if settings.baseline:
             raise SystemExit("kokoro-fleet serve: KOKORO_ENGINE=sim does not simulate the baseline; "
                              "serve the baseline with KOKORO_ENGINE=torch")
+        from api.speech.build import sim_cost
         from worker.sim_engine import describe
 
-        log.warning(describe(settings))
+        log.warning(describe(sim_cost(settings)))
     elif settings.weights == "random-full":
         from worker.weights.random_full import NOTICE
 

@@ -16,7 +16,7 @@ from api.errors import ApiError
 from api.metrics import Metrics
 from api.speech.contract import Overloaded, SpeechBackend
 from worker.machine import usable_cores
-from worker.settings import Settings
+from api.settings import Settings
 
 
 def encode_pool(workers: int = 1) -> ThreadPoolExecutor:

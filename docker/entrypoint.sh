@@ -14,7 +14,7 @@
 #    status (0 after a clean drain). A server still running a few seconds past the grace period is
 #    killed, so a stuck drain cannot hold a container past its orchestrator's own deadline.
 #
-# Every variable is a setting documented by `kokoro-fleet settings` (worker/settings.py).
+# Every variable is a setting documented by `kokoro-fleet settings` (api/settings.py).
 set -Eeuo pipefail
 
 log() { printf 'entrypoint: %s\n' "$*" >&2; }

@@ -377,7 +377,7 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
 def sim_cost_ms(args: argparse.Namespace) -> dict[str, float]:
     """The simulated engine's cost both fleets run with: the settings' (environment or defaults)
     times --sim-slowdown."""
-    from worker.settings import Settings
+    from api.settings import Settings
 
     settings = Settings.from_env(only=("sim_chunk_ms", "sim_phoneme_ms"))
     return {"per_chunk": settings.sim_chunk_ms * args.sim_slowdown,

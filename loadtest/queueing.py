@@ -36,7 +36,7 @@ class Shape:
 
 
 def shapes(texts: list[str], chunk_ms: float, phoneme_ms: float) -> list[Shape]:
-    from worker.settings import Settings
+    from api.settings import Settings
     from worker.text import text_to_chunks
 
     settings = Settings.from_env(only=("first_chunk_phonemes", "chunk_phonemes"))

@@ -8,19 +8,21 @@ import pytest
 @pytest.fixture(scope="session")
 def real_weights():
     """The real Kokoro-82M weights from the offline bundle (converted once, then cached)."""
-    from worker.settings import Settings
+    from api.settings import Settings
+    from api.weights_cli import weights_source
     from worker.weights import load_weights
 
-    return load_weights(Settings.from_env().replace(weights="offline"))
+    return load_weights(weights_source(Settings.from_env().replace(weights="offline")))
 
 
 @pytest.fixture(scope="session")
 def tiny_weights():
     """Seeded random weights of the small `tiny_config()` (same architecture), for fast tests."""
-    from worker.settings import Settings
+    from api.settings import Settings
+    from api.weights_cli import weights_source
     from worker.weights import load_weights
 
-    return load_weights(Settings.from_env().replace(weights="tiny"))
+    return load_weights(weights_source(Settings.from_env().replace(weights="tiny")))
 
 
 @pytest.fixture

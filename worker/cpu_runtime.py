@@ -178,18 +178,19 @@ def use_compile_cache(cache_dir: str | Path) -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-def configure_process(settings) -> None:
-    """A replica process's set-up before its engine is built: intra-op threads and compile cache."""
+def configure_process(*, cache_dir: str, threads: int, workers: int, device: str, inference_nice: int) -> None:
+    """A replica process's set-up before its engine is built: intra-op threads and compile cache.
+    `threads` and `workers` as KOKORO_THREADS and KOKORO_WORKERS give them (0: derived)."""
     import torch
 
     from worker.device import resolve_device
 
-    use_compile_cache(settings.cache_dir)
+    use_compile_cache(cache_dir)
     # On a GPU too: a worker's host-side torch work (building or loading the weights, the small CPU
     # tensors of each request) would otherwise start one OpenMP thread per core in every worker,
     # 8 workers x 16 threads on 16 cores, slowing every worker's start-up (loadtest/README.md).
-    threads = inference_threads(settings.threads, settings.workers)
-    torch.set_num_threads(threads)
-    on = "inference" if resolve_device(settings.device).type == "cpu" else "host-side torch"
+    used = inference_threads(threads, workers)
+    torch.set_num_threads(used)
+    on = "inference" if resolve_device(device).type == "cpu" else "host-side torch"
     log.info("%d %s thread(s) (KOKORO_THREADS=%d, %d worker(s) on %d usable core(s)), niceness +%d",
-             threads, on, settings.threads, max(1, settings.workers), usable_cores(), settings.inference_nice)
+             used, on, threads, max(1, workers), usable_cores(), inference_nice)

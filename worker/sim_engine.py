@@ -65,10 +65,6 @@ class SimCost:
     chunk_ms: float = 34.0
     phoneme_ms: float = 0.93
 
-    @classmethod
-    def from_settings(cls, settings) -> "SimCost":
-        return cls(settings.sim_chunk_ms, settings.sim_phoneme_ms)
-
     def seconds(self, phonemes: int) -> float:
         return (self.chunk_ms + self.phoneme_ms * phonemes) / 1000
 
@@ -204,9 +200,8 @@ def sim_voices(names: Sequence[str]) -> dict[str, torch.Tensor]:
     return {name: row.expand(510, STYLE_WIDTH) for name in names}
 
 
-def describe(settings) -> str:
+def describe(cost: SimCost) -> str:
     """The startup log's line for a simulated server."""
-    cost = SimCost.from_settings(settings)
     seconds = cost.seconds(400)
     # a zero cost model (the front-end benchmark, loadtest.frontend) has no real-time factor
     speed = (f"{400 * SECONDS_PER_PHONEME / seconds:.0f}x real time" if seconds > 0

@@ -8,4 +8,5 @@
     lease_loop.py  the fleet's replica side: lease, run, heartbeat, complete, reap
     redis_link.py  keys, scripts, connection, errors, figures and the chunk job's codec (both sides)
     build.py       build_service: the one builder of the service a worker serves with
+    replica_slots.py  which workers hold a replica when KOKORO_REPLICAS is below the workers
 """

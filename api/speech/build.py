@@ -6,33 +6,47 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from api.metrics import Metrics
 from api.speech.contract import SpeechBackend
 from api.speech.local import SpeechService
-from worker.settings import Settings, SettingsError
+from api.settings import Settings, SettingsError
 from worker.voices import VoiceBank
 
+if TYPE_CHECKING:
+    from worker.sim_engine import SimCost
+
 log = logging.getLogger("kokoro_fleet.api")
+
+
+def sim_cost(settings: Settings) -> "SimCost":
+    """The simulated engine's cost per chunk, KOKORO_SIM_CHUNK_MS + KOKORO_SIM_PHONEME_MS x phonemes."""
+    from worker.sim_engine import SimCost
+
+    return SimCost(settings.sim_chunk_ms, settings.sim_phoneme_ms)
 
 
 def build_local_service(settings: Settings) -> SpeechService:
     """This process's replica and its local service: the weights, the engine and the replica the
     settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
+    from api.weights_cli import weights_source
     from worker.engine import Engine
     from worker.replica import BaselineReplica, Replica
+    from worker.text.mandarin import use_segmenter_cache
     from worker.weights import load_weights
 
+    use_segmenter_cache(settings.cache_dir)
     if settings.engine == "sim":  # only ever by KOKORO_ENGINE=sim: no model, no weights
-        from worker.sim_engine import SimCost, SimReplica, sim_voices
+        from worker.sim_engine import SimReplica, sim_voices
         from worker.weights import VOICE_NAMES
 
         if settings.baseline:
             raise SettingsError("KOKORO_ENGINE=sim does not simulate the baseline (four chunks at once on "
                                 "one model); serve the baseline with KOKORO_ENGINE=torch")
-        replica = SimReplica(SimCost.from_settings(settings), seed=settings.seed)
+        replica = SimReplica(sim_cost(settings), seed=settings.seed)
         return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
-    weights = load_weights(settings)
+    weights = load_weights(weights_source(settings))
     engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,
                     cuda_graphs=settings.cuda_graphs and not settings.baseline)
     replica = (BaselineReplica(engine) if settings.baseline else
@@ -43,15 +57,19 @@ def build_local_service(settings: Settings) -> SpeechService:
 def build_front_service(settings: Settings) -> SpeechService:
     """A worker without a replica (KOKORO_REPLICAS): the voices and the text frontend, no engine."""
     from api.speech.lease_loop import NoReplica
+    from worker.text.mandarin import use_segmenter_cache
 
+    use_segmenter_cache(settings.cache_dir)
     if settings.engine == "sim":
         from worker.sim_engine import sim_voices
         from worker.weights import VOICE_NAMES
 
         return SpeechService(NoReplica(), VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
+    from api.weights_cli import weights_source
     from worker.weights import load_weights
 
-    return SpeechService(NoReplica(), VoiceBank(load_weights(settings).voices, settings.voices_dir), settings)
+    voices = load_weights(weights_source(settings)).voices
+    return SpeechService(NoReplica(), VoiceBank(voices, settings.voices_dir), settings)
 
 
 async def build_service(settings: Settings, metrics: Metrics | None = None) -> SpeechBackend:
@@ -78,12 +96,12 @@ async def build_service(settings: Settings, metrics: Metrics | None = None) -> S
 
 def _holds_replica(settings: Settings) -> bool:
     """Whether this worker builds a replica: every worker does unless KOKORO_REPLICAS is below the
-    workers; then the first that many to start (a slot each, api.serve_cli.claim_replica_slot)."""
+    workers; then the first that many to start (a slot each, api.speech.replica_slots)."""
     if not settings.replicas or settings.replicas >= settings.workers or not settings.queue_url:
         return True
     if not settings.metrics_dir:  # only `serve` runs several workers, and it always gives them one
         return True
-    from api.serve_cli import REPLICA_SLOTS_DIR, claim_replica_slot
+    from api.speech.replica_slots import REPLICA_SLOTS_DIR, claim_replica_slot
 
     slot = claim_replica_slot(Path(settings.metrics_dir) / REPLICA_SLOTS_DIR, settings.replicas)
     log.info("replica slot %s of %d", "none: an HTTP front only" if slot is None else slot, settings.replicas)

@@ -49,7 +49,7 @@ from api.speech.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueU
 from api.speech.redis_link import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
                                    read_replicas, read_stats, stop_if_cancelled, worker_id)
 from worker.audio import SECONDS_PER_PHONEME, from_pcm16
-from worker.settings import Settings
+from api.settings import Settings
 
 log = logging.getLogger("kokoro_fleet.fleet")
 

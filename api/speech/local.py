@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, chunk_piece
-from worker.settings import Settings, get_settings
+from api.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
                          load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.text.markup import Delivery, split_speech, voice_tags_as_ssml

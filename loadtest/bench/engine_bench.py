@@ -77,10 +77,11 @@ def _progress(message: str) -> None:
 
 
 def bench_weights(source: str):
-    from worker.settings import get_settings
+    from api.settings import get_settings
+    from api.weights_cli import weights_source
     from worker.weights import load_weights
 
-    return load_weights(get_settings().replace(weights=source))
+    return load_weights(weights_source(get_settings().replace(weights=source)))
 
 
 def chunk_ids(vocab: dict, size: int) -> list[int]:

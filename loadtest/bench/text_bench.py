@@ -57,7 +57,7 @@ def time_synthesis(paths: list[Path] | None = None, lang_code: str = "a", voice:
     import sys
 
     from api.speech.build import build_local_service
-    from worker.settings import get_settings
+    from api.settings import get_settings
     from worker.text import text_to_chunks
 
     service = build_local_service(get_settings())
@@ -89,7 +89,7 @@ def first_request(lang_code: str, preloaded: bool) -> dict:
 
     import torch
 
-    from worker.settings import Settings
+    from api.settings import Settings
     from api.speech.contract import SpeechRequest
     from api.speech.local import SpeechService
     from worker.voices import VoiceBank

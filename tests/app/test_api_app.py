@@ -30,7 +30,7 @@ import torch
 import uvicorn
 
 from api.app import create_app
-from worker.settings import Settings
+from api.settings import Settings
 from api.speech.contract import ReplicaStats, SpeechPlan
 from worker.text import Chunk, NothingToSay
 from worker.voices import VoiceBank

@@ -21,7 +21,7 @@ from api.app import create_app
 from test_api_app import (PIECE_AUDIO_S, PIECE_SECONDS, SR, ScriptedService, ThreadServer, cancel_after_turns,
                           metric)
 from worker.audio import SAMPLES_PER_FRAME
-from worker.settings import Settings
+from api.settings import Settings
 
 PIECE_BYTES = round(PIECE_AUDIO_S * SR) * 2  # one scripted piece as 16-bit PCM
 

@@ -13,8 +13,8 @@ import asyncio
 from app_client import started_app_client
 
 from api.app import create_app
+from api.settings import Settings
 from api.status_cli import format_replica_table, parse_metrics, rows_from_metrics
-from worker.settings import Settings
 from worker.sim_engine import SimReplica
 
 

@@ -12,7 +12,7 @@ import httpx
 from app_client import started_app_client
 
 from api.app import create_app
-from worker.settings import Settings
+from api.settings import Settings
 
 PCM = {"response_format": "pcm", "stream": False}
 TURNS = [{"voice": "af_heart", "text": "Did it land?"}, {"voice": "am_adam", "text": "It did."},

@@ -11,7 +11,7 @@ import asyncio
 from app_client import started_app_client
 
 from api.app import create_app
-from worker.settings import Settings
+from api.settings import Settings
 
 TEXT = {"input": "A voice of our own.", "response_format": "pcm", "stream": False}
 

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.swagger import ASSETS, ASSETS_PATH, FILES, LICENCE_FILES
 from test_playground import browser  # noqa: F401  (the chromium fixture)
-from worker.settings import Settings
+from api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "api" / "swagger"

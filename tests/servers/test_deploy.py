@@ -250,11 +250,11 @@ def test_modal_limits_request_audio_below_its_request_cap(monkeypatch):
     cfg = load_modal_app(monkeypatch).CONFIG
     assert 0 < cfg.max_request_audio_seconds < 150
     assert float(cfg.server_environment()["KOKORO_MAX_REQUEST_AUDIO_SECONDS"]) == cfg.max_request_audio_seconds
-    from worker.settings import Settings
+    from api.settings import Settings
 
     names = {f.metadata["env"] for f in __import__("dataclasses").fields(Settings)}
     unknown = [k for k in cfg.server_environment() if k.startswith("KOKORO_") and k not in names]
-    assert not unknown, f"modal_app.py sets variables that worker/settings.py does not define: {unknown}"
+    assert not unknown, f"modal_app.py sets variables that api/settings.py does not define: {unknown}"
 
 
 def test_modal_image_installs_the_same_steps_as_the_dockerfile(monkeypatch):

@@ -43,7 +43,7 @@ def local_service(tiny_engine, tiny_weights):
     """A fresh replica per test (each test runs its own event loop, and a replica's lock belongs to
     the loop that first waited on it), over the module's one engine."""
     from worker.replica import Replica
-    from worker.settings import Settings
+    from api.settings import Settings
     from worker.voices import VoiceBank
 
     settings = Settings.from_env().replace(weights="tiny", first_chunk_phonemes=30, chunk_phonemes=60)
@@ -465,7 +465,7 @@ def test_the_test_redis_restarts_on_the_same_addresses_and_leaves_no_directory_b
 
 def test_a_repeated_prompt_is_answered_from_the_cache_without_the_queue(tiny_engine, tiny_weights, redis_server):
     from worker.replica import Replica
-    from worker.settings import Settings
+    from api.settings import Settings
     from worker.voices import VoiceBank
 
     settings = Settings.from_env().replace(weights="tiny", first_chunk_phonemes=30, chunk_phonemes=60)

@@ -38,7 +38,7 @@ from websockets.sync.client import connect
 
 from api.app import create_app
 from loadtest.dispatch import FleetProcess
-from worker.settings import Settings
+from api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

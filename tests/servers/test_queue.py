@@ -929,7 +929,7 @@ def test_no_redis_at_start_raises_queue_unavailable_promptly():
 
 
 def test_bounds_default_from_the_replica_count_and_settings_override_them():
-    from worker.settings import Settings
+    from api.settings import Settings
 
     derived = AdmissionBounds.from_settings(Settings.from_env({}), replicas=4)
     assert derived == AdmissionBounds(8, 80.0)
@@ -948,7 +948,7 @@ def test_the_request_bound_follows_the_measured_rate_and_the_first_audio_target(
     """Issue 39: about 21 requests in flight at c = 64 on the GPU, too few to fill batches. Without
     KOKORO_QUEUE_MAX_REQUESTS the bound is what the replicas can start within the first-audio target
     at their measured rate, when that is more than two per replica or a batch each."""
-    from worker.settings import Settings
+    from api.settings import Settings
 
     # 8 replicas at 375 audio-s/s each (3,000 together) make 750 audio-s in 250 ms: 166 first chunks of 4.5 s
     assert first_audio_places(8, 375.0, 0.25, 4.5) == 166

@@ -129,13 +129,13 @@ def test_each_worker_takes_its_share_of_the_cores_on_a_gpu_too(device, monkeypat
     OpenMP thread per core in every one of 8 workers. Nothing here touches CUDA: the thread count
     is set before any engine exists."""
     from worker import cpu_runtime
-    from worker.settings import Settings
 
     monkeypatch.setattr(cpu_runtime, "usable_cores", lambda: 16)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(7)  # neither the share nor the default
-        cpu_runtime.configure_process(Settings(device=device, workers=8, cache_dir=str(tmp_path)))
+        cpu_runtime.configure_process(cache_dir=str(tmp_path), threads=0, workers=8, device=device,
+                                      inference_nice=0)
         assert torch.get_num_threads() == 2  # 16 cores / 8 workers
     finally:
         torch.set_num_threads(before)
@@ -174,9 +174,10 @@ def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
     assert run(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=1048576") == ["False", "False"]
     # An engine asks for it in int8 mode only, where it was measured to pay; bf16 and fp32 keep
     # glibc's default and its lower resident memory.
-    engine = ("import sys; from worker.settings import Settings; from worker.weights import load_weights\n"
+    engine = ("import sys; from api.settings import Settings; from api.weights_cli import weights_source\n"
+              "from worker.weights import load_weights\n"
               "from worker.engine import Engine; from worker.cpu_runtime import _KEEP_FREED\n"
-              "Engine(load_weights(Settings.from_env({'KOKORO_WEIGHTS': 'tiny'})), 'cpu', sys.argv[1], "
+              "Engine(load_weights(weights_source(Settings.from_env({'KOKORO_WEIGHTS': 'tiny'}))), 'cpu', sys.argv[1], "
               "fused_kernels=False); print(_KEEP_FREED['applied'])")
     assert [run(engine.replace("sys.argv[1]", repr(mode)))[0] for mode in ("int8", "bf16", "fp32")] == \
         ["True", "False", "False"]

@@ -134,6 +134,16 @@ def test_the_project_has_no_import_cycle():
         describe(c, graph, modules) for c in cycles)
 
 
+def test_the_replica_library_imports_nothing_from_the_server():
+    """worker/ is the replica as a library: the server (api/) builds its parameters from the settings,
+    never the other way round."""
+    graph = import_graph(project_modules())
+    upward = {f"{module} imports {target} (line {line})"
+              for module, edges in graph.items() if module == "worker" or module.startswith("worker.")
+              for target, line in edges.items() if target == "api" or target.startswith("api.")}
+    assert not upward, "\n".join(sorted(upward))
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name

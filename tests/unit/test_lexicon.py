@@ -120,7 +120,7 @@ def test_the_server_reads_every_request_with_it(lexicon):
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from worker.settings import Settings
+    from api.settings import Settings
 
     app = TestClient(create_app(Settings().replace(lexicon=lexicon.source)))
     body = app.post("/dev/phonemize", json={"text": "Run nginx on the H100."}).json()
@@ -178,7 +178,7 @@ def test_the_server_speaks_an_edit_without_a_restart_and_health_shows_a_broken_o
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from worker.settings import Settings
+    from api.settings import Settings
     from worker.text import lexicon as lexicon_module
 
     monkeypatch.setattr(lexicon_module, "RECHECK_S", 0.0)

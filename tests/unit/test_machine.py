@@ -12,7 +12,7 @@ import pytest
 
 from api.serve_cli import fit_cpu_memory, replica_cpu_mib, resolve_workers
 from worker import machine
-from worker.settings import Settings
+from api.settings import Settings
 
 GIB = 1 << 30
 

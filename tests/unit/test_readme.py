@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from api.cli import COMMANDS
-from worker.settings import settings_table
-from worker.settings_cli import readme_block
+from api.settings import settings_table
+from api.settings_cli import readme_block
 from worker.voices import openai_voice_table
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from api.serve_cli import claim_replica_slot, resolve_replicas
-from worker.settings import Settings, SettingsError
+from api.serve_cli import resolve_replicas
+from api.speech.replica_slots import claim_replica_slot
+from api.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ def test_replicas_default_to_every_worker_and_may_be_fewer_only_on_a_shared_queu
 
 
 def test_each_slot_goes_to_one_process_and_comes_back_when_it_exits(tmp_path):
-    claim = [sys.executable, "-c", "import sys, time; from api.serve_cli import claim_replica_slot; "
+    claim = [sys.executable, "-c", "import sys, time; from api.speech.replica_slots import claim_replica_slot; "
              f"print(claim_replica_slot({str(tmp_path)!r}, 2), flush=True); sys.stdin.read()"]
     holders = [subprocess.Popen(claim, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                for _ in range(2)]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from worker.settings import Settings, SettingsError
+from api.settings import Settings, SettingsError
 
 ENUMERATED = {
     "KOKORO_DTYPE": ("bf16", "bf17", "auto, fp32, bf16, fp16"),
@@ -74,7 +74,7 @@ def test_batch_max_is_a_whole_number_of_at_least_one():
 
 def test_preload_languages_takes_codes_or_all_and_names_the_codes_on_a_typo():
     from worker.text.g2p import SUPPORTED_CODES
-    from worker.settings import LANGUAGE_CODES
+    from api.settings import LANGUAGE_CODES
 
     assert LANGUAGE_CODES == SUPPORTED_CODES
     assert Settings.from_env({"KOKORO_PRELOAD_LANGUAGES": "z, j,z"}).preload_language_codes() == ("z", "j")

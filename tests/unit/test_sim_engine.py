@@ -16,8 +16,9 @@ import torch
 from worker import sim_engine
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.engine import BatchItem
-from worker.settings import Settings
+from api.settings import Settings
 from worker.sim_engine import FRAMES_PER_TOKEN, LENGTH_SCALE, SimCost, SimReplica, sim_voices, token_frames
+from api.speech.build import sim_cost
 from api.speech.contract import SpeechRequest
 from api.speech.local import SpeechService
 from worker.audio import SECONDS_PER_PHONEME
@@ -54,7 +55,7 @@ def sleeps(monkeypatch):
 def test_the_engine_setting_defaults_to_torch_and_sim_costs_come_from_settings():
     assert Settings.from_env({}).engine == "torch"
     settings = Settings.from_env({"KOKORO_ENGINE": "sim", "KOKORO_SIM_CHUNK_MS": "4", "KOKORO_SIM_PHONEME_MS": "0.5"})
-    cost = SimCost.from_settings(settings)
+    cost = sim_cost(settings)
     assert settings.engine == "sim" and cost == SimCost(4.0, 0.5)
     assert cost.seconds(100) == pytest.approx((4 + 50) / 1000)
 
@@ -189,7 +190,7 @@ def test_say_refuses_the_simulated_engine_and_names_the_setting(monkeypatch, tmp
     """`say` is for listening to the model: with KOKORO_ENGINE=sim it writes no synthetic stand-in."""
     from api.cli import main
 
-    monkeypatch.setattr("worker.settings._current", Settings.from_env({"KOKORO_ENGINE": "sim"}))
+    monkeypatch.setattr("api.settings._current", Settings.from_env({"KOKORO_ENGINE": "sim"}))
     out = tmp_path / "out.wav"
     assert main(["say", "Hello there.", "-o", str(out)]) == 2
     assert "KOKORO_ENGINE=sim" in capsys.readouterr().err and not out.exists()

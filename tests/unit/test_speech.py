@@ -12,7 +12,7 @@ from worker.engine import Synthesis
 from api.speech.contract import EDGE_FADE_SAMPLES, SpeechRequest, fade_edges
 from api.speech.local import SpeechService
 from worker.audio import SAMPLE_RATE
-from worker.settings import Settings
+from api.settings import Settings
 from worker.text import NormalizationOptions, NothingToSay, TextError, text_to_chunks
 from worker.voices import VoiceBank, VoiceError
 from worker.weights import VOICE_NAMES

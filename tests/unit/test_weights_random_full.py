@@ -9,16 +9,16 @@ import torch
 
 from api.app import _engine
 from worker.engine import Engine
-from worker.settings import Settings, SettingsError
+from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
 from worker.weights import VOICE_NAMES, load_weights, official_config
-from worker.weights.cli import describe
+from api.weights_cli import describe, weights_source
 from worker.weights.common import STYLE_WIDTH, VOICE_ROWS
 
 
 @pytest.fixture(scope="module")
 def weights():
-    return load_weights(Settings.from_env({"KOKORO_WEIGHTS": "random-full"}))
+    return load_weights(weights_source(Settings.from_env({"KOKORO_WEIGHTS": "random-full"})))
 
 
 def test_the_source_has_the_full_config_every_voice_and_says_it_is_random(weights):
@@ -35,8 +35,8 @@ def test_the_source_has_the_full_config_every_voice_and_says_it_is_random(weight
 
 
 def test_seeded():
-    a = load_weights(Settings.from_env({"KOKORO_WEIGHTS": "random-full", "KOKORO_SEED": "3"}))
-    b = load_weights(Settings.from_env({"KOKORO_WEIGHTS": "random-full", "KOKORO_SEED": "4"}))
+    a = load_weights(weights_source(Settings.from_env({"KOKORO_WEIGHTS": "random-full", "KOKORO_SEED": "3"})))
+    b = load_weights(weights_source(Settings.from_env({"KOKORO_WEIGHTS": "random-full", "KOKORO_SEED": "4"})))
     w = "F0_proj.weight"
     assert not torch.equal(a.state_dict["predictor"][w], b.state_dict["predictor"][w])
     assert not torch.equal(a.voices["af_heart"], b.voices["af_heart"])

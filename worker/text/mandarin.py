@@ -22,23 +22,29 @@ log = logging.getLogger(__name__)
 
 _HAN_OR_NOT = regex.compile(r"(\p{Han}+)|(\P{Han}+)")
 _lock = threading.Lock()
+_segmenter_cache_dir: str | None = None
+
+
+def use_segmenter_cache(cache_dir: str) -> None:
+    """Keep jieba's parsed dictionary in `cache_dir` (KOKORO_CACHE_DIR) rather than the system's
+    temporary directory; takes effect if called before the first Mandarin text is read."""
+    global _segmenter_cache_dir
+    _segmenter_cache_dir = cache_dir
 
 
 @lru_cache(maxsize=1)
 def _segmenter():
     """jieba's default tokenizer, its dictionary loaded (about 0.5 s; jieba caches the parsed
-    dictionary in a file, which we keep in KOKORO_CACHE_DIR rather than /tmp)."""
+    dictionary in a file, in the directory `use_segmenter_cache` names)."""
     import jieba
 
-    from worker.settings import Settings
-
     jieba.setLogLevel(logging.WARNING)  # it prints its loading progress at INFO otherwise
-    cache_dir = Settings.from_env(only=("cache_dir",)).cache_dir
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        jieba.dt.tmp_dir = str(cache_dir)
-    except OSError:  # a read-only home: jieba falls back to the system's temporary directory
-        pass
+    if _segmenter_cache_dir is not None:
+        try:
+            os.makedirs(_segmenter_cache_dir, exist_ok=True)
+            jieba.dt.tmp_dir = str(_segmenter_cache_dir)
+        except OSError:  # a read-only home: jieba falls back to the system's temporary directory
+            pass
     jieba.dt.initialize()
     return jieba.dt
 

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:  # torch is imported lazily, so `kokoro-fleet weights` on a ready cache stays instant
     import torch
 
-    from worker.settings import Settings
-
 # The 54 voices of Kokoro-82M v1.0, as named in hexgrad/Kokoro-82M/voices and kokoro-js.
 VOICE_NAMES: tuple[str, ...] = (
     "af_alloy", "af_aoede", "af_bella", "af_heart", "af_jessica", "af_kore", "af_nicole", "af_nova",
@@ -36,6 +34,17 @@ CONFIG_PATH = Path(__file__).resolve().parent.parent / "kokoro_config.json"  # K
 
 class WeightsError(RuntimeError):
     """Weights cannot be found, fetched or trusted; the message says what to do about it."""
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """Which weights to load and where their files are cached (the server builds it from KOKORO_WEIGHTS,
+    KOKORO_CACHE_DIR, KOKORO_WEIGHTS_DIR and KOKORO_SEED)."""
+
+    kind: str         # "offline" | "official" | "tiny" | "random-full" | a directory of the official files
+    cache_dir: str    # converted bundles, downloads and serving files go under it
+    directory: str = ""  # the official files for `official` (empty: <cache_dir>/official)
+    seed: int = 0     # of the random sources
 
 
 @dataclass
@@ -59,9 +68,9 @@ def official_config() -> dict:
     return json.loads(CONFIG_PATH.read_text(encoding="utf-8"))
 
 
-def serving_dir(settings: "Settings") -> Path:
+def serving_dir(source: WeightsSource) -> Path:
     """Where the serving files (worker/weights/served_weights.py) of the file-backed sources go."""
-    return Path(settings.cache_dir).expanduser() / "serving"
+    return Path(source.cache_dir).expanduser() / "serving"
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

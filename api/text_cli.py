@@ -12,7 +12,7 @@ import json
 import sys
 import unicodedata
 
-from worker.settings import get_settings
+from api.settings import get_settings
 
 
 def _read_text(args: argparse.Namespace) -> str:
@@ -46,8 +46,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _normalized(args: argparse.Namespace, code: str) -> str:
     """The text to read, normalized with the lexicon as the server does."""
     from worker.text.lexicon import load_lexicon
+    from worker.text.mandarin import use_segmenter_cache
     from worker.text.normalize import normalize_text
 
+    use_segmenter_cache(get_settings().cache_dir)
     return normalize_text(_read_text(args), _options(args), code, load_lexicon(args.lexicon or None))
 
 

@@ -6,7 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
-from worker.settings import settings_table
+from api.settings import settings_table
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 

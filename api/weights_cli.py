@@ -8,10 +8,10 @@ import sys
 import time
 from typing import Any
 
-from worker.settings import Settings
+from api.settings import Settings
 from worker.weights import (NPM_SPEC, NPM_TARBALL_SHA256, OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_SHA256, ONNX_NAME,
-                            ONNX_PARTS, ONNX_SHA256, PARTS_VERSION, WeightsError, download_official, load_weights,
-                            offline_dir, offline_ready, official_dir, prepare_offline, serving_dir,
+                            ONNX_PARTS, ONNX_SHA256, PARTS_VERSION, WeightsError, WeightsSource, download_official,
+                            load_weights, offline_dir, offline_ready, official_dir, prepare_offline, serving_dir,
                             sha256_file)
 from worker.weights.official import official_fingerprint
 from worker.weights.offline import _read_manifest, offline_fingerprint
@@ -27,11 +27,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the description as JSON")
 
 
+def weights_source(settings: Settings) -> WeightsSource:
+    """The weights the settings name, as the weight loader takes them (the server's builder uses it too;
+    it lives here, where importing it costs no torch, so this command stays instant)."""
+    return WeightsSource(settings.weights, settings.cache_dir, directory=settings.weights_dir, seed=settings.seed)
+
+
 def describe(settings: Settings) -> dict[str, Any]:
     """What `kokoro-fleet weights` shows, without loading more than it must."""
-    source = settings.weights
-    if source == "offline":
-        bundle = offline_dir(settings)
+    source = weights_source(settings)
+    if source.kind == "offline":
+        bundle = offline_dir(source)
         manifest = _read_manifest(bundle)
         out: dict[str, Any] = {"source": "offline", "cache": str(bundle), "ready": manifest is not None,
                                "onnx": f"{ONNX_NAME} sha256 {ONNX_SHA256}",
@@ -42,24 +48,24 @@ def describe(settings: Settings) -> dict[str, Any]:
                             for n, m in manifest["files"].items()}
             out["voice_count"] = manifest["voices"]["count"]
             out["converter_version"] = manifest["converter_version"]
-            out["serving_files"] = _serving_files(settings, offline_fingerprint(manifest))
+            out["serving_files"] = _serving_files(source, offline_fingerprint(manifest))
         else:
             out["hint"] = "not prepared yet: run `kokoro-fleet weights --prepare` (or it prepares on first use)"
         return out
-    if source == "random-full":  # built in memory in a few seconds: nothing to prepare or cache
+    if source.kind == "random-full":  # built in memory in a few seconds: nothing to prepare or cache
         from worker.weights.random_full import NOTICE
 
-        return {"source": "random-full", "random": True, "notice": NOTICE, "seed": settings.seed,
+        return {"source": "random-full", "random": True, "notice": NOTICE, "seed": source.seed,
                 "config": "the full Kokoro-82M config (worker/kokoro_config.json)",
                 "voices": "random, under every official name"}
-    if source == "tiny":
-        weights = load_weights(settings)
+    if source.kind == "tiny":
+        weights = load_weights(source)
         cfg = weights.config
         sizes = ("hidden_dim", "decoder_dim", "decoder_asr_res_dim", "style_dim", "n_layer")
         return {"source": "tiny", **weights.info,
                 "config": {"plbert": cfg["plbert"], **{k: cfg[k] for k in sizes if k in cfg},
                            "upsample_initial_channel": cfg["istftnet"]["upsample_initial_channel"]}}
-    directory = official_dir(settings)
+    directory = official_dir(source)
     out = {"source": "official", "path": str(directory)}
     for name in ("config.json", OFFICIAL_MODEL):
         path = directory / name
@@ -72,12 +78,12 @@ def describe(settings: Settings) -> dict[str, Any]:
     if out["config.json"] == "missing" or out[OFFICIAL_MODEL] == "missing" or not out["voice_count"]:
         out["hint"] = f"incomplete: fetch the files with `kokoro-fleet weights --download-official {directory}`"
     else:
-        out["serving_files"] = _serving_files(settings, official_fingerprint(directory / OFFICIAL_MODEL))
+        out["serving_files"] = _serving_files(source, official_fingerprint(directory / OFFICIAL_MODEL))
     return out
 
 
-def _serving_files(settings: Settings, fingerprint: str) -> list[str] | str:
-    files = serving_files(serving_dir(settings), fingerprint)
+def _serving_files(source: WeightsSource, fingerprint: str) -> list[str] | str:
+    files = serving_files(serving_dir(source), fingerprint)
     return [str(p) for p in files] or "none yet (`--prepare` or the first CPU replica on this host writes one)"
 
 
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env(only=WEIGHTS_SETTINGS)
     if args.weights:
         settings = settings.replace(weights=args.weights)
+    source = weights_source(settings)
     try:
         if args.download_official:
             path = download_official(args.download_official)
@@ -110,14 +117,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.prepare:
             started = time.perf_counter()
-            if settings.weights == "offline":
-                was_ready = offline_ready(settings) is not None
-                prepare_offline(settings)
+            if source.kind == "offline":
+                was_ready = offline_ready(source) is not None
+                prepare_offline(source)
                 state = "already prepared" if was_ready else "prepared"
-                print(f"offline weights {state}: ready in {offline_dir(settings)} "
+                print(f"offline weights {state}: ready in {offline_dir(source)} "
                       f"(checked in {time.perf_counter() - started:.2f} s)")
-            weights = load_weights(settings)
-            if settings.weights != "offline":
+            weights = load_weights(source)
+            if source.kind != "offline":
                 print(f"{weights.source} weights ready ({len(weights.voices)} voices, "
                       f"{time.perf_counter() - started:.2f} s)")
             prepare_serving_file(settings, weights)
