@@ -155,8 +155,7 @@ class SpeechService:
 
         settings = settings or get_settings()
         weights = load_weights(settings)
-        engine = Engine(weights, device=resolve_device(settings.device), dtype=settings.dtype,
-                        seed=settings.seed, cuda_graphs=settings.cuda_graphs)
+        engine = Engine.from_settings(weights, settings)
         return cls(Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20),
                    VoiceBank(weights.voices, settings.voices_dir), settings)
 
