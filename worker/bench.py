@@ -172,6 +172,8 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         start = time.perf_counter()
         served.warmup()
         _progress(f"compiled engine ready in {time.perf_counter() - start:.1f} s: {served.compile_record.describe()}")
+    # one by one as a replica serves single chunks: compiled and graphed on CUDA, eagerly on the CPU
+    single = served if graphs else eager
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(fn) -> tuple[float, float, list]:
@@ -188,7 +190,7 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         contenders = {"batched": lambda: eager.synthesize_batch(items)}  # noqa: E731
         if compiled:
             contenders["compiled"] = lambda: served.synthesize_batch(items)  # noqa: E731
-        contenders["one_by_one"] = lambda: [served.synthesize(i.ids, i.style, i.speed) for i in items]  # noqa: E731
+        contenders["one_by_one"] = lambda: [single.synthesize(i.ids, i.style, i.speed) for i in items]  # noqa: E731
         for fn in contenders.values():
             fn()  # untimed: shape-specific caches
         figures = {name: ([], []) for name in contenders}
@@ -219,8 +221,8 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
              f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
              f"isa: {isa_in_use()}",
              f"chunks of about {args.batch_phonemes} phonemes; eager = synthesize_batch without compile or graphs; "
-             + (f"{compiled_name} = the serving engine's synthesize_batch; " if compiled else "")
-             + f"one by one = the same chunks, synthesize() each on the {'serving' if compiled else 'eager'} engine",
+             + (f"{compiled_name} = synthesize_batch of the compiled engine; " if compiled else "")
+             + f"one by one = the same chunks, synthesize() each on the {'graphed' if graphs else 'eager'} engine",
              f"{'batch':>5} {'audio s':>8} {'eager audio s/s':>16}"
              + (f" {compiled_name + ' audio s/s':>26} {compiled_name + ' p50 s':>21}" if compiled else
                 f" {'batch p50 s':>12}")

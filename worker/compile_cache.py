@@ -43,7 +43,8 @@ def default_compile_cache_dir(device: torch.device, cache_dir: str | Path | None
 
 @dataclass
 class CompileRecord:
-    """What one process's first compile did: `loaded` when inductor found every graph in the cache."""
+    """What an engine's compile did: `loaded` when inductor compiled nothing (every graph came from
+    the host's cache, or from this process's earlier engines)."""
 
     directory: Path
     loaded: bool = False
@@ -53,18 +54,20 @@ class CompileRecord:
     graphs_loaded: int = 0
 
     def describe(self) -> str:
-        what = "loaded from the host's cache" if self.loaded else "compiled"
+        what = "compiled" if not self.loaded else ("loaded from the host's cache" if self.graphs_loaded
+                                                   else "reused from this process")
         return (f"compiled passes {what} in {self.seconds:.1f} s ({self.graphs_compiled} graphs compiled, "
                 f"{self.graphs_loaded} loaded; {self.waited_s:.1f} s waiting for the host's compile lock) "
                 f"in {self.directory}")
 
 
-def _cache_counters() -> tuple[int, int]:
-    """Inductor's FX-graph cache (misses, hits) so far in this process."""
+def _cache_counters() -> dict[str, int]:
+    """Inductor's FX-graph cache and AOTAutograd's cache counters so far in this process."""
     from torch._dynamo.utils import counters
 
-    inductor = counters["inductor"]
-    return int(inductor.get("fxgraph_cache_miss", 0)), int(inductor.get("fxgraph_cache_hit", 0))
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    return {"fx_miss": inductor.get("fxgraph_cache_miss", 0) + inductor.get("fxgraph_cache_bypass", 0),
+            "fx_hit": inductor.get("fxgraph_cache_hit", 0), "aot_hit": aot.get("autograd_cache_hit", 0)}
 
 
 def use_compile_dir(directory: Path) -> None:
@@ -90,7 +93,7 @@ def shared_compile(directory: Path, key: str):
         record.waited_s = time.perf_counter() - start
         if marker.exists():  # compiled by an earlier process: load without holding the others up
             fcntl.flock(lock, fcntl.LOCK_UN)
-        misses, hits = _cache_counters()
+        before = _cache_counters()
         compile_start = time.perf_counter()
         try:
             yield record
@@ -98,7 +101,9 @@ def shared_compile(directory: Path, key: str):
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     record.seconds = time.perf_counter() - compile_start
-    now_misses, now_hits = _cache_counters()
-    record.graphs_compiled, record.graphs_loaded = now_misses - misses, now_hits - hits
-    record.loaded = record.graphs_compiled == 0 and record.graphs_loaded > 0
+    delta = {name: count - before[name] for name, count in _cache_counters().items()}
+    # An FX-graph cache miss is a compile; a hit of either cache a load (an AOTAutograd hit loads
+    # its FX graph too, counted once). Neither: dynamo reused a graph this process compiled.
+    record.graphs_compiled, record.graphs_loaded = delta["fx_miss"], max(delta["fx_hit"], delta["aot_hit"])
+    record.loaded = record.graphs_compiled == 0
     log.info("pid %d: %s", os.getpid(), record.describe())

@@ -34,7 +34,8 @@ fleet alone with room for its three levels (`--steps fleet --budget-s 330`), the
 DIR may be the same folder: each call rewrites the report from what its own steps measured.
 
 The compiled passes (issue 38) in one call, compiles included (the startup step compiles into the
-host's cache that the steps after it load from; the tests compile their noise-off family):
+host's cache that batch and tests then load from; batch-fast may compile again, TF32 being part of
+what dynamo guards on; tests without startup before them compile too, past their cap):
   `python -m worker.gpu_harness --steps startup,batch,tests,batch-fast --budget-s 560`
 (device command: `OUT=$OUT timeout 590 python3 -m worker.gpu_harness --out $OUT --steps
 startup,batch,tests,batch-fast --budget-s 560`, timeout_s 600).
