@@ -75,6 +75,23 @@ class Settings:
         "CUDA and on CPUs with AVX512-BF16 or AMX, int8 on other CPUs with AVX2, else fp32), `fp32`, `bf16`, "
         "`fp16` or `int8` (CPU only: the generator's convolutions in int8, the rest float32).")
     cuda_graphs: bool = setting("KOKORO_CUDA_GRAPHS", True, "Capture CUDA graphs per shape bucket at start-up (CUDA only).")
+    compile: bool = setting(
+        "KOKORO_COMPILE", True,
+        "CUDA: run stage 2's decoder through torch.compile, captured in the CUDA graphs, batches included "
+        "(compiled once per host into KOKORO_COMPILE_CACHE_DIR; `false`: eager kernels).")
+    compile_cache_dir: str = setting(
+        "KOKORO_COMPILE_CACHE_DIR", "",
+        "Directory of the compiled passes' cache, shared by every replica on the host: the first compiles, the "
+        "others load (empty: KOKORO_CACHE_DIR/compile/<torch version>-<device name>).")
+    stage2_arithmetic: Literal["exact", "fast"] = setting(
+        "KOKORO_STAGE2_ARITHMETIC", "exact",
+        "CUDA: stage 2's arithmetic, `exact` (float32 without TF32, deterministic cuDNN) or `fast` (TF32 and "
+        "cudnn.benchmark); stage 1, which decides the durations, is always exact.")
+    batch_graph_frames: int = setting(
+        "KOKORO_BATCH_GRAPH_FRAMES", 16384,
+        "CUDA: memory bound of the batch graphs, captured per (batch bucket, frame bucket) up to KOKORO_BATCH_MAX's "
+        "bucket where batch x frames (25 ms each) is at most this; larger batches run compiled without graphs (0: no batch graphs).",
+        minimum=0)
     seed: int = setting("KOKORO_SEED", 0, "Seed of the model's noise sources, so the same input gives the same audio.")
     threads: int = setting(
         "KOKORO_THREADS", 0,

@@ -16,20 +16,31 @@ stretches lose their precision), while stage 1 (durations), F0 and the rest of t
 float32 (KokoroModel.use_int8); else fp32. Both pass the parity bound against fp32 on the real
 weights (tests/unit/test_model.py).
 `synthesize_batch` runs several chunks in one forward pass, each padded to the longest and masked
-to its own lengths (worker/model/kokoro.py), eagerly on every device (no CUDA graphs per batch
-size yet); each item draws its single run's noise, so its result does not depend on its mates.
+to its own lengths (worker/model/kokoro.py); each item draws its single run's noise, so its result
+does not depend on its mates.
+
+Compiled passes (CUDA by default, `compiled=True` elsewhere): stage 2's decoder runs through
+torch.compile (inductor; KokoroModel.use_compiled_decode), one compile per shape family (a batch
+of one, a batch), cached once per host (worker/compile_cache.py). On CUDA both the single-chunk
+graphs and `BatchGraphs` capture it: one CUDA graph per (batch bucket, frame bucket) within a
+memory bound, so a batch launches once; a batch beyond the grid runs compiled, launched eagerly.
+Stage 1 stays eager float32 for batches (it decides the durations, costs little beside stage 2
+and holds LSTMs that dynamo cannot trace); single chunks replay its graphs as before.
 Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
 GPU box.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,6 +56,10 @@ from worker.weights.served_weights import fold, serving_state_dict
 log = logging.getLogger("kokoro_fleet.engine")
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512)
+BATCH_BUCKETS = (2, 4, 8, 16, 32, 64)
+# Exact until a GPU run shows `fast` within the parity bounds (loadtest/bench/gpu_parity.py measures both):
+# parity decides first, speed second.
+STAGE2_ARITHMETIC = "exact"
 HARMONICS = 9  # the sine source's 1 + 8 harmonics (noise is drawn per harmonic)
 # Each mode's decoder dtype. int8 (CPU only) serves the float32 parameters and quantizes the
 # generator's convolutions at start-up (KokoroModel.use_int8).
@@ -74,6 +89,23 @@ def use_exact_cuda_arithmetic() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def stage2_arithmetic(device: torch.device, fast: bool):
+    """Stage 2 with TF32 and cudnn.benchmark (`fast`), back to exact arithmetic after it. Stage 1
+    always runs exact: it decides the durations."""
+    if device.type != "cuda" or not fast:
+        yield
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        use_exact_cuda_arithmetic()
 
 
 def cpu_has_bf16() -> bool:
@@ -126,11 +158,18 @@ class Engine:
 
     def __init__(self, weights, device: str = "cpu", dtype: str = "fp32", seed: int = 0, cuda_graphs: bool = True,
                  noise: bool = True, bucketed: bool | None = None, frame_grid: Sequence[int] | None = None,
-                 fused_kernels: bool | None = None):
+                 fused_kernels: bool | None = None, compiled: bool | None = None,
+                 stage2: str = STAGE2_ARITHMETIC, max_batch: int = 1, batch_graph_frames: int = 16384,
+                 compile_cache_dir: str | os.PathLike | None = None):
         """weights: a worker.weights.Weights. noise=False switches the
         excitation noise off (parity tests). bucketed: pad to buckets (default: on CUDA only).
         fused_kernels: torch.compile'd elementwise kernels on CPU (default on; the first engine in
-        a fresh environment pays about half a minute of compiling at its first synthesis)."""
+        a fresh environment pays about half a minute of compiling at its first synthesis).
+        compiled: stage 2's decoder through torch.compile (default: on CUDA; never in int8 mode,
+        whose kernels are oneDNN's). stage2: `exact` or `fast` arithmetic for stage 2 on CUDA.
+        max_batch: the largest batch served (batch graphs are captured up to its bucket).
+        batch_graph_frames: the batch graphs' memory bound, batch bucket x frame bucket at most
+        this. compile_cache_dir: the host's shared compile cache (worker/compile_cache.py)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cuda":
@@ -146,7 +185,18 @@ class Engine:
         self.noise = noise
         self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
         self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
-        self.fused_kernels = (self.device.type == "cpu") if fused_kernels is None else fused_kernels
+        self.compiled = (self.device.type == "cuda") if compiled is None else compiled
+        self.compiled = self.compiled and self.dtype != "int8"
+        if stage2 not in ("exact", "fast"):
+            raise ValueError(f"stage2 arithmetic {stage2!r}: expected exact or fast")
+        self.fast_stage2 = stage2 == "fast"
+        self.max_batch = max_batch
+        self.batch_graph_frames = batch_graph_frames
+        self.compile_cache_dir = compile_cache_dir
+        self.compile_record = None
+        # The compiled decoder fuses what the CPU's fused kernels would (and cannot trace through them).
+        fused_default = self.device.type == "cpu" and not self.compiled
+        self.fused_kernels = fused_default if fused_kernels is None else (fused_kernels and not self.compiled)
         # Built on `meta` around the served parameters themselves. On the CPU they are the pages of
         # the host's serving file, shared by every replica on the host; a GPU holds its own copy
         # anyway, so there they are folded in memory on their way to it.
@@ -155,11 +205,13 @@ class Engine:
         self.model = KokoroModel.for_serving(weights.config, served, decoder_dtype, self.device)
         if self.dtype == "int8":
             self.model.use_int8(cpu_features.int8_weight_levels())
+        self.model.use_compiled_decode(self.compiled)
         self.generator = torch.Generator(device=self.device)
         self._noise = torch.empty(0, device=self.device)
         self._speed = torch.ones(1, device=self.device)
         self.model.positions(SAMPLES_PER_FRAME * self.frame_grid[-1] + 64)  # reserve the largest bucket
         self.graphs: CudaGraphs | None = None
+        self.batch_graphs: BatchGraphs | None = None
         self.want_graphs = cuda_graphs and self.device.type == "cuda"
 
     @property
@@ -188,20 +240,22 @@ class Engine:
         """Several chunk jobs in one forward pass; each result equals that item's `synthesize` alone
         (durations exactly, audio to float rounding: the padded shapes sum in other orders), and
         does not depend on its batch mates: every item is masked to its own lengths and draws the
-        noise its single run draws. One item is a single run. Eager on every device (no CUDA graphs
-        per batch size yet)."""
+        noise its single run draws. One item is a single run. On CUDA a batch within the graph grid
+        replays its (batch bucket, frame bucket) graph; others run eagerly (compiled or not)."""
         for item in items:
             self._check(item.ids, item.speed)
         if len(items) <= 1:
             return [self.synthesize(item.ids, item.style, item.speed) for item in items]
         if self.device.type == "cpu":
             use_compiled_kernels(self.fused_kernels)
-        results = self._run_batch(items)
-        return results
+        return self._run_batch(items)
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        """Capture CUDA graphs (CUDA) or run a couple of short syntheses (oneDNN primitive caches)."""
+        """Compile (compiled passes), capture CUDA graphs (CUDA), run a couple of short syntheses
+        (oneDNN primitive caches)."""
+        if self.compiled and self.compile_record is None:
+            self._compile()
         if self.want_graphs and self.graphs is None:
             try:
                 graphs = CudaGraphs(self)
@@ -211,6 +265,20 @@ class Engine:
                 log.exception("CUDA graph capture failed; serving eagerly")
                 self.graphs = None
                 torch.cuda.synchronize()
+        if (self.want_graphs and self.compiled and self.max_batch > 1 and self.batch_graph_frames > 0
+                and self.batch_graphs is None):
+            try:
+                batch_graphs = BatchGraphs(self)
+                batch_graphs.capture()
+                self.batch_graphs = batch_graphs
+            except Exception:  # as above: batches then run compiled, launched eagerly
+                log.exception("CUDA graph capture of batches failed; batches run without graphs")
+                self.batch_graphs = None
+                torch.cuda.synchronize()
+        if self.compiled and self.device.type == "cpu":
+            # A compiled CPU engine (tests, bench) would compile its single-chunk family here, which
+            # takes minutes on a small CPU: it compiles at its first single chunk instead.
+            return
         ids = [16, 43, 54, 16, 56, 57] * 5
         style = torch.zeros(2 * self.model.style_dim)  # [2S]: a voice row (256 in Kokoro-82M)
         compiling = self.device.type == "cpu" and self.fused_kernels
@@ -226,6 +294,26 @@ class Engine:
                      "compiled" if kernels.compiled else "unavailable: running eagerly")
 
     # --- internals ---------------------------------------------------------------------------------
+
+    def _compile(self) -> None:
+        """Compile the families this engine serves (a batch of one on CUDA, a batch when it batches)
+        under the host's compile lock: the first replica on a host compiles, the others load."""
+        from worker.compile_cache import default_compile_cache_dir, shared_compile
+
+        directory = self.compile_cache_dir or default_compile_cache_dir(self.device)
+        ids = [16, 43, 54, 16, 56, 57] * 5
+        style = torch.zeros(2 * self.model.style_dim)
+        families = ("single-" if self.device.type == "cuda" else "") + ("batch" if self.max_batch > 1 else "")
+        key = f"decode-{self.dtype}-{families}-noise{int(self.noise)}-{'fast' if self.fast_stage2 else 'exact'}"
+        with shared_compile(Path(directory), key) as record:
+            if self.device.type == "cuda":
+                self.synthesize(ids, style)
+            if self.max_batch > 1:
+                self.synthesize_batch([BatchItem(ids, style), BatchItem(ids[:20], style)])
+        self.compile_record = record
+
+    def _stage2_arithmetic(self):
+        return stage2_arithmetic(self.device, self.fast_stage2)
 
     def _check(self, ids: Sequence[int], speed: float) -> None:
         if len(ids) > self.max_phonemes:
@@ -264,11 +352,11 @@ class Engine:
         durations, features = model.stage1(tokens, length, style, self._speed)
         frames = int(durations.sum())  # the one sync
         bucket = self._frame_bucket(frames)
-        if bucket is None:
-            audio = model.stage2(durations, features, None, frames, style, self.noise_for(frames))
-        else:
-            n_frames = torch.tensor([frames], device=self.device)
-            audio = model.stage2(durations, features, n_frames, bucket, style, self.noise_for(bucket))
+        # the compiled decoder serves padded runs only (an unpadded one would be a family of its own)
+        n_frames = torch.tensor([frames], device=self.device) if bucket is not None or self.compiled else None
+        with self._stage2_arithmetic():
+            audio = model.stage2(durations, features, n_frames, bucket or frames, style,
+                                 self.noise_for(bucket or frames))
         audio = audio[0, :frames * SAMPLES_PER_FRAME].float().cpu().numpy()
         return audio, durations[0].cpu().numpy()
 
@@ -291,8 +379,11 @@ class Engine:
         frames = durations.sum(dim=1).tolist()  # the one sync
         longest = max(frames)
         bucket = self._frame_bucket(longest) or longest
-        audio = model.stage2(durations, features, torch.tensor(frames, device=device), bucket, styles,
-                             self._batch_noise(frames, bucket))
+        audio = None if self.batch_graphs is None else self.batch_graphs.replay(durations, features, frames, styles)
+        if audio is None:
+            with self._stage2_arithmetic():
+                audio = model.stage2(durations, features, torch.tensor(frames, device=device), bucket, styles,
+                                     self._batch_noise(frames, bucket))
         audio = audio.float().cpu().numpy()
         durations = durations.cpu().numpy()
         return [Synthesis(audio=audio[row, :f * SAMPLES_PER_FRAME], durations=durations[row, :n])
@@ -304,7 +395,12 @@ class Engine:
         depends on what it was batched with."""
         if not self.noise:
             return None
-        noise = torch.zeros(len(frames), SAMPLES_PER_FRAME * bucket, HARMONICS, device=self.device)
+        return self.draw_batch_noise(torch.empty(len(frames), SAMPLES_PER_FRAME * bucket, HARMONICS,
+                                                 device=self.device), frames)
+
+    def draw_batch_noise(self, noise: torch.Tensor, frames: Sequence[int]) -> torch.Tensor:
+        """Fill noise [>= B, 600 * bucket, 9] as `_batch_noise` describes (rows past B: zeros)."""
+        noise.zero_()
         for row, f in enumerate(frames):
             single = self._frame_bucket(f) or f
             self.generator.manual_seed(self.seed)
@@ -377,17 +473,18 @@ class CudaGraphs:
                 self.n_tokens.fill_(bucket)
                 for _ in range(2):
                     self._stage1(bucket)
-            for bucket in grid:
-                self.n_frames.fill_(bucket)
-                for _ in range(2):
-                    self._stage2(bucket)
+            with self.engine._stage2_arithmetic():
+                for bucket in grid:
+                    self.n_frames.fill_(bucket)
+                    for _ in range(2):
+                        self._stage2(bucket)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pool = torch.cuda.graph_pool_handle()
         for bucket in grid:  # largest first, so smaller ones reuse its pool memory
             self.n_frames.fill_(bucket)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with self.engine._stage2_arithmetic(), torch.cuda.graph(graph, pool=self.pool):
                 audio = self._stage2(bucket)
             self.stage2_graphs[bucket] = (graph, audio)
         for bucket in sorted(TOKEN_BUCKETS, reverse=True):
@@ -422,8 +519,10 @@ class CudaGraphs:
         frame_bucket = next((b for b in engine.frame_grid if b >= frames), None)
         if frame_bucket is None:  # beyond the grid: eager on exact shapes
             durations = self.durations[:, :bucket]
-            audio = engine.model.stage2(durations, self.features[:, :bucket], None, frames, self.style,
-                                        engine.noise_for(frames))
+            n_frames = self.total if engine.compiled else None  # see Engine._run_eager
+            with engine._stage2_arithmetic():
+                audio = engine.model.stage2(durations, self.features[:, :bucket], n_frames, frames, self.style,
+                                            engine.noise_for(frames))
         else:
             self.n_frames.fill_(frames)
             if self.noise is not None:
@@ -433,3 +532,108 @@ class CudaGraphs:
             graph.replay()
         audio = audio[0, :frames * SAMPLES_PER_FRAME].float().cpu().numpy()
         return audio, self.durations[0, :n_tokens].cpu().numpy()
+
+
+class BatchGraphs:
+    """Stage 2 of a batch captured per (batch bucket, frame bucket): a batch of B chunks launches
+    once, as a single chunk does.
+
+    The grid holds the batch buckets up to the engine's largest batch and, for each, the frame
+    buckets whose batch x frames stays within `batch_graph_frames` (the pool's activations grow with
+    it). Every graph reads static [Bmax, Tmax] inputs and writes its audio into one shared output
+    buffer, so the graphs share one memory pool (a replay reuses the pool's memory, never the
+    outputs of another). Stage 1 runs eagerly (exact float32) before; its outputs are copied in,
+    rows past B hold one masked frame (their audio is never read). Noise as `_batch_noise` draws it.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        model, device = engine.model, engine.device
+        top = next((b for b in BATCH_BUCKETS if b >= engine.max_batch), BATCH_BUCKETS[-1])
+        self.cells = sorted(((b, f) for b in BATCH_BUCKETS if b <= top for f in engine.frame_grid
+                             if b * f <= engine.batch_graph_frames), key=lambda c: (-c[0] * c[1], -c[0]))
+        if not self.cells:
+            raise ValueError(f"no batch graph fits batch_graph_frames={engine.batch_graph_frames}")
+        self.batch_buckets = sorted({b for b, _ in self.cells})
+        rows, most = self.batch_buckets[-1], max(b * f for b, f in self.cells)
+        max_tokens = TOKEN_BUCKETS[-1]
+        width = model.predictor.shared.input_size + model.hidden_dim
+        self.durations = torch.zeros(rows, max_tokens, dtype=torch.long, device=device)
+        self.features = torch.zeros(rows, max_tokens, width, device=device)
+        self.n_frames = torch.ones(rows, dtype=torch.long, device=device)
+        self.style = torch.zeros(rows, 2 * model.style_dim, device=device)
+        self.noise = torch.zeros(SAMPLES_PER_FRAME * most * HARMONICS, device=device) if engine.noise else None
+        self.audio = torch.zeros(SAMPLES_PER_FRAME * most, device=device)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.capture_seconds = 0.0
+        self.graph_bytes = 0
+        self.reserved_bytes = 0
+
+    def _noise(self, batch: int, frames: int) -> torch.Tensor | None:
+        if self.noise is None:
+            return None
+        return self.noise[:batch * SAMPLES_PER_FRAME * frames * HARMONICS].view(batch, -1, HARMONICS)
+
+    def _audio(self, batch: int, frames: int) -> torch.Tensor:
+        return self.audio[:batch * SAMPLES_PER_FRAME * frames].view(batch, -1)
+
+    def _stage2(self, batch: int, frames: int) -> None:
+        audio = self.engine.model.stage2(self.durations[:batch], self.features[:batch], self.n_frames[:batch], frames,
+                                         self.style[:batch], self._noise(batch, frames))
+        self._audio(batch, frames).copy_(audio)
+
+    def capture(self) -> None:
+        engine = self.engine
+        start = time.perf_counter()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        self.durations.fill_(1)  # a realistic path (the values captured do not matter: replays read the buffers)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), engine._stage2_arithmetic():  # warm-up: kernels, plans, allocator
+            for batch, frames in self.cells:
+                self.n_frames.fill_(frames)
+                self._stage2(batch, frames)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        # one pool with the single-chunk graphs: their replays never interleave with these
+        pool = engine.graphs.pool if engine.graphs is not None else torch.cuda.graph_pool_handle()
+        for batch, frames in self.cells:  # largest first, so smaller ones reuse its pool memory
+            self.n_frames.fill_(frames)
+            graph = torch.cuda.CUDAGraph()
+            with engine._stage2_arithmetic(), torch.cuda.graph(graph, pool=pool):
+                self._stage2(batch, frames)
+            self.graphs[(batch, frames)] = graph
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the warm-up's activations (see CudaGraphs.capture)
+        self.capture_seconds = time.perf_counter() - start
+        self.graph_bytes = torch.cuda.memory_allocated() - before
+        self.reserved_bytes = torch.cuda.memory_reserved()
+        log.info("captured %d batch graphs (batch buckets %s, batch x frames <= %d) in %.1f s, %.0f MiB allocated, "
+                 "%.0f MiB reserved by torch in all", len(self.graphs), self.batch_buckets,
+                 engine.batch_graph_frames, self.capture_seconds, self.graph_bytes / 2**20, self.reserved_bytes / 2**20)
+
+    def replay(self, durations: torch.Tensor, features: torch.Tensor, frames: Sequence[int],
+               styles: torch.Tensor) -> torch.Tensor | None:
+        """Stage 2 of a batch whose stage 1 gave durations [B, T], features [B, T, W] and per item
+        `frames`: audio [B, 600 * frame bucket] (a view of the shared output, valid until the next
+        replay), or None when the batch is beyond the grid."""
+        engine = self.engine
+        B, T = durations.shape
+        frame_bucket = engine._frame_bucket(max(frames))
+        batch = next((b for b in self.batch_buckets if b >= B), None)
+        graph = self.graphs.get((batch, frame_bucket))
+        if graph is None:
+            return None
+        self.durations[:batch].zero_()
+        self.durations[:B, :T].copy_(durations)
+        self.features[:batch].zero_()
+        self.features[:B, :T].copy_(features)
+        self.n_frames[:batch].fill_(1)
+        self.n_frames[:B].copy_(torch.tensor(frames), non_blocking=True)
+        self.style[:batch].zero_()
+        self.style[:B].copy_(styles)
+        if self.noise is not None:
+            engine.draw_batch_noise(self._noise(batch, frame_bucket), frames)
+        graph.replay()
+        return self._audio(batch, frame_bucket)[:B]

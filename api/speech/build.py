@@ -31,7 +31,6 @@ def build_local_service(settings: Settings) -> SpeechService:
     """This process's replica and its local service: the weights, the engine and the replica the
     settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
     from api.weights_cli import weights_source
-    from worker.engine import Engine
     from worker.replica import BaselineReplica, Replica
     from worker.text.mandarin import use_segmenter_cache
     from worker.weights import load_weights
@@ -47,11 +46,25 @@ def build_local_service(settings: Settings) -> SpeechService:
         replica = SimReplica(sim_cost(settings), seed=settings.seed)
         return SpeechService(replica, VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
     weights = load_weights(weights_source(settings))
-    engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,
-                    cuda_graphs=settings.cuda_graphs and not settings.baseline)
+    engine = build_engine(weights, settings)
     replica = (BaselineReplica(engine) if settings.baseline else
                Replica(engine, settings.inference_nice, cache_bytes=settings.synthesis_cache_mib << 20))
     return SpeechService(replica, VoiceBank(weights.voices, settings.voices_dir), settings)
+
+
+def build_engine(weights, settings: Settings):
+    """The engine a replica serves with: the settings' device, precision, CUDA graphs and compiled
+    passes (the baseline runs neither graphs nor compiled passes), on the host's compile cache."""
+    from worker.compile_cache import default_compile_cache_dir
+    from worker.engine import Engine, resolve_device
+
+    device = resolve_device(settings.device)
+    cache = settings.compile_cache_dir or default_compile_cache_dir(device, settings.cache_dir)
+    return Engine(weights, device=str(device), dtype=settings.dtype, seed=settings.seed,
+                  cuda_graphs=settings.cuda_graphs and not settings.baseline,
+                  compiled=None if settings.compile and not settings.baseline else False,
+                  stage2=settings.stage2_arithmetic, max_batch=settings.batch_max,
+                  batch_graph_frames=settings.batch_graph_frames, compile_cache_dir=cache)
 
 
 def build_front_service(settings: Settings) -> SpeechService:

@@ -11,8 +11,11 @@ CUDA-graphed and reports peak memory per replica. `--json PATH` writes every fig
 
 `--batch 1,2,4,8,16` measures the batched forward pass instead (Engine.synthesize_batch): per batch
 size B, B chunks of about `--batch-phonemes` phonemes each (different text, lengths within ~15%, as
-the fleet groups jobs by size), run as one batch and one by one, interleaved in the same run;
-it prints audio-s/s, the latency of the batch and the batch's speed-up over one by one.
+the fleet groups jobs by size), run as one eager batch, as one compiled batch (`--compiled`: on CUDA
+by default, compiled and CUDA-graphed) and one by one, interleaved in the same run; it prints
+audio-s/s, the latency of the batch, the best batch's speed-up over one by one, the card's name,
+whether the compiled passes were compiled or loaded from the host's cache, and the batch graphs'
+memory.
 
 `--isa avx2` emulates a CPU without AVX-512 for our engine: the bench re-runs itself with the
 variables of `worker.cpu_features.ISA_CAPS` set (oneDNN, ATen, torch.compile's kernels and MKL stop
@@ -70,6 +73,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="batch sizes, comma-separated (e.g. 1,2,4,8,16): time the batched forward pass "
                              "against the same chunks one by one, with the first of --modes")
     parser.add_argument("--batch-phonemes", type=int, default=100, help="--batch: phonemes per chunk (about)")
+    parser.add_argument("--compiled", default="auto", choices=["auto", "on", "off"],
+                        help="--batch: also time the compiled engine (CUDA: compiled and CUDA-graphed batches); "
+                             "auto: on CUDA only")
+    parser.add_argument("--stage2", default="exact", choices=["exact", "fast"],
+                        help="--batch: the compiled engine's stage-2 arithmetic (CUDA: fast = TF32, cudnn.benchmark)")
+    parser.add_argument("--batch-graph-frames", type=int, default=0,
+                        help="--batch: the batch graphs' memory bound, batch x frames (0: the engine's default)")
 
 
 def _progress(message: str) -> None:
@@ -140,16 +150,31 @@ def batch_chunks(vocab: dict, size: int, count: int) -> list[list[int]]:
 
 
 def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, fused: bool) -> int:
-    """Per batch size: one batch against the same chunks one by one, alternating within each
-    repeat so other processes' load hits both alike."""
+    """Per batch size: the batch eagerly, the batch compiled (and on CUDA captured as graphs), and
+    the same chunks one by one on the serving engine, alternating within each repeat so other
+    processes' load hits all alike."""
     from worker.cpu_features import cpu_info
     from worker.engine import BatchItem, Engine, resolve_dtype
 
     mode = [m for m in args.modes.split(",") if m][0]
     sizes = [int(b) for b in args.batch.split(",") if b]
-    _progress(f"building ours-{mode}" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
-    engine = Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused)
-    engine.warmup()
+    compiled = args.compiled == "on" or (args.compiled == "auto" and device.type == "cuda")
+    graphs = device.type == "cuda"
+    _progress(f"building ours-{mode}, eager" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
+    eager = Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False)
+    eager.warmup()
+    served = eager
+    if compiled:
+        _progress(f"building ours-{mode}, compiled" + (" and CUDA-graphed" if graphs else "")
+                  + " (a compile per shape family on a cold cache)")
+        options = {"batch_graph_frames": args.batch_graph_frames} if args.batch_graph_frames else {}
+        served = Engine(weights, str(device), mode, cuda_graphs=graphs, compiled=True, max_batch=max(sizes),
+                        stage2=args.stage2, **options)
+        start = time.perf_counter()
+        served.warmup()
+        _progress(f"compiled engine ready in {time.perf_counter() - start:.1f} s: {served.compile_record.describe()}")
+    # one by one as a replica serves single chunks: compiled and graphed on CUDA, eagerly on the CPU
+    single = served if graphs else eager
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(fn) -> tuple[float, float, list]:
@@ -163,14 +188,16 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     for size in sizes:
         chunks = batch_chunks(weights.config["vocab"], args.batch_phonemes, size)
         items = [BatchItem(ids, voice[len(ids) - 1]) for ids in chunks]
-        batched = lambda: engine.synthesize_batch(items)  # noqa: E731
-        one_by_one = lambda: [engine.synthesize(i.ids, i.style, i.speed) for i in items]  # noqa: E731
-        batched()  # untimed: shape-specific caches
-        one_by_one()
-        figures = {"batched": ([], []), "one_by_one": ([], [])}
+        contenders = {"batched": lambda: eager.synthesize_batch(items)}  # noqa: E731
+        if compiled:
+            contenders["compiled"] = lambda: served.synthesize_batch(items)  # noqa: E731
+        contenders["one_by_one"] = lambda: [single.synthesize(i.ids, i.style, i.speed) for i in items]  # noqa: E731
+        for fn in contenders.values():
+            fn()  # untimed: shape-specific caches
+        figures = {name: ([], []) for name in contenders}
         audio_s = 0.0
         for rep in range(args.repeats):
-            order = (("batched", batched), ("one_by_one", one_by_one))
+            order = list(contenders.items())
             for name, fn in order if rep % 2 == 0 else order[::-1]:
                 _progress(f"batch {size}, run {rep + 1}/{args.repeats}: {name}")
                 wall, cpu, out = timed(fn)
@@ -180,33 +207,59 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         by = {name: {"audio_s_per_s": audio_s * len(w) / sum(w), "latency_p50_s": float(np.percentile(w, 50)),
                      "audio_s_per_cpu_s": audio_s * len(c) / max(sum(c), 1e-9)}
               for name, (w, c) in figures.items()}
+        best = by.get("compiled", by["batched"])
         results[str(size)] = {"chunks": len(items), "phonemes": [len(c) for c in chunks], "audio_s": audio_s,
-                              **by, "speedup": by["batched"]["audio_s_per_s"] / by["one_by_one"]["audio_s_per_s"],
-                              "speedup_cpu": by["batched"]["audio_s_per_cpu_s"] / by["one_by_one"]["audio_s_per_cpu_s"]}
+                              **by, "speedup": best["audio_s_per_s"] / by["one_by_one"]["audio_s_per_s"],
+                              "speedup_cpu": best["audio_s_per_cpu_s"] / by["one_by_one"]["audio_s_per_cpu_s"]}
 
     cpu = cpu_info()
     resolved = resolve_dtype(mode, device)
+    card = torch.cuda.get_device_name() if device.type == "cuda" else None
+    compiled_name = "compiled+graphs" if graphs else "compiled"
     lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolved} "
-             f"threads={torch.get_num_threads()} fused={fused} torch={torch.__version__} repeats={args.repeats}",
-             f"cpu: {cpu.summary()}" + (f"  gpu: {torch.cuda.get_device_name()}" if device.type == "cuda" else ""),
+             f"threads={torch.get_num_threads()} fused={fused} torch={torch.__version__} repeats={args.repeats}"
+             + (f" stage2={args.stage2}" if compiled else ""),
+             f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
              f"isa: {isa_in_use()}",
-             f"chunks of about {args.batch_phonemes} phonemes; one by one = the same chunks, synthesize() each, same run",
-             f"{'batch':>5} {'audio s':>8} {'audio s/s':>10} {'batch p50 s':>12} {'1-by-1 audio s/s':>17}"
-             f" {'speed-up':>9} {'audio s/cpu s':>14} {'speed-up cpu':>13}"]
+             f"chunks of about {args.batch_phonemes} phonemes; eager = synthesize_batch without compile or graphs; "
+             + (f"{compiled_name} = synthesize_batch of the compiled engine; " if compiled else "")
+             + f"one by one = the same chunks, synthesize() each on the {'graphed' if graphs else 'eager'} engine",
+             f"{'batch':>5} {'audio s':>8} {'eager audio s/s':>16}"
+             + (f" {compiled_name + ' audio s/s':>26} {compiled_name + ' p50 s':>21}" if compiled else
+                f" {'batch p50 s':>12}")
+             + f" {'1-by-1 audio s/s':>17} {'speed-up':>9} {'audio s/cpu s':>14} {'speed-up cpu':>13}"]
     best, best_size = 0.0, None
     for size, r in results.items():
-        b = r["batched"]
-        lines.append(f"{size:>5} {r['audio_s']:>8.1f} {b['audio_s_per_s']:>10.2f} {b['latency_p50_s']:>12.2f} "
-                     f"{r['one_by_one']['audio_s_per_s']:>17.2f} {r['speedup']:>8.2f}x {b['audio_s_per_cpu_s']:>14.2f} "
-                     f"{r['speedup_cpu']:>12.2f}x")
+        b = r.get("compiled", r["batched"])
+        row = f"{size:>5} {r['audio_s']:>8.1f} {r['batched']['audio_s_per_s']:>16.2f}"
+        row += (f" {b['audio_s_per_s']:>26.2f} {b['latency_p50_s']:>21.3f}" if compiled else
+                f" {b['latency_p50_s']:>12.2f}")
+        lines.append(row + f" {r['one_by_one']['audio_s_per_s']:>17.2f} {r['speedup']:>8.2f}x "
+                           f"{b['audio_s_per_cpu_s']:>14.2f} {r['speedup_cpu']:>12.2f}x")
         if b["audio_s_per_s"] > best:
             best, best_size = b["audio_s_per_s"], size
     lines.append(f"highest batched throughput at batch {best_size} ({best:.2f} audio-s/s)")
+    compile_meta = {}
+    if compiled:
+        record = served.compile_record
+        compile_meta = {"loaded": record.loaded, "seconds": record.seconds, "graphs_compiled": record.graphs_compiled,
+                        "graphs_loaded": record.graphs_loaded, "directory": str(record.directory)}
+        lines.append(record.describe())
+        if served.batch_graphs is not None:
+            bg = served.batch_graphs
+            compile_meta["batch_graphs"] = {"count": len(bg.graphs), "batch_buckets": bg.batch_buckets,
+                                            "capture_s": bg.capture_seconds, "mib": bg.graph_bytes / 2**20,
+                                            "reserved_mib": bg.reserved_bytes / 2**20}
+            lines.append(f"batch graphs: {len(bg.graphs)} (batch buckets {bg.batch_buckets}, batch x frames <= "
+                         f"{served.batch_graph_frames}), captured in {bg.capture_seconds:.1f} s, "
+                         f"{bg.graph_bytes / 2**20:.0f} MiB allocated, {bg.reserved_bytes / 2**20:.0f} MiB reserved "
+                         f"by torch in all (this process: both engines)")
     print("\n".join(lines))
     if args.json_path:
         meta = {"weights": args.weights, "device": str(device), "dtype": resolved, "threads": torch.get_num_threads(),
-                "cpu": cpu.model, "fused_kernels": fused, "torch": torch.__version__, "repeats": args.repeats,
-                "batch_phonemes": args.batch_phonemes}
+                "cpu": cpu.model, "gpu": card, "fused_kernels": fused, "torch": torch.__version__,
+                "repeats": args.repeats, "batch_phonemes": args.batch_phonemes, "compiled": compile_meta or None,
+                "stage2": args.stage2 if compiled else None}
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "batch": results}, f, indent=2)
     return 0
@@ -270,7 +323,8 @@ def run(args: argparse.Namespace) -> int:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 baseline = torch.cuda.memory_allocated()
-            engine = Engine(weights, str(device), mode, cuda_graphs=graphs, fused_kernels=fused)
+            engine = Engine(weights, str(device), mode, cuda_graphs=graphs, fused_kernels=fused,
+                            compiled=None if graphs else False)  # graphed: the serving path, compiled
             engine.warmup()
             engines[name] = engine
             contenders[name] = (lambda e: (lambda ids: e.synthesize(ids, voice[len(ids) - 1])))(engine)

@@ -11,7 +11,11 @@ Steps, most important first (`--steps` picks some):
             `kokoro-fleet bench --device cuda` over chunks of 30..510 phonemes, eager vs graphed,
             fp32 / bf16 / fp16
   replicas  python -m loadtest.bench.replica_sweep: 1..16 engine processes with and without CUDA MPS
-  batch     kokoro-fleet bench --batch 1,2,4,8,16 (the batched forward pass against one by one)
+  startup   python -m loadtest.bench.gpu_parity --startup 8: eight compiled engines start together on
+            the host's compile cache (one compiles, seven load), then one alone on the warm cache
+  batch     kokoro-fleet bench --batch 1,8,32: compiled-and-graphed batches beside eager batches
+            and one by one (chunks of about 120 phonemes, bf16, exact stage-2 arithmetic)
+  batch-fast  the same with fast stage-2 arithmetic (TF32, cudnn.benchmark)
   fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
             (needs the carried `.fleet` bundle; skipped without it)
 
@@ -19,6 +23,13 @@ A session's device time is short and the machine's start counts, so plan two cal
 the warm machine, each well under the per-call limit, from the step times recorded in
 loadtest/README.md ("Figures behind the code's choices"), which also lists the calls used so far.
 DIR may be the same folder: each call rewrites the report from what its own steps measured.
+
+The compiled passes (issue 38) in one call, compiles included (the startup step compiles into the
+host's cache that batch and tests then load from; batch-fast may compile again, TF32 being part of
+what dynamo guards on; tests without startup before them compile too, past their cap):
+  `python -m loadtest.bench.gpu_harness --steps startup,batch,tests,batch-fast --budget-s 560`
+(device command: `OUT=$OUT timeout 590 python3 -m loadtest.bench.gpu_harness --out $OUT --steps
+startup,batch,tests,batch-fast --budget-s 560`, timeout_s 600).
 
 Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real
 ones cannot travel to a GPU box, and cost depends on shapes, not values.
@@ -39,7 +50,7 @@ from pathlib import Path
 
 PY = sys.executable
 SIZES = "30,60,120,250,400,510"
-BATCHES = "1,2,4,8,16"
+BATCHES = "1,8,32"
 REPLICA_COUNTS = "1,2,4,8,12,16"
 
 
@@ -48,14 +59,18 @@ def steps(work: Path, fleet_bundle: Path, replica_counts: str = REPLICA_COUNTS,
     """name -> (command, its own time cap in seconds)."""
     return {
         "tests": ([PY, "-m", "pytest", "tests/unit/test_engine_gpu.py", "-q", "-p", "no:cacheprovider",
-                   f"--junitxml={work / 'tests.xml'}"], 100),
+                   f"--junitxml={work / 'tests.xml'}"], 200),
         "check": ([PY, "-m", "loadtest.bench.gpu_parity", "--json", str(work / "check.json"), "--sizes", SIZES,
                    "--modes", "fp32,bf16,fp16", "--repeats", "4"], 200),
         "replicas": ([PY, "-m", "loadtest.bench.replica_sweep", "--counts", replica_counts, "--seconds", "5",
                       "--mps", mps, "--ready-timeout", "120", "--json", str(work / "replicas.json")], 300),
+        "startup": ([PY, "-m", "loadtest.bench.gpu_parity", "--startup", "8", "--json", str(work / "startup.json")], 300),
         "batch": ([PY, "-m", "api.cli", "bench", "--device", "cuda", "--weights", "random-full", "--modes", "bf16",
                    "--batch", BATCHES, "--batch-phonemes", "120", "--repeats", "3", "--json",
-                   str(work / "batch.json")], 80),
+                   str(work / "batch.json")], 150),
+        "batch-fast": ([PY, "-m", "api.cli", "bench", "--device", "cuda", "--weights", "random-full", "--modes",
+                        "bf16", "--batch", BATCHES, "--batch-phonemes", "120", "--repeats", "3", "--stage2", "fast",
+                        "--json", str(work / "batch_fast.json")], 180),
         # {budget}: the step's own time limit less a margin, so it stops the fleet and writes what it has
         "fleet": ([PY, "-m", "loadtest.gpu_fleet", "--bundle", str(fleet_bundle), "--out", str(work / "fleet"),
                    "--budget-s", "{budget}", "--duration", "15"], 320),
@@ -166,6 +181,7 @@ def _read(path: Path):
 def collect(work: Path, summary: dict) -> dict:
     figures = dict(summary)
     for name, file in (("check", "check.json"), ("bench", "check.json.bench.json"), ("batch", "batch.json"),
+                       ("batch_fast", "batch_fast.json"), ("startup", "startup.json"),
                        ("replicas", "replicas.json"), ("fleet", "fleet/gpu_fleet.json")):
         value = _read(work / file)
         if value is not None:
@@ -226,14 +242,18 @@ def markdown(figures: dict) -> str:
         if peak:
             lines += ["", "Peak GPU memory per engine (torch allocator; the CUDA context adds ~500 MiB): "
                       + ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in peak.items())]
-    batch = figures.get("batch")
-    if batch:
-        lines += ["", f"## Batched forward pass ({batch['meta']['dtype']}, eager, chunks of about "
-                      f"{batch['meta']['batch_phonemes']} phonemes)", "",
-                  "| batch | audio-s/s batched | batch p50 ms | audio-s/s one by one | speed-up |", "|---|---|---|---|---|"]
-        for size, r in batch["batch"].items():
-            lines.append(f"| {size} | {r['batched']['audio_s_per_s']:.0f} | {1000 * r['batched']['latency_p50_s']:.0f} | "
-                         f"{r['one_by_one']['audio_s_per_s']:.0f} | {r['speedup']:.2f}x |")
+    for key in ("batch", "batch_fast"):
+        if figures.get(key):
+            lines += batch_markdown(figures[key])
+    startup = figures.get("startup")
+    if startup:
+        lines += ["", f"## Start-up: {startup['workers']} compiled engines together, then one alone", "",
+                  "| engine | compiled or loaded | compile s | waited s | ready s | reserved MiB |", "|---|---|---|---|---|---|"]
+        rows = [(f"together #{k}", r) for k, r in enumerate(startup["together"])] + [("alone, warm", startup["alone_warm"])]
+        for name, r in rows:
+            lines.append(f"| {name} | FAILED | - | - | - | - |" if r is None else
+                         f"| {name} | {'loaded' if r['loaded'] else 'compiled'} | {r['compile_s']:.1f} | "
+                         f"{r['waited_s']:.1f} | {r['ready_s']:.1f} | {r['reserved_mib']:.0f} |")
     replicas = figures.get("replicas")
     if replicas:
         from loadtest.bench.replica_sweep import markdown as replica_table
@@ -244,6 +264,26 @@ def markdown(figures: dict) -> str:
         lines += ["", "## The whole fleet (kokoro-fleet serve --workers 8, random full-size weights)", "",
                   figures["fleet_markdown"]]
     return "\n".join(lines) + "\n"
+
+
+def batch_markdown(batch: dict) -> list[str]:
+    meta = batch["meta"]
+    compiled = meta.get("compiled") or {}
+    lines = ["", f"## Batched forward pass ({meta['dtype']}, chunks of about {meta['batch_phonemes']} phonemes, "
+                 f"{meta.get('gpu')}, stage 2 {meta.get('stage2')})", "",
+             "| batch | audio-s/s eager | audio-s/s compiled+graphs | compiled p50 ms | audio-s/s one by one | "
+             "speed-up |", "|---|---|---|---|---|---|"]
+    for size, r in batch["batch"].items():
+        c = r.get("compiled", {})
+        lines.append(f"| {size} | {r['batched']['audio_s_per_s']:.0f} | {c.get('audio_s_per_s', float('nan')):.0f} | "
+                     f"{1000 * c.get('latency_p50_s', float('nan')):.1f} | {r['one_by_one']['audio_s_per_s']:.0f} | "
+                     f"{r['speedup']:.2f}x |")
+    if compiled:
+        graphs = compiled.get("batch_graphs") or {}
+        lines += ["", f"Compiled passes {'loaded' if compiled['loaded'] else 'compiled'} in {compiled['seconds']:.1f} s; "
+                      f"{graphs.get('count', 0)} batch graphs, {graphs.get('mib', 0):.0f} MiB allocated, "
+                      f"{graphs.get('reserved_mib', 0):.0f} MiB reserved in all"]
+    return lines
 
 
 # The steps' own logs worth keeping beside the report: the fleet's holds the serve log's head, tail

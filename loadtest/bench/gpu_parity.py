@@ -10,6 +10,12 @@ Needs only torch, transformers and numpy (a bare GPU box). With full-size random
   3. noise on: the same input twice gives the same audio;
   4. the benchmark: eager vs graphed per dtype, audio-seconds per second, p50/p95, peak memory,
      capture time (the reference KModel too when the `kokoro` package is importable).
+
+`--startup N [--cache-dir DIR]` checks start-up with compiled passes instead: N engine processes
+start together on DIR (default: the host's compile cache; on a fresh machine one compiles, the
+others wait and load), then one more alone on the warm cache; each reports whether it compiled or loaded, how long that took, its time to ready
+and its GPU memory (bf16, noise on, batches up to 32: what a serving replica compiles; its batch
+graph grid smaller than the default, so that eight fit one card).
 """
 
 from __future__ import annotations
@@ -37,11 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", default="30,60,120,250,400,510", help="the benchmark's chunk sizes (phonemes)")
     parser.add_argument("--modes", default="fp32,bf16,fp16", help="the benchmark's dtypes")
+    parser.add_argument("--startup", type=int, default=0, help="start this many compiled engines together")
+    parser.add_argument("--cache-dir", default=None, help="--startup: the compile cache (empty for a cold start)")
+    parser.add_argument("--start-one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
         return 2
     logging_setup()
+    if args.start_one:
+        return start_one(args.cache_dir)
+    if args.startup:
+        return startup(args.startup, args.cache_dir, args.json_path)
     from worker.engine import Engine
     from worker.model.random_init import random_full_weights
     from worker.reference import log_spectral_distance_db, snr_db
@@ -52,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                     "capture": {}}
     failures: list[str] = []
 
-    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False)
-    padded = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=True)
-    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True)
+    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False, compiled=False)
+    padded = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=True, compiled=False)
+    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True, compiled=False)
     start = time.perf_counter()
     graphed.warmup()
     record_capture(report, failures, "fp32", graphed)
@@ -78,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
               f"unpadded run durations equal {same}, log-spectral distance {lsd:.3f} dB, SNR {snr:.1f} dB "
               f"{'PASS' if ok else 'FAIL'}", flush=True)
     for dtype in ("bf16", "fp16"):
-        engine = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True)
+        engine = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True, compiled=False)
         engine.warmup()
         record_capture(report, failures, dtype, engine)
         for n in (30, 250):
@@ -93,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{dtype} graphed vs fp32 eager, {n} tokens: durations within 1 frame {within:.1%}, "
                   f"log-spectral distance {lsd:.2f} dB {'PASS' if ok else 'FAIL'}", flush=True)
         del engine
-    noisy = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True)
+    noisy = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, compiled=False)
     noisy.warmup()
     x, y = noisy.synthesize(list(range(20, 60)), voice[39]), noisy.synthesize(list(range(20, 60)), voice[39])
     report["noise_reproducible"] = bool(np.array_equal(x.audio, y.audio))
@@ -128,6 +141,72 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checks: {'PASS' if not failures else 'FAIL: ' + '; '.join(failures)}", flush=True)
     engine_bench.run(bench_parser.parse_args(bench_args))
     return 1 if failures else 0
+
+
+def start_one(cache_dir: str) -> int:
+    """One serving engine's start (compile or load, capture, warm-up); its figures as a JSON line."""
+    start = time.perf_counter()
+    from worker.engine import Engine
+    from worker.model.random_init import random_full_weights
+
+    weights = random_full_weights()
+    built = time.perf_counter()
+    # a smaller batch grid than a replica's default, so that eight fit one card together
+    engine = Engine(weights, "cuda", "bf16", compiled=True, max_batch=32, batch_graph_frames=4096,
+                    compile_cache_dir=cache_dir)
+    engine.warmup()
+    torch.cuda.synchronize()
+    record = engine.compile_record
+    batch_graphs = engine.batch_graphs
+    print("START " + json.dumps({
+        "loaded": record.loaded, "compile_s": record.seconds, "waited_s": record.waited_s,
+        "graphs_compiled": record.graphs_compiled, "graphs_loaded": record.graphs_loaded,
+        "weights_s": built - start, "ready_s": time.perf_counter() - start,
+        "batch_graphs": len(batch_graphs.graphs) if batch_graphs else 0,
+        "reserved_mib": torch.cuda.memory_reserved() / 2**20}), flush=True)
+    return 0
+
+
+def startup(workers: int, cache_dir: str | None, json_path: str | None) -> int:
+    """`workers` engine processes started together on `cache_dir`, then one alone (warm cache)."""
+    import subprocess
+
+    from worker.compile_cache import default_compile_cache_dir
+
+    # the host's own cache by default, which the engines started after this check then load
+    cache_dir = cache_dir or str(default_compile_cache_dir(torch.device("cuda")))
+    command = [sys.executable, "-m", "loadtest.bench.gpu_parity", "--start-one", "--cache-dir", cache_dir]
+
+    def started(count: int) -> list[dict]:
+        processes = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+        figures = []
+        for process in processes:
+            out, _ = process.communicate()
+            lines = [line for line in out.splitlines() if line.startswith("START ")]
+            figures.append(json.loads(lines[-1][6:]) if process.returncode == 0 and lines else None)
+        return figures
+
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}; compile cache {cache_dir}", flush=True)
+    together, alone = started(workers), started(1)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "workers": workers,
+              "together": together, "alone_warm": alone[0]}
+    for name, rows in (("together", together), ("alone, warm cache", alone)):
+        for k, row in enumerate(rows):
+            print(f"{name} #{k}: " + ("FAILED" if row is None else
+                  f"{'loaded' if row['loaded'] else 'compiled'} in {row['compile_s']:.1f} s (waited "
+                  f"{row['waited_s']:.1f} s; {row['graphs_compiled']} graphs compiled, {row['graphs_loaded']} "
+                  f"loaded), ready after {row['ready_s']:.1f} s, {row['batch_graphs']} batch graphs, "
+                  f"{row['reserved_mib']:.0f} MiB reserved"), flush=True)
+    ok = [r for r in together if r is not None]
+    compiled = sum(not r["loaded"] for r in ok)
+    print(f"startup: {len(ok)}/{workers} started together, {compiled} compiled, {len(ok) - compiled} loaded; "
+          f"alone on the warm cache ready after {alone[0]['ready_s']:.1f} s" if alone[0] else
+          "startup: the warm start FAILED", flush=True)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+    # compiled == 0: the cache was warm already (a second run on the same machine)
+    return 0 if len(ok) == workers and compiled <= 1 and alone[0] and alone[0]["loaded"] else 1
 
 
 def record_capture(report: dict, failures: list[str], dtype: str, engine) -> None:

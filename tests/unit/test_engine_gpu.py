@@ -1,5 +1,6 @@
 """CUDA graphs against eager on the GPU (skipped without CUDA): the graphs replay the eager run on
 the same padded shapes bit for bit; against the unpadded run, same durations and >= 30 dB SNR.
+These run the uncompiled engine (compiled=False); the compiled passes have their own tests below.
 
 These run on a lent GPU (`python -m loadtest.bench.gpu_harness`), never in CI. With torch's default TF32
 convolutions the padded-against-unpadded and batch-against-single bounds failed on an H200 (28 and
@@ -32,8 +33,8 @@ def weights():
 
 @pytest.fixture(scope="module")
 def engines(weights):
-    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False)
-    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID)
+    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False, compiled=False)
+    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID, compiled=False)
     graphed.warmup()
     assert graphed.graphs is not None, "capture failed (see the log)"
     return eager, graphed
@@ -55,8 +56,9 @@ def test_graphed_matches_eager(engines, weights, n_tokens):
 def test_graphs_replay_the_padded_eager_run_bit_for_bit(weights, noise):
     """Capture changes nothing: the graphs compute what the same code computes eagerly on the same
     padded shapes (deterministic cuDNN: the same input gives the same bits)."""
-    padded = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=False, bucketed=True, frame_grid=GRID)
-    graphed = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=True, frame_grid=GRID)
+    padded = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=False, bucketed=True, frame_grid=GRID,
+                    compiled=False)
+    graphed = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=True, frame_grid=GRID, compiled=False)
     graphed.warmup()
     for n_tokens in (10, 100):
         ids = torch.randint(1, 178, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
@@ -67,7 +69,7 @@ def test_graphs_replay_the_padded_eager_run_bit_for_bit(weights, noise):
 
 
 def test_graphed_noise_is_reproducible(weights):
-    engine = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID)
+    engine = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID, compiled=False)
     engine.warmup()
     ids = list(range(20, 50))
     style = weights.voices["v"][29]
@@ -81,7 +83,7 @@ def test_reduced_precision_bound_on_cuda(engines, weights):
     style = weights.voices["v"][59]
     reference = eager.synthesize(ids, style)
     for dtype in ("bf16", "fp16"):
-        other = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True, frame_grid=GRID)
+        other = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True, frame_grid=GRID, compiled=False)
         other.warmup()
         out = other.synthesize(ids, style)
         assert (np.abs(out.durations - reference.durations) <= 1).mean() >= 0.99, dtype
@@ -111,3 +113,70 @@ def test_eager_batch_matches_single_runs_on_cuda(engines, weights, noise):
             assert snr_db(alone.audio, got.audio) >= 30.0
     finally:
         engine.noise = False
+
+
+# --- compiled passes: the decoder through torch.compile, captured per (batch bucket, frame bucket) ---
+
+# A batch item against its single run (tests/unit/test_batch.py's bound).
+BATCH_PARITY_DB = 20.0
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(weights):
+    """What a replica serves with (bf16, noise on, the default frame grid, so it shares the host's
+    compile cache with `kokoro-fleet bench`), batches up to 8 on a small batch grid."""
+    engine = Engine(weights, "cuda", "bf16", compiled=True, cuda_graphs=True, max_batch=8, batch_graph_frames=2048)
+    engine.warmup()
+    assert engine.graphs is not None and engine.batch_graphs is not None, "capture failed (see the log)"
+    return engine
+
+
+def mixed_items(weights, lengths, speeds=None):
+    from worker.engine import BatchItem
+
+    speeds = speeds or [1.0] * len(lengths)
+    return [BatchItem(torch.randint(1, 178, (n,), generator=torch.Generator().manual_seed(n)).tolist(),
+                      weights.voices["v"][n - 1], s) for n, s in zip(lengths, speeds)]
+
+
+def test_compiled_batch_graphs_cover_their_grid_within_the_bound(compiled_engine):
+    graphs = compiled_engine.batch_graphs
+    assert compiled_engine.compile_record is not None
+    assert graphs.batch_buckets == [2, 4, 8]
+    assert set(graphs.graphs) == set(graphs.cells)
+    assert all(b * f <= compiled_engine.batch_graph_frames for b, f in graphs.cells)
+
+
+@pytest.mark.parametrize("lengths", [(60, 45, 52), (120, 10, 90, 33, 64)], ids=["3-items", "5-items"])
+def test_compiled_graphed_batch_items_equal_their_single_runs(compiled_engine, weights, lengths):
+    """The batch replays a (batch bucket, frame bucket) graph, each single run its own graphs."""
+    items = mixed_items(weights, lengths, [1.0 + 0.1 * k for k in range(len(lengths))])
+    frames = [int(compiled_engine.synthesize(i.ids, i.style, i.speed).durations.sum()) for i in items]
+    assert compiled_engine.batch_graphs.graphs.get(
+        (next(b for b in (2, 4, 8) if b >= len(items)), compiled_engine._frame_bucket(max(frames)))) is not None
+    for item, got in zip(items, compiled_engine.synthesize_batch(items)):
+        alone = compiled_engine.synthesize(item.ids, item.style, item.speed)
+        assert np.array_equal(got.durations, alone.durations)
+        assert len(got.audio) == len(alone.audio)
+        assert snr_db(alone.audio, got.audio) >= BATCH_PARITY_DB
+
+
+def test_compiled_batch_beyond_the_grid_still_runs(compiled_engine, weights):
+    """Nine items: past the largest batch bucket, so stage 2 runs compiled, launched eagerly."""
+    items = mixed_items(weights, [30 + 5 * k for k in range(9)])
+    for item, got in zip(items, compiled_engine.synthesize_batch(items)):
+        alone = compiled_engine.synthesize(item.ids, item.style, item.speed)
+        assert np.array_equal(got.durations, alone.durations)
+        assert snr_db(alone.audio, got.audio) >= BATCH_PARITY_DB
+
+
+@pytest.mark.parametrize("n_tokens", [30, 120])
+def test_compiled_bf16_against_eager_fp32(compiled_engine, weights, n_tokens):
+    """Durations exact (stage 1 stays float32 without TF32), audio within the precision bound of
+    the padded eager fp32 run (the same padded shapes, so the same noise draws)."""
+    padded = Engine(weights, "cuda", "fp32", compiled=False, cuda_graphs=False, bucketed=True)
+    ids = torch.randint(1, 178, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
+    style = weights.voices["v"][n_tokens - 1]
+    a, b = padded.synthesize(ids, style), compiled_engine.synthesize(ids, style)
+    assert np.array_equal(a.durations, b.durations)
+    assert log_spectral_distance_db(a.audio, b.audio) <= PRECISION_BOUND_DB

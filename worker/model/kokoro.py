@@ -57,6 +57,7 @@ class KokoroModel(nn.Module):
         self.style_dim = config["style_dim"]
         self.hidden_dim = config["hidden_dim"]
         self.decoder_dtype = torch.float32
+        self.compiled_decode = None  # `decode` compiled, once `use_compiled_decode()` runs
         self.register_buffer("_arange", torch.arange(albert.max_position_embeddings), persistent=False)
 
     # --- set-up ----------------------------------------------------------------------------------
@@ -238,7 +239,43 @@ class KokoroModel(nn.Module):
 
         style_prosody = style[:, self.style_dim:]  # [B, S]
         f0, energy = self.predictor.f0_energy(en, style_prosody, spans.frames, spans.frames2)  # [B, 2F] each
-        return self.decoder(asr.transpose(1, 2), f0, energy, style[:, :self.style_dim], noise, spans)
+        decode = self.compiled_decode or self.decode
+        return decode(asr.transpose(1, 2), f0, energy, n_frames, style, noise)
+
+    def decode(self, asr: torch.Tensor, f0: torch.Tensor, energy: torch.Tensor, n_frames: torch.Tensor | None,
+               style: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """Stage 2's decoder, the part worth compiling (most of the time, in many small elementwise
+        kernels; no LSTM, which dynamo cannot trace): asr [B, D, frames], f0 / energy [B, 2 frames]
+        float32, n_frames / style / noise as in `stage2` -> [B, 600 * frames] float32."""
+        spans = self.frame_spans(n_frames, asr.shape[-1])
+        return self.decoder(asr, f0, energy, style[:, :self.style_dim], noise, spans)
+
+    def use_compiled_decode(self, enabled: bool = True) -> None:
+        """`decode` through torch.compile (inductor), one compile per shape family: the batch and
+        frame dimensions are dynamic, so every bucket of a family shares one compiled graph (a
+        static grid would cost a compile per shape). A batch of one is its own family (dynamo
+        specializes size 1), and so is a run without noise."""
+        if not enabled:
+            self.compiled_decode = None
+            return
+        compiled = torch.compile(self.decode, fullgraph=True)
+
+        def decode(asr, f0, energy, n_frames, style, noise):
+            # Every engine of a process adds its families to the one code object's cache: past
+            # dynamo's default of 8 entries (several engines: tests, bench) it would run eagerly.
+            # Set per call, as layers.py does: syntheses run in worker threads.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            batched = asr.shape[0] > 1
+            for tensor, time_dim in ((asr, 2), (f0, 1), (energy, 1), (noise, 1), (n_frames, None), (style, None)):
+                if tensor is None:
+                    continue
+                if batched:
+                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                if time_dim is not None:
+                    torch._dynamo.maybe_mark_dynamic(tensor, time_dim)
+            return compiled(asr, f0, energy, n_frames, style, noise)
+
+        self.compiled_decode = decode
 
     # --- convenience (tests, tools) ----------------------------------------------------------------
 

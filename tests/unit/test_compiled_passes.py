@@ -1,0 +1,159 @@
+"""The compiled batched pass, checked on the CPU so CI guards the code CUDA serves.
+
+On CUDA the engine runs stage 2's decoder through torch.compile (inductor) and captures it as CUDA
+graphs per (batch bucket, frame bucket); here inductor's C++ backend compiles the same decoder, with
+the same dynamic batch and frame dimensions, launched eagerly. A compiled batch must compute what
+the eager batch computes: durations equal (stage 1 is not compiled), audio within the batch parity
+bound of tests/unit/test_batch.py, for the eager batch and for each item's single run; and a second
+engine on the host must load what the first compiled instead of compiling again.
+
+Cost: one compile of the tiny config's batch family, cached across runs in the host's compile cache
+(~/.cache/kokoro-fleet/compile/<torch>-<cpu>), then a load from it; the commit that added this
+file gives the times measured.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from worker.compile_cache import default_compile_cache_dir, shared_compile
+from worker.engine import BatchGraphs, BatchItem, Engine, stage2_arithmetic, use_exact_cuda_arithmetic
+from worker.reference import snr_db
+
+compiles = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                              reason="inductor's CPU backend needs a C++ compiler")
+
+PARITY_DB = 20.0  # a batch item against its single run: tests/unit/test_batch.py
+
+
+def items_of(weights, lengths, speeds) -> list[BatchItem]:
+    voice = next(iter(weights.voices.values()))
+    return [BatchItem(torch.randint(1, 178, (n,), generator=torch.Generator().manual_seed(n)).tolist(),
+                      voice[n - 1], speed) for n, speed in zip(lengths, speeds)]
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(tiny_weights):
+    engine = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8)
+    engine.warmup()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def eager_engine(tiny_weights):
+    return Engine(tiny_weights, "cpu", "fp32", compiled=False, bucketed=True, fused_kernels=False)
+
+
+@pytest.mark.slow
+@compiles
+@pytest.mark.parametrize("lengths,speeds", [((40, 12, 25), (1.0, 1.3, 0.8)), ((7, 33, 50, 18, 26), (1.0,) * 5)],
+                         ids=["3-items", "5-items"])
+def test_compiled_batch_equals_the_eager_batch_and_single_runs(tiny_weights, compiled_engine, eager_engine,
+                                                               lengths, speeds):
+    items = items_of(tiny_weights, lengths, speeds)
+    compiled = compiled_engine.synthesize_batch(items)
+    eager = eager_engine.synthesize_batch(items)
+    for k, (item, got, expected) in enumerate(zip(items, compiled, eager)):
+        alone = eager_engine.synthesize(item.ids, item.style, item.speed)
+        where = f"item {k} ({len(item.ids)} phonemes, speed {item.speed})"
+        assert np.array_equal(got.durations, expected.durations), where
+        assert np.array_equal(got.durations, alone.durations), where
+        assert len(got.audio) == len(expected.audio) == len(alone.audio), where
+        assert np.isfinite(got.audio).all(), where
+        assert snr_db(expected.audio, got.audio) >= PARITY_DB, where
+        assert snr_db(alone.audio, got.audio) >= PARITY_DB, where
+
+
+@pytest.mark.slow
+@compiles
+def test_a_second_engine_loads_what_the_first_compiled(tiny_weights, compiled_engine):
+    """As a second replica process would: dynamo forgets this process's graphs, so the second
+    engine's come from the host's cache on disk, compiled by nobody."""
+    assert compiled_engine.compile_record is not None
+    torch._dynamo.reset()
+    second = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8)
+    second.warmup()
+    record = second.compile_record
+    assert record.directory == compiled_engine.compile_record.directory
+    assert record.loaded and record.graphs_compiled == 0 and record.graphs_loaded >= 1, record.describe()
+
+
+def test_the_batch_grid_holds_the_buckets_up_to_the_largest_batch_within_the_memory_bound(tiny_weights):
+    """The grid BatchGraphs would capture (its buffers are built on the engine's device; no capture here)."""
+    engine = Engine(tiny_weights, "cpu", "fp32", compiled=False, bucketed=True, max_batch=12,
+                    batch_graph_frames=3000, frame_grid=(32, 64, 128, 256, 512, 1024, 2048))
+    grid = BatchGraphs(engine)
+    assert grid.batch_buckets == [2, 4, 8, 16]  # 12 rounds up to 16; 32 and 64 are past it
+    assert set(grid.cells) == {(b, f) for b in (2, 4, 8, 16) for f in engine.frame_grid if b * f <= 3000}
+    assert (2, 2048) not in grid.cells and (16, 128) in grid.cells and (16, 256) not in grid.cells
+    assert [b * f for b, f in grid.cells] == sorted((b * f for b, f in grid.cells), reverse=True)
+    assert grid.durations.shape[0] == 16 and grid.audio.numel() == 600 * max(b * f for b, f in grid.cells)
+
+
+def test_fast_stage2_arithmetic_holds_only_inside_stage2():
+    """TF32 and cudnn.benchmark around stage 2, exact arithmetic again after it (the flags are
+    process-wide and settable without a GPU; this puts them back)."""
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    cuda = torch.device("cuda")
+    try:
+        use_exact_cuda_arithmetic()
+        with stage2_arithmetic(cuda, fast=True):
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+            assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        with stage2_arithmetic(cuda, fast=False):
+            assert not torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.deterministic
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags
+
+
+def test_the_compile_cache_is_one_directory_per_torch_and_device_marked_per_configuration(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # put back after the test
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    directory = default_compile_cache_dir(torch.device("cpu"), tmp_path)
+    assert directory.parent == tmp_path / "compile"
+    assert directory.name.startswith(torch.__version__.replace("+", "-"))
+    assert all(c.isalnum() or c in "._-" for c in directory.name)
+    with shared_compile(directory, "decode-fp32-batch-noise1-exact") as record:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(directory)
+    assert record.directory == directory and record.graphs_compiled == record.graphs_loaded == 0
+    assert (directory / "decode-fp32-batch-noise1-exact.done").exists()
+    with pytest.raises(RuntimeError), shared_compile(directory, "decode-bf16-batch-noise1-exact"):
+        raise RuntimeError("a failed compile")
+    assert not (directory / "decode-bf16-batch-noise1-exact.done").exists()  # the next process compiles it
+
+
+def test_the_gpu_report_shows_compiled_batches_beside_eager_ones_and_the_start_up(tmp_path):
+    import json
+
+    from worker import gpu_harness
+
+    def by(audio_s_per_s, p50):
+        return {"audio_s_per_s": audio_s_per_s, "latency_p50_s": p50, "audio_s_per_cpu_s": 1.0}
+
+    (tmp_path / "batch.json").write_text(json.dumps({
+        "meta": {"dtype": "bf16", "batch_phonemes": 120, "gpu": "NVIDIA H100 80GB HBM3", "stage2": "exact",
+                 "compiled": {"loaded": True, "seconds": 9.5, "batch_graphs": {"count": 90, "mib": 40.0,
+                                                                            "reserved_mib": 7000.0}}},
+        "batch": {"32": {"batched": by(639.0, 0.4), "compiled": by(2500.0, 0.109), "one_by_one": by(279.0, 1.0),
+                         "speedup": 8.96}}}))
+    (tmp_path / "startup.json").write_text(json.dumps({
+        "workers": 2, "together": [
+            {"loaded": False, "compile_s": 61.0, "waited_s": 0.0, "ready_s": 80.0, "reserved_mib": 5000.0},
+            {"loaded": True, "compile_s": 8.0, "waited_s": 61.0, "ready_s": 90.0, "reserved_mib": 5000.0}],
+        "alone_warm": {"loaded": True, "compile_s": 7.0, "waited_s": 0.0, "ready_s": 18.0, "reserved_mib": 5000.0}}))
+    report = gpu_harness.markdown(gpu_harness.collect(tmp_path, {"steps": {}, "environment": {"gpu": "H100"}}))
+    assert "NVIDIA H100 80GB HBM3, stage 2 exact" in report
+    assert "| 32 | 639 | 2500 | 109.0 | 279 | 8.96x |" in report
+    assert "Compiled passes loaded in 9.5 s; 90 batch graphs, 40 MiB allocated, 7000 MiB reserved" in report
+    assert "| together #0 | compiled | 61.0 | 0.0 | 80.0 | 5000 |" in report
+    assert "| together #1 | loaded | 8.0 | 61.0 | 90.0 | 5000 |" in report
+    assert "| alone, warm | loaded | 7.0 | 0.0 | 18.0 | 5000 |" in report
