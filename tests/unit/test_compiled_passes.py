@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from worker.compile_cache import default_compile_cache_dir, shared_compile
-from worker.engine import BatchGraphs, BatchItem, Engine, stage2_arithmetic, use_exact_cuda_arithmetic
+from worker.cuda_graphs import BatchGraphs
+from worker.engine import BatchItem, Engine, stage2_arithmetic, use_exact_cuda_arithmetic
 from worker.reference import snr_db
 
 compiles = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,

@@ -128,7 +128,7 @@ def test_tiny_config_sizes_reach_every_stage(tiny_weights):
     """hidden_dim, decoder_dim, decoder_asr_res_dim and upsample_initial_channel are read from the
     config everywhere (stage 2's feature split, the decoder, the engine's static buffers): the tiny
     model runs padded and unpadded to the same audio, at 600 samples per frame."""
-    from worker.engine import CudaGraphs
+    from worker.cuda_graphs import CudaGraphs
 
     plain = Engine(tiny_weights, "cpu", "fp32", noise=False, fused_kernels=False)
     padded = Engine(tiny_weights, "cpu", "fp32", noise=False, bucketed=True, fused_kernels=False)
