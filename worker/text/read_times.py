@@ -140,8 +140,8 @@ TIMESTAMP = re.compile(r"\b(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})[T ](?P<h>\d{2
 
 
 def say_timestamp(m: re.Match, british: bool) -> str:
-    """2024-11-25T14:05:00Z -> "November twenty-fifth, twenty twenty-four, fourteen oh five UTC":
-    the date, then the time to the minute (seconds said only when not zero), then the zone."""
+    """An ISO 8601 timestamp (a log's date, T, time and zone): the date, then the time to the
+    minute (seconds said only when not zero), then the zone, "... fourteen oh five UTC"."""
     y, mo, d = int(m.group("y")), int(m.group("mo")), int(m.group("d"))
     hour, minute, second = int(m.group("h")), int(m.group("mi")), int(m.group("s") or 0)
     if not (1 <= mo <= 12 and 1 <= d <= 31 and hour <= 23 and minute <= 59):
