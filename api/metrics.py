@@ -42,6 +42,22 @@ _LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
 Read = Callable[[], "float | dict[tuple[str, ...], float]"]
 
 
+class ReadableHistogram(Histogram):
+    """prometheus_client's Histogram with this process's `count` and `sum` readable, as the fleet's
+    own figures read them (the exposition still adds every worker's up)."""
+
+    def _sample(self, suffix: str) -> float:
+        return next(s.value for metric in self.collect() for s in metric.samples if s.name.endswith(suffix))
+
+    @property
+    def count(self) -> float:
+        return self._sample("_count")
+
+    @property
+    def sum(self) -> float:
+        return self._sample("_sum")
+
+
 def share_with_workers(directory: str | Path) -> None:
     """Make `directory` this server's metrics directory, for the worker processes started after:
     emptied (a previous run's workers are not this one's) and named in PROMETHEUS_MULTIPROC_DIR,

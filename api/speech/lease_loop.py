@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import redis.asyncio as aioredis
-from prometheus_client import Histogram
 
+from api.metrics import ReadableHistogram
 from api.speech.redis_link import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                 unavailable_as_error)
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
@@ -137,8 +137,9 @@ class Dispatcher(TracksAvailability):
         self.busy_seconds = 0.0
         self.audio_seconds = 0.0
         self.lease_losses = 0       # completions refused because the lease had expired
-        self.batch_sizes = Histogram("kokoro_fleet_lease_batch_size", "Chunk jobs per lease this worker's replica "
-                                     "took (at most KOKORO_BATCH_MAX).", buckets=BATCH_SIZE_BUCKETS, registry=None)
+        self.batch_sizes = ReadableHistogram("kokoro_fleet_lease_batch_size", "Chunk jobs per lease this worker's "
+                                             "replica took (at most KOKORO_BATCH_MAX).", buckets=BATCH_SIZE_BUCKETS,
+                                             registry=None)
         self.batch_fallbacks = 0    # batches whose pass failed and ran again one job at a time
         self.degraded = False       # the last Redis call failed
         self._idle = False          # in the ready-list wait (safe to cancel: holds no lease)
