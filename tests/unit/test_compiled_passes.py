@@ -135,7 +135,7 @@ def test_the_compile_cache_is_one_directory_per_torch_and_device_marked_per_conf
 def test_the_gpu_report_shows_compiled_batches_beside_eager_ones_and_the_start_up(tmp_path):
     import json
 
-    from worker import gpu_harness
+    from loadtest.bench import gpu_harness
 
     def by(audio_s_per_s, p50):
         return {"audio_s_per_s": audio_s_per_s, "latency_p50_s": p50, "audio_s_per_cpu_s": 1.0}

@@ -438,7 +438,7 @@ def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tm
 
     weights = dataclasses.replace(tiny_weights, serving_dir=tmp_path / "serving", fingerprint="tiny-test")
     engine = Engine(weights, "cpu", dtype, noise=False, fused_kernels=False)
-    path = W.serving.serving_path(weights, DTYPES[dtype])
+    path = W.served_weights.serving_path(weights, DTYPES[dtype])
     assert path is not None and path.is_file()
     written = path.stat().st_mtime_ns
     ranges = file_mappings(path)
