@@ -15,7 +15,9 @@
 #   (pip's find-links) and sends every other project to PyPI, as PyTorch's CPU index would;
 # - the engine's own builder is used (DOCKER_BUILDKIT=0): BuildKit would fetch the frontend named
 #   by the Dockerfile's `# syntax=` line from Docker Hub. This builder builds every stage before the
-#   target, gpu-build included, so that stage gets the stand-in base and the local index too.
+#   target in file order: the Dockerfile puts cpu before gpu-build, so the CPU image never builds the
+#   CUDA stages (on a cold cache they cost minutes). CUDA_IMAGE still names the stand-in, in case
+#   a builder resolves every stage's base before it starts.
 #
 # Kept between runs on one machine: Docker's layer cache and images (/var/lib/docker) and, under
 # $KOKORO_DOCKER_CACHE (~/.cache/kokoro-fleet-docker), the Debian root file system's tarball, the
@@ -259,7 +261,7 @@ build_image() {
         index_pid=$INDEX_PID
         read -r -t 20 url <&"${INDEX[0]}" || die "the local torch index did not start (see $cache/index.log)"
         log "torch from $wheels through $url"
-        args+=(--build-arg "TORCH_CPU_INDEX_URL=$url" --build-arg "TORCH_CUDA_INDEX_URL=$url")
+        args+=(--build-arg "TORCH_CPU_INDEX_URL=$url")
     else
         log "no torch CPU wheel on this disk: torch comes from PyTorch's CPU index"
     fi
@@ -270,7 +272,7 @@ build_image() {
     # of the image, so they get tags of their own (all cached: seconds); then the images of earlier
     # builds that nothing uses any more can go without taking this build's cache with them.
     local stage
-    for stage in npm-voices weights gpu-build; do
+    for stage in npm-voices weights; do
         timeout 900 docker build --network host -q -f "$root/docker/Dockerfile" --target "$stage" "${args[@]}" \
             -t "kokoro-fleet-build-cache:$stage" "$root" >/dev/null
     done

@@ -37,7 +37,7 @@ def run(*argv: str) -> tuple[argparse.Namespace, dict]:
 
 
 def test_two_fleets_on_one_redis_share_the_work_like_one_fleet_of_their_combined_size(tmp_path):
-    args, result = run("two-fleets", "--workers", "2", "--duration", "40", "--rounds", "2", "--calibrate", "10",
+    args, result = run("two-fleets", "--workers", "2", "--duration", "20", "--rounds", "2", "--calibrate", "8",
                        "--log-dir", str(tmp_path))
     s = result["summaries"]
     assert s["two-fleets"]["errors"] == 0 and s["one-fleet"]["errors"] == 0, \
@@ -56,7 +56,7 @@ def test_two_fleets_on_one_redis_share_the_work_like_one_fleet_of_their_combined
 
 
 def test_four_times_capacity_gives_only_200_and_fast_503_with_flat_memory_and_no_underrun(tmp_path):
-    _, result = run("overload", "--workers", "8", "--factor", "4", "--duration", "60", "--capacity-seconds", "15",
+    _, result = run("overload", "--workers", "8", "--factor", "4", "--duration", "30", "--capacity-seconds", "10",
                     "--log-dir", str(tmp_path))
     checks = result["checks"]
     assert checks["only 200 and 503"], result["statuses"]

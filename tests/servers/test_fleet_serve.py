@@ -139,10 +139,10 @@ def test_no_underrun_with_as_many_long_streams_as_replicas(fleet, redis):
 
 
 def test_overload_gives_only_200_and_fast_503_and_keeps_admitted_latency(fleet, redis):
-    ((at_capacity, _),) = run_load(fleet.url, [Step("closed", WORKERS, 20.0)], SHORT, warmup=WORKERS)
+    ((at_capacity, _),) = run_load(fleet.url, [Step("closed", WORKERS, 10.0)], SHORT, warmup=WORKERS)
     capacity = at_capacity["requests_per_s"]
     rss_before = fleet.rss_mib()
-    ((over, rows),) = run_load(fleet.url, [Step("open", 4 * capacity, 60.0)], SHORT)
+    ((over, rows),) = run_load(fleet.url, [Step("open", 4 * capacity, 25.0)], SHORT)
     rss_after = fleet.rss_mib()
     refused = [r for r in rows if r.outcome == "rejected"]
     refused_ms = sorted(r.e2e_s * 1000 for r in refused)

@@ -117,7 +117,7 @@ def test_say_writes_the_format_its_file_names_with_progress_and_no_partial_file(
     same text (the codecs' own padding aside), progress went to stderr, and no `.part` file is left."""
     import av
 
-    text = " ".join(f"Sentence number {i} of a text long enough to be cut into several chunks." for i in range(12))
+    text = " ".join(f"Sentence number {i} of a text long enough to be cut into several chunks." for i in range(5))
     wav_audio, _, _ = say(tmp_path, text)
     for name in ("out.mp3", "out.ogg"):
         env = dict(os.environ, HF_HUB_OFFLINE="1", KOKORO_WEIGHTS="offline")
