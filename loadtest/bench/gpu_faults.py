@@ -240,18 +240,10 @@ def run_mps(replicas: int, seconds: float, device: str, weights_source: str, rea
                             "at_s": round(kill_at - start_at, 2)}
         time.sleep(0.5)
         report["mps_clients_after_kill"] = mps_listing()
-        survivors = {}
-        for _ in range(replicas - 1):
-            kind, message = _next(results, [p for k, p in enumerate(processes) if k != victim],
-                                  time.perf_counter() + seconds + 60)
-            if kind == "chunks":
-                survivors[message["index"]] = split_at_kill(message["chunks"], kill_at)
-            else:
-                survivors[message.get("index", -1)] = {"error": message.get("error")}
-        for k in range(replicas):
-            if k != victim:
-                processes[k].join(timeout=10)
-                survivors.setdefault(k, {})["exit_code"] = processes[k].exitcode
+        survivors = _survivors(results, processes, victim, kill_at, time.perf_counter() + seconds + 60)
+        for k, figures in survivors.items():
+            processes[k].join(timeout=10)
+            figures["exit_code"] = processes[k].exitcode
         report["survivors"] = {str(k): survivors[k] for k in sorted(survivors)}
         if respawn:
             report["respawned"] = _respawn(context, results, commands[replicas], replicas, device, weights_source,
@@ -259,6 +251,31 @@ def run_mps(replicas: int, seconds: float, device: str, weights_source: str, rea
         if daemon is not None and daemon.active:
             report["mps_log_tail"] = mps_log_tail(daemon.root)
     return report
+
+
+def _survivors(results, processes, victim: int, kill_at: float, deadline: float) -> dict[int, dict]:
+    """Each survivor's chunks split at the kill; a survivor that died too (a CUDA fault crosses
+    MPS clients) or never answered says so."""
+    import queue
+
+    survivors: dict[int, dict] = {}
+    waiting = {k for k in range(len(processes)) if k != victim}
+    while waiting and time.perf_counter() < deadline:
+        try:
+            kind, message = results.get(timeout=0.5)
+        except queue.Empty:
+            for k in [k for k in waiting if processes[k].exitcode not in (None, 0)]:
+                survivors[k] = {"error": f"exited with code {processes[k].exitcode} before it reported"}
+                waiting.discard(k)
+            continue
+        k = message.get("index")
+        if k in waiting:
+            survivors[k] = (split_at_kill(message["chunks"], kill_at) if kind == "chunks"
+                            else {"error": message.get("error")})
+            waiting.discard(k)
+    for k in waiting:
+        survivors[k] = {"error": "no answer before the deadline"}
+    return dict(sorted(survivors.items()))
 
 
 def _respawn(context, results, commands, index: int, device: str, weights_source: str, ready_timeout_s: float,

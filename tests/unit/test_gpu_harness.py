@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 import torch
@@ -173,3 +174,18 @@ def test_the_faults_report_shows_the_out_of_memory_pass_and_each_survivor():
     assert "| 2 | 41 | 0 | 3 | 30 | 0 | RuntimeError: CUDA error: unspecified launch failure |" in text
     assert "A replica started after the kill: FAILED: a replica exited with code 1" in text
     assert "after it {'4242': ['2', '3']}" in text
+
+
+def test_survivors_are_read_each_once_and_one_that_dies_too_says_so():
+    import queue
+    from types import SimpleNamespace
+
+    results = queue.Queue()
+    results.put(("chunks", {"index": 2, "chunks": [(1.0, "ok"), (3.0, "ok")]}))
+    results.put(("error", {"index": 3, "error": "RuntimeError: CUDA error: an illegal memory access"}))
+    processes = [SimpleNamespace(exitcode=-9), SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=0),
+                 SimpleNamespace(exitcode=0)]
+    survivors = gpu_faults._survivors(results, processes, victim=0, kill_at=2.0, deadline=time.perf_counter() + 30)
+    assert survivors == {1: {"error": "exited with code 1 before it reported"},
+                         2: {"ok_before": 1, "failed_before": 0, "ok_after": 1, "failed_after": 0},
+                         3: {"error": "RuntimeError: CUDA error: an illegal memory access"}}
