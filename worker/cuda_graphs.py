@@ -131,7 +131,7 @@ class CudaGraphs:
         self.style.copy_(style)
         self.speed.fill_(speed)
         self.stage1_graphs[bucket].replay()
-        frames = int(self.total.item())  # the one sync
+        frames = engine.pass_frames = int(self.total.item())  # the one sync
         frame_bucket = next((b for b in engine.frame_grid if b >= frames), None)
         if frame_bucket is None:  # beyond the grid: eager on exact shapes
             durations = self.durations[:, :bucket]

@@ -27,6 +27,8 @@ frame bucket) within a memory bound, so a batch launches once; a batch beyond th
 compiled, launched eagerly.
 Stage 1 stays eager float32 for batches (it decides the durations, costs little beside stage 2
 and holds LSTMs that dynamo cannot trace); single chunks replay its graphs as before.
+A pass that runs out of device memory frees the allocator's cached blocks, logs one line and
+raises: its caller retries a batch's jobs one at a time (api/speech/lease_loop.py) or fails them.
 Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
 GPU box.
 """
@@ -105,6 +107,13 @@ def stage2_arithmetic(device: torch.device, fast: bool):
         yield
     finally:
         use_exact_cuda_arithmetic()
+
+
+def free_cached_device_memory(device: torch.device) -> None:
+    """Hand the caching allocator's unused blocks back to the device (CUDA only: the CPU's heap is
+    the process's own)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def cpu_has_bf16() -> bool:
@@ -212,6 +221,7 @@ class Engine:
         self.graphs: CudaGraphs | None = None
         self.batch_graphs: BatchGraphs | None = None
         self.want_graphs = cuda_graphs and self.device.type == "cuda"
+        self.pass_frames: int | None = None  # the longest item's frames in the pass in hand, once stage 1 has said
 
     @property
     def label(self) -> str:
@@ -228,10 +238,11 @@ class Engine:
         style = style.reshape(1, -1).to(self.device, torch.float32)
         if self.device.type == "cpu":
             use_compiled_kernels(self.fused_kernels)
-        if self.graphs is not None:
-            audio, durations = self.graphs.run(ids, style, speed)
-        else:
-            audio, durations = self._run_eager(ids, style, speed)
+        with self._out_of_memory_freed(chunks=1, tokens=n_tokens):
+            if self.graphs is not None:
+                audio, durations = self.graphs.run(ids, style, speed)
+            else:
+                audio, durations = self._run_eager(ids, style, speed)
         return Synthesis(audio=audio, durations=durations[:n_tokens])
 
     @torch.inference_mode()
@@ -247,7 +258,8 @@ class Engine:
             return [self.synthesize(item.ids, item.style, item.speed) for item in items]
         if self.device.type == "cpu":
             use_compiled_kernels(self.fused_kernels)
-        return self._run_batch(items)
+        with self._out_of_memory_freed(chunks=len(items), tokens=max(len(item.ids) + 2 for item in items)):
+            return self._run_batch(items)
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -311,6 +323,21 @@ class Engine:
                 self.synthesize_batch([BatchItem(ids, style), BatchItem(ids[:20], style)])
         self.compile_record = record
 
+    @contextlib.contextmanager
+    def _out_of_memory_freed(self, chunks: int, tokens: int):
+        """A pass that runs out of device memory fails (its jobs are retried or failed by the
+        caller), but first hands the allocator's cached blocks back: the next pass, smaller or
+        alone, then finds the memory this one could not."""
+        self.pass_frames = None
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            free_cached_device_memory(self.device)
+            log.error("out of memory on %s in a pass of %d chunk(s), %d tokens and %s frames at most: the pass "
+                      "failed, cached device memory freed for the next", self.device, chunks, tokens,
+                      self.pass_frames if self.pass_frames is not None else "unknown")
+            raise
+
     def _stage2_arithmetic(self):
         return stage2_arithmetic(self.device, self.fast_stage2)
 
@@ -349,7 +376,7 @@ class Engine:
         tokens = tokens.to(self.device)
         self._speed.fill_(speed)
         durations, features = model.stage1(tokens, length, style, self._speed)
-        frames = int(durations.sum())  # the one sync
+        frames = self.pass_frames = int(durations.sum())  # the one sync
         bucket = self._frame_bucket(frames)
         # the compiled decoder serves padded runs only (an unpadded one would be a family of its own)
         n_frames = torch.tensor([frames], device=self.device) if bucket is not None or self.compiled else None
@@ -376,7 +403,7 @@ class Engine:
         speeds = torch.tensor([float(item.speed) for item in items], dtype=torch.float32, device=device)
         durations, features = model.stage1(tokens, lengths, styles, speeds)
         frames = durations.sum(dim=1).tolist()  # the one sync
-        longest = max(frames)
+        longest = self.pass_frames = max(frames)
         bucket = self._frame_bucket(longest) or longest
         audio = None if self.batch_graphs is None else self.batch_graphs.replay(durations, features, frames, styles)
         if audio is None:

@@ -18,6 +18,9 @@ Steps, most important first (`--steps` picks some):
   batch-fast  the same with fast stage-2 arithmetic (TF32, cudnn.benchmark)
   fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
             (needs the carried `.fleet` bundle; skipped without it)
+  faults    python -m loadtest.bench.gpu_faults: a batch pass into a GPU filled but a headroom (the
+            out-of-memory error, the job-by-job retry, the replica serving after), and one of three
+            replicas SIGKILLed under CUDA MPS while all synthesize (do the others keep serving?)
 
 A session's device time is short and the machine's start counts, so plan two calls back to back on
 the warm machine, each well under the per-call limit, from the step times recorded in
@@ -30,6 +33,9 @@ what dynamo guards on; tests without startup before them compile too, past their
   `python -m loadtest.bench.gpu_harness --steps startup,batch,tests,batch-fast --budget-s 560`
 (device command: `OUT=$OUT timeout 590 python3 -m loadtest.bench.gpu_harness --out $OUT --steps
 startup,batch,tests,batch-fast --budget-s 560`, timeout_s 600).
+
+GPU faults (issue 41), about two minutes: `OUT=$OUT timeout 170 python3 -m loadtest.bench.gpu_harness
+--out $OUT --steps faults --budget-s 150` (timeout_s 180).
 
 Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real
 ones cannot travel to a GPU box, and cost depends on shapes, not values.
@@ -74,6 +80,8 @@ def steps(work: Path, fleet_bundle: Path, replica_counts: str = REPLICA_COUNTS,
         # {budget}: the step's own time limit less a margin, so it stops the fleet and writes what it has
         "fleet": ([PY, "-m", "loadtest.gpu_fleet", "--bundle", str(fleet_bundle), "--out", str(work / "fleet"),
                    "--budget-s", "{budget}", "--duration", "15"], 320),
+        "faults": ([PY, "-m", "loadtest.bench.gpu_faults", "--json", str(work / "faults.json"), "--replicas", "3",
+                    "--seconds", "8", "--ready-timeout", "45"], 140),
     }
 
 
@@ -182,7 +190,7 @@ def collect(work: Path, summary: dict) -> dict:
     figures = dict(summary)
     for name, file in (("check", "check.json"), ("bench", "check.json.bench.json"), ("batch", "batch.json"),
                        ("batch_fast", "batch_fast.json"), ("startup", "startup.json"),
-                       ("replicas", "replicas.json"), ("fleet", "fleet/gpu_fleet.json")):
+                       ("replicas", "replicas.json"), ("fleet", "fleet/gpu_fleet.json"), ("faults", "faults.json")):
         value = _read(work / file)
         if value is not None:
             figures[name] = value
@@ -260,6 +268,11 @@ def markdown(figures: dict) -> str:
 
         lines += ["", "## Replicas: N engine processes on one GPU (bf16, CUDA graphs, chunk mix "
                       f"{replicas[0].get('chunk_mix')} phonemes)", "", replica_table(replicas)]
+    if figures.get("faults"):
+        from loadtest.bench.gpu_faults import markdown as faults_markdown
+
+        lines += ["", "## Faults: out of memory in a pass, a replica SIGKILLed under MPS", "",
+                  faults_markdown(figures["faults"])]
     if figures.get("fleet_markdown"):
         lines += ["", "## The whole fleet (kokoro-fleet serve --workers 8, random full-size weights)", "",
                   figures["fleet_markdown"]]
@@ -287,8 +300,9 @@ def batch_markdown(batch: dict) -> list[str]:
 
 
 # The steps' own logs worth keeping beside the report: the fleet's holds the serve log's head, tail
-# and start-up lines, the only record of where a slow start or a failure went.
-KEPT_LOGS = {"fleet/gpu_fleet.log": "fleet.log", "fleet/gpu_fleet.md": "fleet.md"}
+# and start-up lines, the only record of where a slow start or a failure went; the faults step's
+# figures hold the MPS daemon's log tails.
+KEPT_LOGS = {"fleet/gpu_fleet.log": "fleet.log", "fleet/gpu_fleet.md": "fleet.md", "faults.json": "faults.json"}
 
 
 def keep_logs(work: Path, out: Path) -> None:

@@ -1,15 +1,17 @@
-"""The GPU harness's plumbing, on the CPU: step limits, the replica sweep's figures, the report, and
-the CUDA arithmetic the engine asks for (the GPU side itself runs on a lent GPU only)."""
+"""The GPU harness's plumbing, on the CPU: step limits, the replica sweep's and the faults step's
+figures, the report, and the CUDA arithmetic the engine asks for (the GPU side itself runs on a
+lent GPU only)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 import torch
 
-from loadtest.bench import gpu_harness
+from loadtest.bench import gpu_faults, gpu_harness
 from worker.engine import use_exact_cuda_arithmetic
 from loadtest.bench.replica_sweep import CHUNK_MIX, summarize_phase
 
@@ -108,3 +110,82 @@ def test_the_fleets_own_log_comes_back_beside_the_report(tmp_path):
     (work / "fleet" / "gpu_fleet.log").write_text("model ready in 101.8 s\n")
     gpu_harness.keep_logs(work, out)
     assert (out / "fleet.log").read_text() == "model ready in 101.8 s\n"
+
+
+def test_the_faults_step_writes_its_figures_where_the_report_reads_them_and_they_come_back(tmp_path):
+    command, cap = gpu_harness.steps(tmp_path, tmp_path / ".fleet")["faults"]
+    assert command[1:3] == ["-m", "loadtest.bench.gpu_faults"] and cap <= 150
+    written = command[command.index("--json") + 1]
+    assert written == str(tmp_path / "faults.json")
+    assert int(command[command.index("--replicas") + 1]) >= 2
+    (tmp_path / "faults.json").write_text(json.dumps({"skipped": "no CUDA device"}))
+    figures = gpu_harness.collect(tmp_path, {"steps": {"faults": {"status": "ok", "seconds": 1.0}},
+                                             "environment": {"gpu": None}})
+    assert figures["faults"] == {"skipped": "no CUDA device"}
+    assert "## Faults" in gpu_harness.markdown(figures) and "Skipped: no CUDA device." in gpu_harness.markdown(figures)
+    out = tmp_path / "out"
+    out.mkdir()
+    gpu_harness.keep_logs(tmp_path, out)
+    assert json.loads((out / "faults.json").read_text()) == {"skipped": "no CUDA device"}
+
+
+def test_the_faults_step_without_cuda_says_skipped_and_succeeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_faults.main(["--json", str(tmp_path / "faults.json")]) == 0
+    assert json.loads((tmp_path / "faults.json").read_text()) == {"skipped": "no CUDA device"}
+    assert "Skipped: no CUDA device." in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # one replica killed leaves none to watch
+        gpu_faults.main(["--json", str(tmp_path / "faults.json"), "--replicas", "1"])
+
+
+def test_a_survivors_chunks_are_counted_either_side_of_the_kill():
+    chunks = [(9.0, "ok"), (9.5, "ok"), (10.0, "ok"), (10.2, "RuntimeError: CUDA error: unspecified launch failure"),
+              (10.4, "RuntimeError: CUDA error: unspecified launch failure"), (10.6, "ok")]
+    assert gpu_faults.split_at_kill(chunks, kill_at=10.0) == {
+        "ok_before": 2, "failed_before": 0, "ok_after": 2, "failed_after": 2,
+        "failures_after": ["RuntimeError: CUDA error: unspecified launch failure"]}
+    assert gpu_faults.split_at_kill([], kill_at=0.0) == {"ok_before": 0, "failed_before": 0, "ok_after": 0,
+                                                        "failed_after": 0}
+
+
+def test_the_faults_report_shows_the_out_of_memory_pass_and_each_survivor():
+    report = {
+        "oom": {"batch": 8, "phonemes": 400, "single_before": "ok", "single_peak_mib": 900.0,
+                "device_total_mib": 81559.0, "free_before_fill_mib": 79000.0, "headroom_mib": 2700.0,
+                "filler_mib": 76300.0, "reserved_before_mib": 1500.0,
+                "batch_filled": "OutOfMemoryError: CUDA out of memory. Tried to allocate 3.52 GiB",
+                "reserved_after_failure_mib": 77800.0, "one_at_a_time_filled": ["ok"] * 7 + ["OutOfMemoryError: x"],
+                "batch_after_free": "ok", "single_after_free": "ok", "replica_idle_after": True},
+        "mps": {"replicas": 3, "seconds": 8.0, "mps_active": True, "killed": {"exit_code": -9, "at_s": 4.0},
+                "survivors": {"1": {"ok_before": 40, "failed_before": 0, "ok_after": 38, "failed_after": 0,
+                                    "exit_code": 0},
+                              "2": {"ok_before": 41, "failed_before": 0, "ok_after": 3, "failed_after": 30,
+                                    "failures_after": ["RuntimeError: CUDA error: unspecified launch failure"],
+                                    "exit_code": 0}},
+                "respawned": {"started": False, "error": "a replica exited with code 1"},
+                "mps_clients_before": {"4242": ["1", "2", "3"]}, "mps_clients_after_kill": {"4242": ["2", "3"]}},
+    }
+    text = gpu_faults.markdown(report)
+    assert "76300 MiB of 81559 MiB filled, 2700 MiB left" in text
+    assert "batch of 8, memory filled: OutOfMemoryError: CUDA out of memory. Tried to allocate 3.52 GiB" in text
+    assert "7 of 8 ok; OutOfMemoryError: x" in text and "memory freed: batch ok, single chunk ok" in text
+    assert "SIGKILL of one of 3 replicas under MPS, 4.0 s into a 8 s run (exit code -9)" in text
+    assert "| 1 | 40 | 0 | 38 | 0 | 0 | - |" in text
+    assert "| 2 | 41 | 0 | 3 | 30 | 0 | RuntimeError: CUDA error: unspecified launch failure |" in text
+    assert "A replica started after the kill: FAILED: a replica exited with code 1" in text
+    assert "after it {'4242': ['2', '3']}" in text
+
+
+def test_survivors_are_read_each_once_and_one_that_dies_too_says_so():
+    import queue
+    from types import SimpleNamespace
+
+    results = queue.Queue()
+    results.put(("chunks", {"index": 2, "chunks": [(1.0, "ok"), (3.0, "ok")]}))
+    results.put(("error", {"index": 3, "error": "RuntimeError: CUDA error: an illegal memory access"}))
+    processes = [SimpleNamespace(exitcode=-9), SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=0),
+                 SimpleNamespace(exitcode=0)]
+    survivors = gpu_faults._survivors(results, processes, victim=0, kill_at=2.0, deadline=time.perf_counter() + 30)
+    assert survivors == {1: {"error": "exited with code 1 before it reported"},
+                         2: {"ok_before": 1, "failed_before": 0, "ok_after": 1, "failed_after": 0},
+                         3: {"error": "RuntimeError: CUDA error: an illegal memory access"}}
