@@ -121,7 +121,7 @@ class FleetProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name}: {len(ready)} of {self.workers} workers ready after {timeout} s:\n"
                                    f"{self.log()}")
-            time.sleep(0.3)
+            time.sleep(0.05)
 
     def worker_pids(self) -> list[int]:
         """The Uvicorn worker processes (children of the launcher running the app)."""
