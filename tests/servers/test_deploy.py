@@ -552,7 +552,11 @@ def test_entrypoint_starts_mps_where_a_dead_daemon_left_its_pipe(daemon, tmp_pat
 
 def test_entrypoint_kills_a_server_that_outlives_the_grace_period(tmp_path):
     env = fake_fleet(tmp_path, "stuck")
-    entry = subprocess.Popen([str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default, as Docker's PID 1 and a terminal have it: a suite started in the
+    # background of a non-interactive shell inherits it ignored, and bash cannot trap a signal
+    # that was ignored when it started, so the Ctrl-C below would never reach the trap.
+    entry = subprocess.Popen([str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     record = wait_for_file(tmp_path / "record.json")
     started = time.monotonic()
     entry.send_signal(signal.SIGINT)  # Ctrl-C drains the same way
