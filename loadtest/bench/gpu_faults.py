@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from loadtest.bench.replica_sweep import Mps, _next, _stop
+from loadtest.bench.replica_sweep import Mps, next_replica_message, stop_replica_processes
 
 OOM_BATCH = 8
 OOM_PHONEMES = 400
@@ -121,7 +121,7 @@ def run_oom(weights_source: str, batch: int, phonemes: int, headroom_passes: flo
                             daemon=True)
     child.start()
     try:
-        kind, report = _next(results, [child], time.perf_counter() + timeout_s)
+        kind, report = next_replica_message(results, [child], time.perf_counter() + timeout_s)
     finally:
         child.join(timeout=10)
         if child.is_alive():
@@ -217,10 +217,10 @@ def run_mps(replicas: int, seconds: float, device: str, weights_source: str, rea
         started = time.perf_counter()
         for process in processes:
             process.start()
-        stack.callback(_stop, processes, commands)
+        stack.callback(stop_replica_processes, processes, commands)
         pids = {}
         while len(pids) < replicas:
-            kind, message = _next(results, processes, started + ready_timeout_s)
+            kind, message = next_replica_message(results, processes, started + ready_timeout_s)
             if kind != "ready":
                 report["error"] = f"replica {message.get('index')}: {message.get('error')}"
                 return report
@@ -286,13 +286,13 @@ def _respawn(context, results, commands, index: int, device: str, weights_source
     started = time.perf_counter()
     process.start()
     processes.append(process)
-    kind, message = _next(results, [process], started + ready_timeout_s)
+    kind, message = next_replica_message(results, [process], started + ready_timeout_s)
     if kind != "ready":
         return {"started": False, "error": message.get("error")}
     ready_s = round(time.perf_counter() - started, 1)
     start_at = time.time() + 0.2
     commands.put(("run", start_at, start_at + 2.0))
-    kind, message = _next(results, [process], time.perf_counter() + 60)
+    kind, message = next_replica_message(results, [process], time.perf_counter() + 60)
     if kind != "chunks":
         return {"started": True, "ready_s": ready_s, "error": message.get("error")}
     return {"started": True, "ready_s": ready_s, **split_at_kill(message["chunks"], kill_at=0.0)}

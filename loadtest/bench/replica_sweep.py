@@ -228,10 +228,10 @@ def sweep(counts: list[int], seconds: float, device: str, dtype: str, weights: s
         started = time.perf_counter()
         for process in processes:
             process.start()
-        stack.callback(_stop, processes, commands)
+        stack.callback(stop_replica_processes, processes, commands)
         ready = []
         while len(ready) < total:
-            kind, message = _next(results, processes, started + ready_timeout)
+            kind, message = next_replica_message(results, processes, started + ready_timeout)
             if kind == "error":
                 report["error"] = f"replica {message['index']}: {message['error']}"
                 report["traceback"] = message["traceback"]
@@ -259,7 +259,7 @@ def sweep(counts: list[int], seconds: float, device: str, dtype: str, weights: s
                 commands[k].put(("run", phase, start_at, end_at))
             chunks = []
             for _ in range(count):
-                kind, message = _next(results, processes, time.perf_counter() + seconds + 60)
+                kind, message = next_replica_message(results, processes, time.perf_counter() + seconds + 60)
                 if kind == "error":
                     report["error"] = f"replica {message['index']}: {message['error']}"
                     return report
@@ -274,7 +274,7 @@ def sweep(counts: list[int], seconds: float, device: str, dtype: str, weights: s
     return report
 
 
-def _next(results, processes, deadline: float) -> tuple[str, dict]:
+def next_replica_message(results, processes, deadline: float) -> tuple[str, dict]:
     """The next message from the replicas; an error message if one died silently (a crash in
     CUDA kills a process without a word) or none spoke before the deadline (perf_counter time)."""
     import queue
@@ -291,7 +291,7 @@ def _next(results, processes, deadline: float) -> tuple[str, dict]:
                 return "error", {"index": -1, "error": "no answer before the deadline", "traceback": ""}
 
 
-def _stop(processes, commands) -> None:
+def stop_replica_processes(processes, commands) -> None:
     for queue in commands:
         with contextlib.suppress(Exception):
             queue.put(("exit",))
