@@ -96,21 +96,35 @@ def test_the_batch_grid_holds_the_buckets_up_to_the_largest_batch_within_the_mem
     assert grid.durations.shape[0] == 16 and grid.audio.numel() == 600 * max(b * f for b, f in grid.cells)
 
 
-def test_fast_stage2_arithmetic_holds_only_inside_stage2():
-    """TF32 and cudnn.benchmark around stage 2, exact arithmetic again after it (the flags are
-    process-wide and settable without a GPU; this puts them back)."""
+def test_each_stage2_arithmetic_holds_only_inside_stage2():
+    """Three separate effects: `exact` changes nothing; `exact-nondeterministic` allows cuDNN's
+    non-deterministic algorithms and nothing else; `fast` adds TF32 and cudnn.benchmark. Exact
+    arithmetic again after stage 2 (the flags are process-wide and settable without a GPU; this
+    puts them back)."""
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     cuda = torch.device("cuda")
+
+    def now():
+        return {"tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32),
+                "deterministic": torch.backends.cudnn.deterministic, "benchmark": torch.backends.cudnn.benchmark}
+
+    exact = {"tf32": (False, False), "deterministic": True, "benchmark": False}
     try:
         use_exact_cuda_arithmetic()
-        with stage2_arithmetic(cuda, fast=True):
-            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-            assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
-        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-        with stage2_arithmetic(cuda, fast=False):
-            assert not torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.deterministic
+        assert now() == exact
+        with stage2_arithmetic(cuda, "exact"):
+            assert now() == exact
+        with stage2_arithmetic(cuda, "exact-nondeterministic"):
+            assert now() == {**exact, "deterministic": False}
+        assert now() == exact
+        with stage2_arithmetic(cuda, "fast"):
+            assert now() == {"tf32": (True, True), "deterministic": False, "benchmark": True}
+        assert now() == exact
+        with stage2_arithmetic(torch.device("cpu"), "fast"):  # the flags are CUDA's: left alone elsewhere
+            assert now() == exact
+        with pytest.raises(ValueError, match="exact-nondeterministic"), stage2_arithmetic(cuda, "tf32"):
+            pass
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags
