@@ -36,6 +36,7 @@ import os
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -89,6 +90,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lone", type=int, default=0,
                         help="--batch: also time a lone chunk of this many phonemes on the served engine (p50, p95)")
     parser.add_argument("--lone-runs", type=int, default=20, help="--lone: timed runs")
+    parser.add_argument("--artifacts-out", default="", help="--batch: torch.compiler's cache artifacts of the served "
+                        "engine's compile, when it compiled and they fit 16 MiB (a later run on the same card loads them)")
     parser.add_argument("--batch-graph-frames", type=int, default=0,
                         help="--batch: the batch graphs' memory bound, batch x frames (0: the engine's default)")
 
@@ -191,6 +194,10 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         record = served.compile_record
         _progress(f"served engine ready in {time.perf_counter() - start:.1f} s"
                   + (f": {record.describe()}" if record else ""))
+        if args.artifacts_out:
+            from loadtest.bench.compile_artifacts import save_artifacts
+
+            _progress(f"compile cache artifacts: {save_artifacts(Path(args.artifacts_out), served.run_report())}")
     # one by one as a replica serves single chunks: the served engine on CUDA, eagerly on the CPU
     single = served if device.type == "cuda" else eager[arithmetic[0]]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -13,8 +13,9 @@ import re
 import shutil
 from pathlib import Path
 
-ARTIFACTS = "compile-artifacts.bin"
-FILE_LIMIT = 16 << 20       # a file that comes back from a device call
+from loadtest.bench.compile_artifacts import FILE_LIMIT
+
+ARTIFACTS = "compile-artifacts-{step}.bin"  # the steps that compile: the smoke (single chunks), batch
 FILES_BACK = 8              # files that come back from a device call
 # The steps' own files worth keeping beside the report (their figures are in gpu_results.json too):
 # the fleet's log holds the serve log's head, tail and start-up lines, the only record of where a

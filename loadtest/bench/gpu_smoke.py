@@ -30,7 +30,8 @@ import time
 import traceback
 from pathlib import Path
 
-from loadtest.bench.gpu_report import FILE_LIMIT, write_json
+from loadtest.bench.compile_artifacts import load_artifacts, save_artifacts
+from loadtest.bench.gpu_report import write_json
 
 # The graphed replay against the eager run of the same engine on the same padded shapes: the same
 # kernels, so the same audio but for float rounding.
@@ -263,57 +264,6 @@ def checks(engine, uncompiled, weights):
                              f"distance {max(r['lsd_db'] for r in rows):.3f} dB (bound {PRECISION_BOUND_DB})"}
 
 
-def load_artifacts(path: Path, directory: Path) -> str:
-    """torch.compiler's cache artifacts into the caches under `directory` (the compile cache the
-    engine then uses), before anything compiles."""
-    import torch
-
-    from worker.compile_cache import use_compile_dir
-
-    if not path.is_file():
-        return f"{path}: not there"
-    load = getattr(torch.compiler, "load_cache_artifacts", None)
-    if load is None:
-        return f"torch {torch.__version__} has no torch.compiler.load_cache_artifacts"
-    use_compile_dir(directory)
-    try:
-        info = load(path.read_bytes())
-    except Exception as error:  # a cache that does not load costs a compile, not the call
-        return f"{path}: not loaded ({type(error).__name__}: {str(error)[:300]})"
-    return f"{path} ({path.stat().st_size / 2**20:.1f} MiB): {_artifact_summary(info)}"
-
-
-def save_artifacts(path: Path, run: dict) -> dict:
-    """This process's compile as torch.compiler cache artifacts in `path`, if it compiled anything
-    and they fit what comes back from a device call."""
-    import torch
-
-    record = run.get("compile") or {}
-    if not record.get("graphs_compiled"):
-        return {"saved": None, "why": "nothing compiled in this process (loaded from the cache, or no compile)"}
-    save = getattr(torch.compiler, "save_cache_artifacts", None)
-    if save is None:
-        return {"saved": None, "why": f"torch {torch.__version__} has no torch.compiler.save_cache_artifacts"}
-    try:
-        saved = save()
-    except Exception as error:
-        return {"saved": None, "why": f"save_cache_artifacts failed: {type(error).__name__}: {str(error)[:300]}"}
-    if not saved or not saved[0]:
-        return {"saved": None, "why": "save_cache_artifacts returned nothing"}
-    data, info = saved
-    if len(data) >= FILE_LIMIT:
-        return {"saved": None, "bytes": len(data), "why": f"{len(data) / 2**20:.1f} MiB: over the 16 MiB that come back"}
-    path.write_bytes(data)
-    return {"saved": str(path), "bytes": len(data), "info": _artifact_summary(info)}
-
-
-def _artifact_summary(info) -> str:
-    artifacts = getattr(info, "artifacts", None)
-    if isinstance(artifacts, dict):
-        return ", ".join(f"{kind}: {len(keys)}" for kind, keys in artifacts.items()) or "no artifacts"
-    return str(info)[:300]
-
-
 # --- several engines starting together ----------------------------------------------------------------------
 
 
@@ -377,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-graphs", default="on", choices=["on", "off"], help="KOKORO_CUDA_GRAPHS")
     parser.add_argument("--compile-cache-dir", default="", help="KOKORO_COMPILE_CACHE_DIR (default: the host's)")
     parser.add_argument("--artifacts-out", default="", help="write torch.compiler's cache artifacts here")
-    parser.add_argument("--artifacts-in", default="", help="load torch.compiler cache artifacts from here first")
+    parser.add_argument("--artifacts-in", default="", help="load torch.compiler cache artifacts first: a file, or "
+                        "a folder's compile-artifacts-*.bin")
     parser.add_argument("--together", type=int, default=0, help="start this many engines together instead")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

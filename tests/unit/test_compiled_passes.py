@@ -144,31 +144,3 @@ def test_the_compile_cache_is_one_directory_per_torch_and_device_marked_per_conf
     with pytest.raises(RuntimeError), shared_compile(directory, "decode-bf16-batch-noise1-exact"):
         raise RuntimeError("a failed compile")
     assert not (directory / "decode-bf16-batch-noise1-exact.done").exists()  # the next process compiles it
-
-
-def test_the_gpu_report_shows_compiled_batches_beside_eager_ones_and_the_start_up(tmp_path):
-    import json
-
-    from loadtest.bench import gpu_harness
-
-    def by(audio_s_per_s, p50):
-        return {"audio_s_per_s": audio_s_per_s, "latency_p50_s": p50, "audio_s_per_cpu_s": 1.0}
-
-    (tmp_path / "batch.json").write_text(json.dumps({
-        "meta": {"dtype": "bf16", "batch_phonemes": 120, "gpu": "NVIDIA H100 80GB HBM3", "stage2": "exact",
-                 "compiled": {"loaded": True, "seconds": 9.5, "batch_graphs": {"count": 90, "mib": 40.0,
-                                                                            "reserved_mib": 7000.0}}},
-        "batch": {"32": {"batched": by(639.0, 0.4), "compiled": by(2500.0, 0.109), "one_by_one": by(279.0, 1.0),
-                         "speedup": 8.96}}}))
-    (tmp_path / "startup.json").write_text(json.dumps({
-        "workers": 2, "together": [
-            {"loaded": False, "compile_s": 61.0, "waited_s": 0.0, "ready_s": 80.0, "reserved_mib": 5000.0},
-            {"loaded": True, "compile_s": 8.0, "waited_s": 61.0, "ready_s": 90.0, "reserved_mib": 5000.0}],
-        "alone_warm": {"loaded": True, "compile_s": 7.0, "waited_s": 0.0, "ready_s": 18.0, "reserved_mib": 5000.0}}))
-    report = gpu_harness.markdown(gpu_harness.collect(tmp_path, {"steps": {}, "environment": {"gpu": "H100"}}))
-    assert "NVIDIA H100 80GB HBM3, stage 2 exact" in report
-    assert "| 32 | 639 | 2500 | 109.0 | 279 | 8.96x |" in report
-    assert "Compiled passes loaded in 9.5 s; 90 batch graphs, 40 MiB allocated, 7000 MiB reserved" in report
-    assert "| together #0 | compiled | 61.0 | 0.0 | 80.0 | 5000 |" in report
-    assert "| together #1 | loaded | 8.0 | 61.0 | 90.0 | 5000 |" in report
-    assert "| alone, warm | loaded | 7.0 | 0.0 | 18.0 | 5000 |" in report
