@@ -308,6 +308,52 @@ def test_compile_artifacts_are_kept_when_they_fit_and_loaded_before_anything_com
     assert "has no torch.compiler.save_cache_artifacts" in compile_artifacts.save_artifacts(tmp_path / "y.bin", compiled)["why"]
 
 
+class _GraphedEngine:
+    """What the smoke's checks touch of a CUDA engine: graphs that replay, eager runs without them
+    (`drift`: how far the eager audio strays from the replay)."""
+
+    max_batch = 4
+
+    def __init__(self, drift=0.0, other_durations=False):
+        self.graphs, self.batch_graphs = "single graphs", "batch graphs"
+        self.drift, self.other_durations = drift, other_durations
+
+    def _run(self, ids):
+        import numpy as np
+
+        from worker.engine import Synthesis
+
+        eager = self.graphs is None
+        audio = np.sin(np.arange(600 * len(ids), dtype=np.float32) / 7.0) + (self.drift if eager else 0.0)
+        durations = np.full(len(ids) + 2, 2 + int(eager and self.other_durations))
+        return Synthesis(audio=audio.astype(np.float32), durations=durations)
+
+    def synthesize(self, ids, style, speed=1.0):
+        return self._run(ids)
+
+    def synthesize_batch(self, items):
+        assert (self.graphs is None) == (self.batch_graphs is None)
+        return [self._run(item.ids) for item in items]
+
+
+def test_the_smokes_replay_check_sets_the_graphs_aside_for_the_eager_run_and_puts_them_back():
+    from types import SimpleNamespace
+
+    from loadtest.bench import gpu_smoke
+    from loadtest.bench.engine_bench import PASSAGE
+
+    weights = SimpleNamespace(config={"vocab": {p: k + 1 for k, p in enumerate(sorted(set(PASSAGE)))}},
+                              voices={"v": torch.zeros(510, 256)})
+    engine = _GraphedEngine()
+    rows = list(gpu_smoke.checks(engine, None, weights))
+    assert [r["what"] for r in rows] == ["graphed vs eager, one chunk of 60 phonemes",
+                                         "graphed vs eager, one chunk of 250 phonemes", "graphed vs eager, a batch of 4"]
+    assert all(r["ok"] for r in rows) and rows[0]["identical"]
+    assert (engine.graphs, engine.batch_graphs) == ("single graphs", "batch graphs")
+    assert not any(r["ok"] for r in gpu_smoke.checks(_GraphedEngine(drift=0.05), None, weights))  # ~20 dB: not rounding
+    assert not any(r["ok"] for r in gpu_smoke.checks(_GraphedEngine(other_durations=True), None, weights))
+
+
 def test_what_comes_back_from_the_device_is_checked(tmp_path):
     for k in range(9):
         (tmp_path / f"f{k}.json").write_text("{}")
