@@ -66,3 +66,17 @@ def test_make_serve_installs_no_test_only_package(tmp_path):
     test_names, test_extras = named(make("-n", "test", venv=venv))
     assert "dev" in test_extras and {"kokoro", "loguru"} <= test_names, "`make test` installs the dev extra"
     assert test_only_apt <= test_names, test_only_apt - test_names
+
+
+def test_the_bare_start_measurement_runs_the_serve_install_line_by_line(tmp_path):
+    """loadtest/bare_start.py times `make install` (serve's install) as `make -n` prints it: every
+    command once, continuation lines joined into one shell command, in order."""
+    from loadtest.bare_start import recipe_lines
+
+    venv = tmp_path / "venv"
+    lines = recipe_lines(make("-n", "install", venv=venv))
+    assert lines[0].startswith('missing=""; for p in espeak-ng redis-server;') and lines[0].rstrip().endswith("fi")
+    assert lines[1] == f"test -x {venv}/bin/python || python3 -m venv {venv}"
+    assert any(line.startswith(f"{venv}/bin/python -m pip install") and '".[offline]"' in line for line in lines)
+    assert lines[-1] == f"touch {venv}/.installed"
+    assert not any(line.endswith("\\") or line.startswith("make") for line in lines)
