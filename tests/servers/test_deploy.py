@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_kokoro_fleet import install_fake_kokoro_fleet  # tests/fake_kokoro_fleet.py
 from inflight_stream import InFlightStream  # tests/inflight_stream.py
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -637,16 +638,7 @@ def fake_fleet(tmp_path: Path, mode: str) -> dict[str, str]:
     """A `kokoro-fleet` on PATH whose `serve` is a small process that drains (or not) on SIGTERM,
     to check the entrypoint's own signal handling quickly, apart from the real server."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (tmp_path / "server.py").write_text(FAKE_SERVER)
-    script = bin_dir / "kokoro-fleet"
-    script.write_text(f"""#!/usr/bin/env bash
-case "$1" in
-    weights) echo '{{"source": "tiny"}}' ;;
-    serve) shift; exec {sys.executable} {tmp_path / "server.py"} "$@" ;;
-esac
-""")
-    script.chmod(0o755)
+    install_fake_kokoro_fleet(bin_dir, FAKE_SERVER)
     env = entrypoint_env(FAKE_RECORD=str(tmp_path / "record.json"), FAKE_MODE=mode, KOKORO_WORKERS="3",
                          KOKORO_PORT="9999", KOKORO_DRAIN_SECONDS="1")
     env["PATH"] = f"{bin_dir}:{env['PATH']}"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_kokoro_fleet import install_fake_kokoro_fleet  # tests/fake_kokoro_fleet.py
 
 pytest.importorskip("modal", reason="the `modal` package (dev extra) is needed to import modal_app.py")
 
@@ -73,16 +74,7 @@ def free_port() -> int:
 
 def fake_fleet_env(tmp_path: Path, **modal_fields: str) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "serve.py").write_text(FAKE_SERVE)
-    fleet = bin_dir / "kokoro-fleet"
-    fleet.write_text(f"""#!/usr/bin/env bash
-case "$1" in
-    weights) echo '{{"source": "tiny"}}' ;;
-    serve) shift; exec {sys.executable} {bin_dir / "serve.py"} "$@" ;;
-esac
-""")
-    fleet.chmod(0o755)
+    install_fake_kokoro_fleet(bin_dir, FAKE_SERVE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KOKORO_", "REDIS_URL"))}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     env.update({f"KOKORO_MODAL_{name.upper()}": value for name, value in modal_fields.items()})
