@@ -290,13 +290,23 @@ build_args() {
     fi
 }
 
+# `docker build` of one target of the Dockerfile with the shared arguments (left in the caller's
+# `args`), CUDA_IMAGE naming its CUDA base.
+build_target() {
+    local tag=$1 target=$2 cuda_image=$3
+    build_args
+    args+=(--build-arg "CUDA_IMAGE=$cuda_image")
+    log "docker build --target $target ${args[*]} -t $tag"
+    timeout "${KOKORO_DOCKER_BUILD_TIMEOUT:-3600}" docker build --network host -f "$root/docker/Dockerfile" \
+        --target "$target" "${args[@]}" -t "$tag" "$root"
+}
+
+image_size() { docker image inspect -f '{{.Size}}' "$1" | awk '{ printf "%.0f MB", $1 / 1e6 }'; }
+
 build_image() {
     local tag=$1 started=$SECONDS args
-    build_args
-    args+=(--build-arg "CUDA_IMAGE=$PYTHON_IMAGE")
-    log "docker build --target cpu ${args[*]} -t $tag"
-    timeout "${KOKORO_DOCKER_BUILD_TIMEOUT:-3600}" docker build --network host -f "$root/docker/Dockerfile" \
-        --target cpu "${args[@]}" -t "$tag" "$root"
+    # CUDA_IMAGE names a stand-in in case a builder resolves every stage's base before it starts.
+    build_target "$tag" cpu "$PYTHON_IMAGE"
     # This builder's cache is its intermediate images. The other stages' results are no ancestors
     # of the image, so they get tags of their own (all cached: seconds); then the images of earlier
     # builds that nothing uses any more can go without taking this build's cache with them.
@@ -306,19 +316,15 @@ build_image() {
             -t "kokoro-fleet-build-cache:$stage" "$root" >/dev/null
     done
     timeout 300 docker image prune -f >/dev/null || true
-    log "built $tag in $(elapsed "$started"), $(docker image inspect -f '{{.Size}}' "$tag" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
+    log "built $tag in $(elapsed "$started"), $(image_size "$tag")"
 }
 
 # The GPU target: every stage before it too (this builder goes in file order), the CPU ones from
 # the cache when the CPU image was built. Nothing is pruned: the CPU image's cache stays.
 build_gpu_image() {
     local tag=$1 started=$SECONDS args
-    build_args
-    args+=(--build-arg "CUDA_IMAGE=$CUDA_STAND_IN")
-    log "docker build --target gpu ${args[*]} -t $tag"
-    timeout "${KOKORO_DOCKER_BUILD_TIMEOUT:-3600}" docker build --network host -f "$root/docker/Dockerfile" \
-        --target gpu "${args[@]}" -t "$tag" "$root"
-    log "built $tag in $(elapsed "$started"), $(docker image inspect -f '{{.Size}}' "$tag" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
+    build_target "$tag" gpu "$CUDA_STAND_IN"
+    log "built $tag in $(elapsed "$started"), $(image_size "$tag")"
 }
 
 main() {
