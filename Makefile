@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install apt serve test weights image clean
+.PHONY: install apt serve test weights image image-gpu clean
 
 install: apt $(STAMP)
 
@@ -53,6 +53,11 @@ test: install
 # (docker/build-local.sh), for machines that reach package registries but no image registry.
 image:
 	docker/build-local.sh image
+
+# The GPU image the same way (stand-in CUDA base, about 2.7 GB of CUDA wheels from PyPI; not in CI).
+# It runs on the CPU too: docs/operations.md has the `docker run` line for a GPU host.
+image-gpu:
+	docker/build-local.sh gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
