@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-test apt apt-test serve test weights image clean
+.PHONY: install install-test apt apt-test serve test weights image image-gpu clean
 
 # The system packages in $(1) that are missing, installed with apt-get.
 define apt_install
@@ -74,6 +74,11 @@ test: install-test
 # (docker/build-local.sh), for machines that reach package registries but no image registry.
 image:
 	docker/build-local.sh image
+
+# The GPU image the same way (stand-in CUDA base, about 2.7 GB of CUDA wheels from PyPI; not in CI).
+# It runs on the CPU too: docs/operations.md has the `docker run` line for a GPU host.
+image-gpu:
+	docker/build-local.sh gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
