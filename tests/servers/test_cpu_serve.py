@@ -43,7 +43,7 @@ def cpu_fleet(tmp_path_factory):
                          name="cpu-fleet")
     # A worker compiling a kernel at a chunk size it meets first answers slowly meanwhile (503s of
     # up to a second seen on an empty compile cache): paid here, not in the bursts.
-    fleet.start(ready_timeout=600, warm_up=SHORT[:8])
+    fleet.start(ready_timeout=600, warm_up=SHORT[:4])
     print(f"\ncpu-fleet warmed up in {fleet.warmed_up_s:.1f} s")
     yield fleet
     fleet.stop()
