@@ -563,7 +563,7 @@ def test_docker_scripts_pass_bash_n_and_shellcheck(script):
     subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
-        pytest.fail("shellcheck is missing: `make install` installs it (apt package shellcheck)")
+        pytest.fail("shellcheck is missing: `make test` installs it (apt package shellcheck)")
     result = subprocess.run([shellcheck, "--severity=style", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
