@@ -1,5 +1,7 @@
-# The README's two commands: `make serve` (install, then serve on the embedded default weights)
-# and `make test` (install, then run the tests). Both install into .venv first, idempotently.
+# The README's two commands: `make serve` (install what serving needs, then serve on the embedded
+# default weights) and `make test` (install that and what only the tests need, then run the tests).
+# Both install into .venv first, idempotently; `make -n serve` names no test-only package
+# (tests/unit/test_makefile.py).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,12 +9,15 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # The CPU wheel that lies on our machines; GPU images pick their own torch build.
 TORCH_SPEC ?= torch==2.13.0
-# The reference implementation, for the parity tests and `kokoro-fleet bench` (its own
+# Tests only: the reference implementation, for the parity tests (and `kokoro-fleet bench`; its own
 # dependencies would pull spaCy and a hub download, so it is installed without them).
 REFERENCE_SPEC ?= kokoro==0.9.4 loguru
-# shellcheck: tests/servers/test_deploy.py lints docker/entrypoint.sh; chromium:
-# tests/servers/test_playground.py drives the playground page in it.
-APT_PACKAGES ?= espeak-ng redis-server hey shellcheck chromium
+# Serving: espeak-ng reads what the lexicons lack, redis-server is the fleet's embedded queue.
+APT_PACKAGES ?= espeak-ng redis-server
+# Tests only: shellcheck (tests/servers/test_deploy.py lints docker/entrypoint.sh), chromium
+# (tests/servers/test_playground.py drives the playground page in it), hey (test_fleet_serve.py).
+TEST_APT_PACKAGES ?= hey shellcheck chromium
+TEST_STAMP := $(VENV)/.installed-test
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo)
 PORT ?= 8880
 PYTEST_ARGS ?=
@@ -20,24 +25,40 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install apt serve test weights image clean
+.PHONY: install install-test apt apt-test serve test weights image image-gpu clean
 
-install: apt $(STAMP)
-
-apt:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# The system packages in $(1) that are missing, installed with apt-get.
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "make: installing system packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+# What serving needs (`make serve`).
+install: apt $(STAMP)
+
+# That, and what only the tests need (`make test`).
+install-test: install apt-test $(TEST_STAMP)
+
+apt:
+	$(call apt_install,$(APT_PACKAGES))
+
+apt-test:
+	$(call apt_install,$(TEST_APT_PACKAGES))
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[offline]" "$(TORCH_SPEC)"
+	@touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e ".[offline,dev]" "$(TORCH_SPEC)"
 	$(PIP) install -q --no-deps $(REFERENCE_SPEC)
-	@touch $(STAMP)
+	@touch $(TEST_STAMP)
 
 weights: install
 	$(VENV)/bin/kokoro-fleet weights --prepare
@@ -45,7 +66,7 @@ weights: install
 serve: install
 	$(VENV)/bin/kokoro-fleet serve --port $(PORT)
 
-test: install
+test: install-test
 	$(VENV)/bin/kokoro-fleet weights --prepare
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -53,6 +74,11 @@ test: install
 # (docker/build-local.sh), for machines that reach package registries but no image registry.
 image:
 	docker/build-local.sh image
+
+# The GPU image the same way (stand-in CUDA base, about 2.7 GB of CUDA wheels from PyPI; not in CI).
+# It runs on the CPU too: docs/operations.md has the `docker run` line for a GPU host.
+image-gpu:
+	docker/build-local.sh gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
     "say": ("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
     "weights": ("api.weights_cli", "show or prepare the model weights in use"),
+    "gpu-check": ("api.gpu_check_cli", "show the GPU, whether MPS starts, and the replicas serve would run"),
     "bench": ("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
     "normalize": ("api.text_cli", "print the normalized text"),
     "phonemize": ("api.text_cli", "print the chunks and their phonemes"),

@@ -10,8 +10,9 @@ workers reach it through a Unix socket, cheaper per round trip than TCP),
 stopped with the fleet, also on SIGTERM/SIGINT; with one it uses that Redis (passwords and
 `rediss://` TLS URLs go straight to redis-py). One worker without a Redis URL serves alone, no
 queue. On CPU it starts no more replicas than the available memory holds (cgroup limits included:
-worker/machine.py); on a GPU it checks that N replicas fit in the free GPU memory before starting any, and
-starts the CUDA MPS daemon unless one already runs (docker/entrypoint.sh starts it in images).
+worker/machine.py); on a GPU it starts the CUDA MPS daemon unless one already runs, picks the replicas from
+whether the GPU is shared through it (api/gpu_sharing.py), and checks that they fit in the free GPU memory
+before starting any.
 `--baseline` serves Kokoro-FastAPI's architecture with our engine instead: one process, one model,
 no queue, four chunks at a time.
 
@@ -35,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from api.gpu_sharing import Mps, plan_replicas
 from api.settings import Settings
 from api.speech.replica_slots import REPLICA_SLOTS_DIR
 
@@ -287,71 +289,13 @@ def check_gpu_memory(workers: int, per_replica_mib: int, free_mib: int | None, i
     return f"GPU {index}: {workers} replicas x {per_replica_mib} MiB fit in {free_mib} MiB free"
 
 
-def mps_daemon_alive(pipe: Path) -> bool:
-    """Whether the MPS control daemon of `pipe` runs: the pid file it writes there names a live
-    process. A daemon that died (a container restarted with its /tmp, a killed run) leaves its
-    `control` pipe behind; CUDA then runs without MPS and says nothing, so the replicas would
-    time-slice the GPU while the log said MPS. No pid file (an older driver): trust the pipe."""
-    try:
-        pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-class Mps:
-    """The CUDA MPS control daemon, so the replicas' kernels share the GPU instead of time-slicing."""
-
-    def __init__(self, mode: str):
-        if mode not in ("auto", "on", "off"):
-            raise SystemExit(f"KOKORO_MPS={mode}: expected auto, on or off")
-        self.mode = mode
-        self.started = False
-
-    def ensure(self) -> str:
-        """Start the daemon unless one runs already (docker/entrypoint.sh starts it in images)."""
-        if self.mode == "off":
-            return "MPS: off (KOKORO_MPS=off): replicas time-slice the GPU"
-        pipe = Path(os.environ.setdefault("CUDA_MPS_PIPE_DIRECTORY", "/tmp/kokoro-fleet-mps/pipe"))
-        logs = Path(os.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", "/tmp/kokoro-fleet-mps/log"))
-        if (pipe / "control").exists():
-            if mps_daemon_alive(pipe):
-                return f"MPS: a daemon already runs (pipe {pipe}): using it"
-            log.warning("MPS: %s holds a dead daemon's pipe (its pid file names no running process): "
-                        "starting a new daemon", pipe)
-        control = shutil.which("nvidia-cuda-mps-control")
-        if control is None:
-            return self._not("nvidia-cuda-mps-control is not available")
-        pipe.mkdir(parents=True, exist_ok=True)
-        logs.mkdir(parents=True, exist_ok=True)
-        if subprocess.run([control, "-d"], capture_output=True).returncode != 0:
-            return self._not(f"the daemon did not start (log: {logs})")
-        self.started = True
-        probe = subprocess.run([sys.executable, "-c", "import torch; torch.zeros(1, device='cuda'); "
-                                "torch.cuda.synchronize()"], capture_output=True, timeout=120)
-        if probe.returncode != 0:
-            self.stop()
-            return self._not(f"CUDA does not initialise under MPS here (log: {logs}); daemon stopped")
-        return f"MPS: daemon started (pipe {pipe})"
-
-    def _not(self, why: str) -> str:
-        if self.mode == "on":
-            raise SystemExit(f"kokoro-fleet serve: KOKORO_MPS=on but {why}")
-        return f"MPS: not started: {why}; replicas time-slice the GPU"
-
-    def stop(self) -> None:
-        control = shutil.which("nvidia-cuda-mps-control")
-        if self.started and control:
-            subprocess.run([control], input=b"quit\n", capture_output=True)
-        self.started = False
+def share_gpu(settings: Settings, workers: int, mps: bool) -> int:
+    """The replicas for how the GPU is shared (api/gpu_sharing.py), logged and handed to the workers."""
+    plan = plan_replicas(workers, settings.replicas, settings.batch_max, mps,
+                         shared_queue=settings.dispatch == "shared" and not settings.baseline, environ=os.environ)
+    log.info(plan.reason)
+    os.environ.update(plan.environment())
+    return plan.replicas
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -397,8 +341,14 @@ def run(args: argparse.Namespace) -> int:
         log.warning(NOTICE)
     workers = resolve_workers(settings)
     on_gpu = _on_gpu(settings)
+    if settings.mps == "on" and not on_gpu and settings.engine == "torch":
+        raise SystemExit("kokoro-fleet serve: KOKORO_MPS=on but no GPU is visible (KOKORO_DEVICE=cpu, or neither "
+                         "torch nor nvidia-smi -L finds one)")
     if not on_gpu and settings.engine == "torch":
         from worker.machine import available_memory_bytes
+
+        log.info("no GPU in use (KOKORO_DEVICE=%s, torch %s): the replicas run on the CPU", settings.device,
+                 "finds none" if settings.device == "auto" else "not asked")
 
         available = available_memory_bytes()
         workers, line, warn = fit_cpu_memory(workers, replica_cpu_mib(settings),
@@ -426,10 +376,11 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(Path(settings.metrics_dir) / REPLICA_SLOTS_DIR, ignore_errors=True)
     try:
         if on_gpu:
-            index = gpu_index(settings)
-            log.info(check_gpu_memory(replicas, settings.replica_gpu_mib, free_gpu_mib(index), index))
             if workers > 1:
                 log.info(mps.ensure())
+            replicas = share_gpu(settings, workers, mps.active)
+            index = gpu_index(settings)
+            log.info(check_gpu_memory(replicas, settings.replica_gpu_mib, free_gpu_mib(index), index))
         if settings.baseline:
             os.environ.pop("REDIS_URL", None)
             log.info("baseline: one process, one model, no queue, chunks four at a time")

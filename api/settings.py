@@ -309,11 +309,13 @@ class Settings:
         "more replicas than the free GPU memory holds. The default is a bf16 replica's measured need with "
         "captured graphs, rounded up (loadtest/README.md).")
 
-    # --- deployment (read by docker/entrypoint.sh) ---
+    # --- deployment ---
     mps: Literal["auto", "on", "off"] = setting(
         "KOKORO_MPS", "auto",
-        "CUDA MPS daemon, so the replicas' kernels share the GPU: `auto` (start it when a GPU and "
-        "`nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`.")
+        "CUDA MPS daemon, which `serve` starts so the replicas' kernels share the GPU: `auto` (start it when a GPU "
+        "and `nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`. Without it the GPU "
+        "time-slices, and `serve` runs fewer replicas, each batching, in place of one per worker (api/gpu_sharing.py; unless "
+        "KOKORO_REPLICAS or KOKORO_BATCH_MAX is set); `kokoro-fleet gpu-check` shows what a machine allows.")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, only: tuple[str, ...] | None = None) -> "Settings":

@@ -3,6 +3,8 @@
 # reaches the package registries (Debian, PyPI, npm) but no image registry, the way the tests do:
 #
 #   docker/build-local.sh image [TAG]   all of the below, then the image (default kokoro-fleet:cpu)
+#   docker/build-local.sh gpu [TAG]     the same for the `gpu` target (default kokoro-fleet:gpu): not
+#                                       in CI (about 2.7 GB of CUDA wheels from PyPI)
 #   docker/build-local.sh engine        start a Docker engine unless one answers (installs docker.io)
 #   docker/build-local.sh bases         the local stand-in base images (made once, then kept)
 #   docker/build-local.sh stop-engine   stop the engine this script started, if it did
@@ -10,7 +12,11 @@
 # The Dockerfile is built as it is; only build arguments differ from a user's build:
 # - the base images are local stand-ins made from Debian packages: `debootstrap --variant=minbase
 #   bookworm` imported as local/debian:bookworm, then python3 (for python:3.11-slim-bookworm),
-#   nodejs/npm (for node:22-bookworm-slim) and redis-server (for compose's redis:7-alpine);
+#   nodejs/npm (for node:22-bookworm-slim) and redis-server (for compose's redis:7-alpine); for the
+#   GPU target, local/cuda:13.0.2-base-bookworm stands in for nvidia/cuda:13.0.2-base-ubuntu22.04
+#   with that image's environment for the NVIDIA container toolkit but NOT its CUDA runtime
+#   (NVIDIA's apt repository is out of reach; torch's wheels carry their own runtime), on Debian,
+#   whose Python 3.11 packages have the names Ubuntu 22.04's have;
 # - torch comes from docker/local_torch_index.py, which serves the CPU wheel found on this disk
 #   (pip's find-links) and sends every other project to PyPI, as PyTorch's CPU index would;
 # - the engine's own builder is used (DOCKER_BUILDKIT=0): BuildKit would fetch the frontend named
@@ -33,6 +39,7 @@ DEBIAN_IMAGE=local/debian:bookworm
 PYTHON_IMAGE=local/python:3.11-slim-bookworm
 NODE_IMAGE=local/node:bookworm-slim
 REDIS_IMAGE=local/redis:bookworm
+CUDA_STAND_IN=local/cuda:13.0.2-base-bookworm
 
 log() { printf 'build-local: %s\n' "$*" >&2; }
 die() {
@@ -233,6 +240,21 @@ CMD ["redis-server"]
 EOF
 }
 
+# NVIDIA's base image, its environment only: what the container toolkit reads (which driver
+# capabilities to mount, the CUDA the image needs), the CUDA version, the paths its hooks fill.
+make_cuda_base() {
+    stand_in "$CUDA_STAND_IN" <<EOF
+FROM $DEBIAN_IMAGE
+$APT_LIKE_OFFICIAL_IMAGES
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility NVIDIA_REQUIRE_CUDA="cuda>=13.0" \\
+    CUDA_VERSION=13.0.2 LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 \\
+    PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+    LANG=C.UTF-8 PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+RUN $APT_INSTALL ca-certificates && rm -rf /var/lib/apt/lists/*
+$TRUST_HOST_CAS
+EOF
+}
+
 # --- the image --------------------------------------------------------------------------------
 
 # The folder holding torch's CPU wheel for the image's Python (3.11), from pip's find-links.
@@ -250,10 +272,11 @@ index_pid=
 # shellcheck disable=SC2317  # called from a trap
 cleanup() { [[ -z $index_pid ]] || kill "$index_pid" 2>/dev/null || true; }
 
-build_image() {
-    local tag=$1 started=$SECONDS args wheels url
-    args=(--build-arg WEIGHTS=offline --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE"
-          --build-arg "NODE_IMAGE=$NODE_IMAGE" --build-arg "CUDA_IMAGE=$PYTHON_IMAGE")
+# The build arguments both targets share (in the caller's `args`), with the local torch index
+# started when torch's CPU wheel is on this disk.
+build_args() {
+    local wheels url
+    args=(--build-arg WEIGHTS=offline --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" --build-arg "NODE_IMAGE=$NODE_IMAGE")
     if wheels=$(torch_wheel_dir); then
         trap cleanup EXIT
         coproc INDEX { exec python3 "$root/docker/local_torch_index.py" "$wheels" 2>"$cache/index.log"; }
@@ -265,9 +288,25 @@ build_image() {
     else
         log "no torch CPU wheel on this disk: torch comes from PyTorch's CPU index"
     fi
-    log "docker build --target cpu ${args[*]} -t $tag"
+}
+
+# `docker build` of one target of the Dockerfile with the shared arguments (left in the caller's
+# `args`), CUDA_IMAGE naming its CUDA base.
+build_target() {
+    local tag=$1 target=$2 cuda_image=$3
+    build_args
+    args+=(--build-arg "CUDA_IMAGE=$cuda_image")
+    log "docker build --target $target ${args[*]} -t $tag"
     timeout "${KOKORO_DOCKER_BUILD_TIMEOUT:-3600}" docker build --network host -f "$root/docker/Dockerfile" \
-        --target cpu "${args[@]}" -t "$tag" "$root"
+        --target "$target" "${args[@]}" -t "$tag" "$root"
+}
+
+image_size() { docker image inspect -f '{{.Size}}' "$1" | awk '{ printf "%.0f MB", $1 / 1e6 }'; }
+
+build_image() {
+    local tag=$1 started=$SECONDS args
+    # CUDA_IMAGE names a stand-in in case a builder resolves every stage's base before it starts.
+    build_target "$tag" cpu "$PYTHON_IMAGE"
     # This builder's cache is its intermediate images. The other stages' results are no ancestors
     # of the image, so they get tags of their own (all cached: seconds); then the images of earlier
     # builds that nothing uses any more can go without taking this build's cache with them.
@@ -277,7 +316,15 @@ build_image() {
             -t "kokoro-fleet-build-cache:$stage" "$root" >/dev/null
     done
     timeout 300 docker image prune -f >/dev/null || true
-    log "built $tag in $(elapsed "$started"), $(docker image inspect -f '{{.Size}}' "$tag" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
+    log "built $tag in $(elapsed "$started"), $(image_size "$tag")"
+}
+
+# The GPU target: every stage before it too (this builder goes in file order), the CPU ones from
+# the cache when the CPU image was built. Nothing is pruned: the CPU image's cache stays.
+build_gpu_image() {
+    local tag=$1 started=$SECONDS args
+    build_target "$tag" gpu "$CUDA_STAND_IN"
+    log "built $tag in $(elapsed "$started"), $(image_size "$tag")"
 }
 
 main() {
@@ -295,8 +342,18 @@ main() {
             build_image "${2:-kokoro-fleet:cpu}"
             log "done in $(elapsed "$started")"
             ;;
+        gpu)
+            local started=$SECONDS
+            exec 9>"$cache/build.lock"
+            flock -w 7200 9 || die "another build holds $cache/build.lock"
+            start_engine
+            make_bases
+            make_cuda_base
+            build_gpu_image "${2:-kokoro-fleet:gpu}"
+            log "done in $(elapsed "$started")"
+            ;;
         stop-engine) stop_engine ;;
-        *) die "usage: $0 image [TAG] | engine | bases | stop-engine" ;;
+        *) die "usage: $0 image [TAG] | gpu [TAG] | engine | bases | stop-engine" ;;
     esac
 }
 

@@ -5,11 +5,11 @@
 #
 # 1. checks that the weights are ready, and stops at once with a message saying how to provide
 #    them when they are not (an image must never fetch or convert weights at request time);
-# 2. starts the CUDA MPS daemon when a GPU is present and KOKORO_MPS allows it, so the replicas'
-#    kernels run side by side on the GPU instead of time-slicing;
-# 3. runs `kokoro-fleet serve` with the host, port, workers and limits from the environment (the
-#    server starts its embedded redis-server itself unless REDIS_URL names an external one);
-# 4. on SIGTERM or SIGINT forwards SIGTERM to the server, which drains: requests in flight finish,
+# 2. runs `kokoro-fleet serve` with the host, port, workers and limits from the environment (the
+#    server starts its embedded redis-server itself unless REDIS_URL names an external one, and on
+#    a GPU the CUDA MPS daemon as KOKORO_MPS allows, choosing its replicas from whether it runs:
+#    api/gpu_sharing.py, the same on Modal and on a bare host);
+# 3. on SIGTERM or SIGINT forwards SIGTERM to the server, which drains: requests in flight finish,
 #    new ones get 503, for at most KOKORO_DRAIN_SECONDS; the script then exits with the server's
 #    status (0 after a clean drain). A server still running a few seconds past the grace period is
 #    killed, so a stuck drain cannot hold a container past its orchestrator's own deadline.
@@ -80,82 +80,7 @@ check_weights() {
     on a bare host: run \`kokoro-fleet weights --prepare\` (or \`make weights\`) once."
 }
 
-# --- 2. CUDA MPS --------------------------------------------------------------------------------
-mps_started=0
-
-gpu_present() {
-    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
-}
-
-# True when CUDA initialises in a fresh process: an MPS daemon that cannot serve this container
-# (a sandbox without the IPC it needs) would otherwise fail every replica at start.
-cuda_works() {
-    "$python" -c 'import torch; torch.zeros(1, device="cuda"); torch.cuda.synchronize()' \
-        >/dev/null 2>&1
-}
-
-# True when the MPS control daemon of $CUDA_MPS_PIPE_DIRECTORY runs: the pid file it writes there
-# names a live process. A daemon that died (a restarted container keeps its /tmp) leaves its
-# `control` pipe behind, and CUDA then runs without MPS and says nothing. No pid file (an older
-# driver): trust the pipe.
-mps_daemon_alive() {
-    local pidfile=$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid pid=
-    [[ -e $CUDA_MPS_PIPE_DIRECTORY/control ]] || return 1
-    [[ -e $pidfile ]] || return 0
-    read -r pid <"$pidfile" || true
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
-}
-
-start_mps() {
-    local mode=${KOKORO_MPS:-auto}
-    case $mode in
-        off) return 0 ;;
-        auto | on) ;;
-        *) die "KOKORO_MPS=$mode: expected auto, on or off" ;;
-    esac
-    if ! gpu_present; then
-        [[ $mode == on ]] && die "KOKORO_MPS=on but no GPU is visible (nvidia-smi -L lists none)"
-        log "no GPU: serving on CPU, no MPS daemon"
-        return 0
-    fi
-    if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
-        [[ $mode == on ]] && die "KOKORO_MPS=on but nvidia-cuda-mps-control is not available in this environment"
-        log "GPU present but nvidia-cuda-mps-control is not available: replicas time-slice the GPU"
-        return 0
-    fi
-    export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/kokoro-fleet-mps/pipe}
-    export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/kokoro-fleet-mps/log}
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if mps_daemon_alive; then
-        log "an MPS daemon already runs (pipe $CUDA_MPS_PIPE_DIRECTORY): using it"
-        return 0
-    fi
-    if [[ -e $CUDA_MPS_PIPE_DIRECTORY/control ]]; then
-        log "$CUDA_MPS_PIPE_DIRECTORY holds a dead MPS daemon's pipe: starting a new daemon"
-    fi
-    if ! nvidia-cuda-mps-control -d; then
-        [[ $mode == on ]] && die "KOKORO_MPS=on but the MPS daemon did not start (log: $CUDA_MPS_LOG_DIRECTORY)"
-        log "the MPS daemon did not start: replicas time-slice the GPU"
-        return 0
-    fi
-    mps_started=1
-    if ! cuda_works; then
-        stop_mps
-        [[ $mode == on ]] && die "KOKORO_MPS=on but CUDA does not initialise under MPS here (log: $CUDA_MPS_LOG_DIRECTORY)"
-        log "CUDA does not initialise under MPS here: MPS stopped, replicas time-slice the GPU"
-        return 0
-    fi
-    log "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
-}
-
-stop_mps() {
-    if ((mps_started)); then
-        echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
-        mps_started=0
-    fi
-}
-
-# --- 3. the server ------------------------------------------------------------------------------
+# --- 2. the server ------------------------------------------------------------------------------
 serve_args() {
     # Flags from the environment first; the caller's flags come after them and win.
     args=()
@@ -201,7 +126,6 @@ cleanup() {
     if [[ -n $watchdog_pid ]]; then
         kill "$watchdog_pid" 2>/dev/null || true
     fi
-    stop_mps
 }
 
 main() {
@@ -210,7 +134,6 @@ main() {
         die "REDIS_URL is empty and redis-server is not installed: install it (apt-get install redis-server) or set REDIS_URL"
     fi
     trap cleanup EXIT
-    start_mps
     serve_args
 
     trap 'on_signal SIGTERM' TERM

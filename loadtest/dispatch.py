@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,21 @@ class FleetProcess:
             self.env.pop("REDIS_URL", None)
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="kokoro-fleet-")) / f"{name}.log"
         self.proc: subprocess.Popen | None = None
+        self.warmed_up_s: float | None = None
 
-    def start(self, ready_timeout: float = 240.0) -> "FleetProcess":
+    def start(self, ready_timeout: float = 240.0, warm_up: list[str] | None = None) -> "FleetProcess":
+        """Start and wait until every worker is ready, then `warm_up` with these texts if given
+        (`warmed_up_s` says how long that took). A fleet that fails either is stopped, not left behind."""
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        self.wait_ready(ready_timeout)
+        try:
+            self.wait_ready(ready_timeout)
+            if warm_up:
+                self.warmed_up_s = self.warm_up(warm_up)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_ready(self, timeout: float) -> None:
@@ -122,6 +132,54 @@ class FleetProcess:
                 raise RuntimeError(f"{self.name}: {len(ready)} of {self.workers} workers ready after {timeout} s:\n"
                                    f"{self.log()}")
             time.sleep(0.05)
+
+    def warm_up(self, texts: list[str], timeout: float = 900.0) -> float:
+        """Pay a fresh fleet's first-time work before anything is measured on it; the seconds it took.
+
+        First every worker's compiled kernels: a worker that answers while it compiles (issue 48)
+        says `"kernels": "eager"` in /health until it switches. Then each of `texts` spoken once,
+        `workers` at a time, so every worker has run chunks of the sizes a test sends: a fused
+        kernel met at a new size class compiles again, tens of seconds on a small CPU whose compile
+        cache is empty, and a load step that pays for it measures the compile, not the fleet."""
+        start = time.monotonic()
+        deadline = start + timeout
+        eager: dict[str, bool] = {}
+        while len(eager) < self.workers or any(eager.values()):
+            if time.monotonic() > deadline:
+                print(f"{self.name}: workers still eager after {timeout:.0f} s: {eager}", file=sys.stderr)
+                break
+            try:
+                health = httpx.get(self.url + "/health", timeout=5, headers={"Connection": "close"}).json()
+                eager[health.get("worker", "single")] = health.get("kernels") == "eager"
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.2)
+
+        def speak(text: str) -> None:
+            """`text` spoken to its end: again after a 503 (its retry-after-ms) or a failure (a chunk
+            that timed out behind a long compile), until the deadline."""
+            body = {"model": "kokoro", "voice": "af_heart", "input": text, "response_format": "pcm", "stream": True}
+            while True:
+                left = max(1.0, deadline - time.monotonic())
+                try:
+                    with httpx.stream("POST", self.url + "/v1/audio/speech", json=body, timeout=left) as response:
+                        response.read()
+                    if response.status_code == 200:
+                        return
+                    failure, pause = f"{response.status_code}: {response.text[:300]}", 1.0
+                    if 400 <= response.status_code < 500 and response.status_code != 429:
+                        raise RuntimeError(f"{self.name}: a warm-up request was refused ({failure})")
+                    if response.status_code == 503:
+                        pause = int(response.headers.get("retry-after-ms", "200")) / 1000
+                except httpx.HTTPError as error:
+                    failure, pause = f"{type(error).__name__}: {error}", 1.0
+                if time.monotonic() + pause > deadline:
+                    raise RuntimeError(f"{self.name}: a warm-up request failed until the deadline ({failure})")
+                time.sleep(pause)
+
+        with ThreadPoolExecutor(self.workers) as pool:
+            list(pool.map(speak, texts))
+        return time.monotonic() - start
 
     def worker_pids(self) -> list[int]:
         """The Uvicorn worker processes (children of the launcher running the app)."""

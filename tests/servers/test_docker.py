@@ -339,3 +339,48 @@ def test_compose_serves_through_the_fleet_and_recovers_when_redis_restarts(docke
         assert httpx.get(f"{base}/ready", timeout=10).status_code == 200
     finally:
         compose("down", "-v", "-t", "30", timeout=180)
+
+
+# --- the GPU image: built by `make image-gpu` (docker/build-local.sh gpu), not in CI ------------------
+
+GPU_IMAGE = "kokoro-fleet:gpu"
+
+
+@pytest.fixture(scope="module")
+def gpu_image() -> str:
+    """The GPU image where this machine has built it; these tests never build it (2.7 GB of CUDA
+    wheels: CI keeps the CPU image)."""
+    if not engine_answers() or docker("image", "inspect", GPU_IMAGE, check=False, timeout=60).returncode != 0:
+        pytest.skip(f"{GPU_IMAGE} is not built here: `make image-gpu` builds it")
+    return GPU_IMAGE
+
+
+def test_the_gpu_image_has_the_cpu_images_python_and_torchs_cuda_13_build(gpu_image):
+    python = re.search(r"^ARG PYTHON_IMAGE=python:(\d+\.\d+)-", (ROOT / "docker" / "Dockerfile").read_text(), re.M)[1]
+    found = docker("run", "--rm", "--network", "none", "--entrypoint", "python", gpu_image, "-c",
+                   "import sys, torch; print('%d.%d' % sys.version_info[:2], torch.__version__, torch.version.cuda)",
+                   timeout=120).stdout.split()
+    assert found[0] == python, found
+    assert found[1].endswith("+cu130") and found[2] == "13.0", found
+    check = docker("run", "--rm", "--network", "none", "--entrypoint", "kokoro-fleet", gpu_image, "gpu-check",
+                   check=False, timeout=120)
+    assert check.returncode == 1 and "GPU: none" in check.stdout, check.stdout + check.stderr
+
+
+def test_the_gpu_image_starts_on_a_cpu_says_it_has_no_gpu_and_serves(gpu_image):
+    served = Container(gpu_image, docker_args=("--shm-size", "1g"))
+    try:
+        to_ready = served.wait_ready()
+        logs = served.logs()
+        assert "no GPU in use (KOKORO_DEVICE=auto, torch finds none): the replicas run on the CPU" in logs, logs
+        started = time.monotonic()
+        speech = httpx.post(f"{served.base}/v1/audio/speech", timeout=180, json={
+            "model": "kokoro", "voice": "af_heart", "input": "The GPU image, serving on a CPU.",
+            "response_format": "wav", "stream": False})
+        assert speech.status_code == 200 and speech.content[:4] == b"RIFF", speech.text[:300]
+        assert decoded_seconds(speech.content) > 1.0
+        size = int(docker("image", "inspect", "-f", "{{.Size}}", gpu_image).stdout) / 1e6
+        print(f"{gpu_image}: {size:.0f} MB; docker run to /ready {to_ready:.1f} s; "
+              f"first request (wav) {time.monotonic() - started:.2f} s")
+    finally:
+        served.remove()

@@ -84,7 +84,7 @@ def server(request) -> FleetProcess:
 
 @pytest.fixture(scope="module")
 def browser():
-    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make install` installs Debian's chromium"
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
     with sync_playwright() as playwright:
         # Playwright gives every launch a fresh temporary profile (user-data-dir).
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from api import serve_cli
-from api.serve_cli import Mps, mps_daemon_alive
+from api import gpu_sharing
+from api.gpu_sharing import Mps, mps_daemon_alive
 
 
 def _dead_pid() -> int:
@@ -47,7 +47,7 @@ def test_a_dead_daemons_pipe_is_not_used(mode, tmp_path, monkeypatch, caplog):
     pipe = _pipe(tmp_path, _dead_pid())
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
     monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(tmp_path / "log"))
-    monkeypatch.setattr(serve_cli.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_sharing.shutil, "which", lambda name: None)
     if mode == "on":
         with pytest.raises(SystemExit, match="nvidia-cuda-mps-control is not available"):
             Mps(mode).ensure()
@@ -59,5 +59,5 @@ def test_a_dead_daemons_pipe_is_not_used(mode, tmp_path, monkeypatch, caplog):
 
 def test_a_live_daemons_pipe_is_used(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(_pipe(tmp_path, os.getpid())))
-    monkeypatch.setattr(serve_cli.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_sharing.shutil, "which", lambda name: None)
     assert "already runs" in Mps("on").ensure()

@@ -38,7 +38,7 @@ def test_openai_voice_table_is_current():
 
 
 def test_every_kokoro_fleet_command_the_readme_types_exists():
-    used = set(re.findall(r"kokoro-fleet (\w+)", README))
+    used = set(re.findall(r"kokoro-fleet (\w[\w-]*)", README))
     assert used, "the README shows commands"
     assert used <= set(COMMANDS), used - set(COMMANDS)
 
@@ -80,7 +80,7 @@ def test_every_relative_link_lands_on_a_file_and_heading(page: Path):
 @pytest.mark.parametrize("page", DOCS, ids=lambda page: page.name)
 def test_every_command_and_repo_path_a_docs_page_names_exists(page: Path):
     text = page.read_text(encoding="utf-8")
-    commands = set(re.findall(r"kokoro-fleet (\w+)", text))
+    commands = set(re.findall(r"kokoro-fleet (\w[\w-]*)", text))
     assert commands <= set(COMMANDS), commands - set(COMMANDS)
     for path in re.findall(r"`((?:api|worker|queue|docker|loadtest|tests)/[\w./-]*|modal_app\.py)`", text):
         assert (ROOT / path).exists(), path

@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from worker.text.text_errors import MarkupRefused
 from worker.text.vocab import vocab
 
 # Kokoro's own markup, passed through every rule untouched: pronunciation links and pause tags.
@@ -81,6 +82,11 @@ _BLOCK_TAGS = ("blockquote", "br", "dd", "div", "dt", "h1", "h2", "h3", "h4", "h
                "tr", "speak")
 _SSML_BLOCK_TAGS = ("s",)
 _SPEAK = re.compile(r"<speak\b", re.IGNORECASE)
+# An XML document's first line, `<?xml version="1.0"?>`: dropped from SSML, never read.
+_XML_DECLARATION = re.compile(r"^\s*<\?xml\b[^>]*\?>", re.IGNORECASE)
+# A DTD's declarations: SSML needs none, and expanding entities or fetching an external DTD is what
+# XML attacks are made of, so an SSML or XML document holding one is refused (`refuse_dtd`).
+_DTD_DECLARATION = re.compile(r"<!\s*(DOCTYPE|ENTITY|ELEMENT|ATTLIST|NOTATION)\b", re.IGNORECASE)
 _TAG_NAMES = "|".join(sorted({re.escape(t) for t in (*_SSML_TAGS, *_HTML_TAGS)}, key=len, reverse=True))
 _VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>=]+)"
 _ATTRIBUTE = re.compile(rf"\s+([\w:.-]+)(\s*=\s*{_VALUE})?")  # groups: its name, its `=value`
@@ -326,9 +332,23 @@ def _own_sentence(line: str) -> str:
     return line if not line or line[-1] in _ENDS_SENTENCE else line + "."
 
 
+def refuse_dtd(text: str) -> None:
+    """MarkupRefused when `text` is SSML (it has `<speak>`) or an XML document (it opens with
+    `<?xml`) and declares a DTD. Other text with such a string (`<!DOCTYPE html>` in a sentence
+    about HTML) is read as text, as every unknown `<...>` is."""
+    declaration = _DTD_DECLARATION.search(text)
+    if declaration and (_SPEAK.search(text) or _XML_DECLARATION.match(text)):
+        raise MarkupRefused(
+            f"SSML or XML with a DTD is not accepted: the input declares `<!{declaration.group(1).upper()}`. "
+            "Document type declarations, entity declarations and external references are never read: send the "
+            "<speak> element without them, or plain text")
+
+
 def _read_tags(text: str) -> str:
     if "<" not in text and "&" not in text:
         return text
+    refuse_dtd(text)
+    text = _XML_DECLARATION.sub("", text) if _SPEAK.search(text) else text
     text = _BREAK.sub(_pause_tag, text)
     text = _SUB.sub(_alias, text)
     text = _SAY_AS.sub(_say_as, text)

@@ -23,3 +23,10 @@ class NothingToSay(TextError):
     for a request, but a live session just skips such a piece of its text."""
 
     code = "nothing_to_say"
+
+
+class MarkupRefused(TextError):
+    """Markup the reader refuses rather than reads aloud: an SSML or XML document that declares a
+    DTD (`<!DOCTYPE>`, `<!ENTITY>`...), whose entities and external references are never expanded."""
+
+    code = "unsupported_markup"
