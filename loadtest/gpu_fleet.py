@@ -590,7 +590,9 @@ def engines_in_log(serve_log: str) -> dict[str, Any]:
     records = re.findall(r"compiled passes (compiled|loaded from the host's cache|reused from this process|failed)"
                          r"[^\n]*", serve_log)
     kinds = [m.split()[0] for m in records]
-    return {"compiled": kinds.count("compiled"), "loaded": kinds.count("loaded") + kinds.count("reused"),
+    plan = re.findall(r"replicas: (\d+) of (\d+) workers?[^\n]*?batches of up to (\d+) chunk", serve_log)
+    return {**({"replicas": int(plan[-1][0]), "batch_max": int(plan[-1][2])} if plan else {}),
+            "compiled": kinds.count("compiled"), "loaded": kinds.count("loaded") + kinds.count("reused"),
             "compile_failed": kinds.count("failed"),
             "capture_failed": len(re.findall(r"CUDA graph capture (?:of batches )?failed", serve_log)),
             "recompile_lines": len(re.findall(r"recompile\(s\)", serve_log))}
@@ -776,6 +778,8 @@ def _engines_sentence(result: dict[str, Any]) -> str:
     meta, engines, memory = result.get("meta", {}), result.get("engines"), result.get("memory")
     said = (f"compiled passes {'on' if meta.get('compile', True) else 'off'} (cache {meta.get('compile_cache_dir')}), "
             f"CUDA graphs {'on' if meta.get('cuda_graphs', True) else 'off'}")
+    if engines and engines.get("replicas"):
+        said += f"; serve's plan: {engines['replicas']} replicas, batches of up to {engines['batch_max']} chunks"
     if engines:
         said += (f"; per serve's log {engines['compiled']} engines compiled, {engines['loaded']} loaded, "
                  f"{engines['compile_failed']} failed to compile, {engines['capture_failed']} captures failed")
@@ -911,7 +915,9 @@ def main(argv: list[str] | None = None) -> int:
         result["health"] = startup.get("health")
         result["mps"] = mps_state(fleet.text())
         result["engines"] = engines_in_log(fleet.text())
-        result["memory"] = replica_memory(result["meta"]["gpu"], args.replicas or args.workers)
+        # serve's own plan (api/gpu_sharing.py: without MPS one batching replica) when it logged one
+        result["memory"] = replica_memory(result["meta"]["gpu"],
+                                          result["engines"].get("replicas") or args.replicas or args.workers)
         log(f"engines: {result['engines']}; GPU memory: {result['memory']}")
         log(f"MPS: {result['mps']}")
         write_results(out, result)
