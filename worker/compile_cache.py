@@ -3,10 +3,14 @@
 The engine's compiled passes (KokoroModel.use_compiled_decode) keep inductor's caches (FX graphs,
 generated kernels, Triton binaries) under one directory, by default
 KOKORO_CACHE_DIR/compile/<torch version>-<device name>: a cache is only valid for the torch build and
-the device it was made with. Replicas starting together take a file lock around their first
-compile, so one process compiles while the others wait and then load what it wrote (in parallel:
-a marker per compiled configuration tells them it is there). A Docker
-image or a Modal Volume that carries the directory makes every start a load.
+the device it was made with. The fused CPU kernels (worker/model/layers.py) use inductor's cache
+directory of the process (KOKORO_CACHE_DIR/inductor/<vector ISA>: worker/cpu_runtime.py) the same
+way. Replicas starting together take a file lock in the directory, so one process compiles while
+the others wait and then load what it wrote (in parallel: a marker per compiled configuration tells
+them it is there). The process that compiles holds the lock through everything its start does with
+the compiled code (the warm-ups and CUDA graph captures after the compile), so a recompile there
+would happen under the lock too, and its record counts it. A Docker image or a Modal Volume that
+carries the directory makes every start a load.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ class CompileRecord:
     its whole start (the compile, and every warm-up and capture after it), not only the compile
     call: `loaded` only when inductor compiled nothing (every graph came from the host's cache, or
     from this process's earlier engines); `dynamo_compiles` the graphs dynamo traced (a load traces
-    too), `recompiles` the guard failures that made dynamo trace a function again."""
+    too), `recompiles` the guard failures that made dynamo trace a function again beyond the
+    planned compiles (one per shape family, or per fused kernel variant)."""
 
     directory: Path
     what: str = "compiled passes"
@@ -78,17 +83,24 @@ class CompileRecord:
 
 class CompileTally:
     """Dynamo's and inductor's counters from the moment it is made: how many graphs dynamo traced,
-    how many inductor compiled or loaded from its caches, and why dynamo traced a function again."""
+    how many inductor compiled or loaded from its caches, and why dynamo traced a function again
+    once the graphs meant to be compiled were (`planned_compiles_done`)."""
 
     def __init__(self):
         self.start = _counters()
+        self.since_us = time.time_ns() // 1000
+
+    def planned_compiles_done(self) -> None:
+        """The graphs compiled so far were meant to be (one per shape family: dynamo calls each after
+        the first a recompile); any compile from here on is a recompile to report."""
         self.since_us = time.time_ns() // 1000
 
     def deltas(self) -> dict[str, int]:
         return {name: count - self.start[name] for name, count in _counters().items()}
 
     def recompiles(self) -> list[str]:
-        """The recompile reasons dynamo recorded since (its compilation metrics keep the last 64)."""
+        """The recompile reasons dynamo recorded since the planned compiles (its compilation metrics
+        keep the last 64)."""
         try:
             from torch._dynamo.utils import get_compilation_metrics
 

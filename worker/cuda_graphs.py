@@ -31,7 +31,10 @@ class CudaGraphs:
     buffers (Tmax = 512 tokens, the largest bucket; D = hidden_dim, S = style_dim: 1152 wide in
     Kokoro-82M; zeros past the bucket), which every stage-2 graph reads; so stage 2 depends on the
     frame bucket alone. The noise is drawn into its static buffer before each replay (outside the
-    graph), from the engine's seeded generator.
+    graph), from the engine's seeded generator. The buffer is flat and each bucket reads a
+    contiguous view of its start, the layout the compiled decoder was traced with
+    (`Engine.noise_for`): a slice of a [1, frames, 9] buffer would carry the largest bucket's
+    stride, and dynamo would compile the family again for it.
     """
 
     def __init__(self, engine):
@@ -49,7 +52,7 @@ class CudaGraphs:
         self.total = torch.zeros(1, dtype=torch.long, device=device)
         self.n_frames = torch.zeros(1, dtype=torch.long, device=device)
         largest = engine.frame_grid[-1]
-        self.noise = torch.zeros(1, SAMPLES_PER_FRAME * largest, HARMONICS, device=device) if engine.noise else None
+        self.noise = torch.zeros(SAMPLES_PER_FRAME * largest * HARMONICS, device=device) if engine.noise else None
         self.pool = None
         self.stage1_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stage2_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -73,8 +76,8 @@ class CudaGraphs:
         self.total.copy_(durations.sum(dim=1))
 
     def _noise(self, bucket: int) -> torch.Tensor | None:
-        """[1, 600 * bucket, 9]."""
-        return None if self.noise is None else self.noise[:, :SAMPLES_PER_FRAME * bucket]
+        """[1, 600 * bucket, 9], contiguous: the start of the flat buffer."""
+        return None if self.noise is None else self.noise[:SAMPLES_PER_FRAME * bucket * HARMONICS].view(1, -1, HARMONICS)
 
     def _stage2(self, bucket: int) -> torch.Tensor:
         noise = self._noise(bucket)

@@ -7,7 +7,8 @@ the only device-to-host sync before the audio itself comes back.
 
 On CPU the same model code runs eagerly on exact shapes (padding would only add work there), the
 generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
-elementwise steps as torch.compile'd kernels. `auto` picks bf16 where the CPU runs it natively
+elementwise steps as torch.compile'd kernels once they are compiled (`warmup`, or `compile_kernels`
+in a thread of its own while the engine serves with the eager ones: worker/replica.py). `auto` picks bf16 where the CPU runs it natively
 (AVX512-BF16 or AMX: worker/cpu_features.py); else int8 where the CPU has AVX2: the generator's
 residual blocks (resblocks and noise_res, about three quarters of a synthesis in float32) convolve
 u8 activations with s8 weights through oneDNN, each convolution's input quantized per window of
@@ -21,10 +22,11 @@ does not depend on its mates.
 
 Compiled passes (CUDA by default, `compiled=True` elsewhere): stage 2's decoder runs through
 torch.compile (inductor; KokoroModel.use_compiled_decode), one compile per shape family (a batch
-of one, a batch), cached once per host (worker/compile_cache.py). On CUDA both the single-chunk
-graphs and `BatchGraphs` (worker/cuda_graphs.py) capture it: one CUDA graph per (batch bucket,
-frame bucket) within a memory bound, so a batch launches once; a batch beyond the grid runs
-compiled, launched eagerly.
+of one, a batch), cached once per host (worker/compile_cache.py), the host's compile lock held
+through the captures that follow. On CUDA both the single-chunk graphs and `BatchGraphs`
+(worker/cuda_graphs.py) capture it: one CUDA graph per (batch bucket, frame bucket) within a
+memory bound, so a batch launches once; a batch beyond the grid runs compiled, launched eagerly.
+`run_report` says how the engine runs: compiled or not, graphs captured and replayed or why not.
 Stage 1 stays eager float32 for batches (it decides the durations, costs little beside stage 2
 and holds LSTMs that dynamo cannot trace); single chunks replay its graphs as before.
 A pass that runs out of device memory frees the allocator's cached blocks, logs one line and
@@ -223,6 +225,8 @@ class Engine:
         self._check(ids, speed)
         n_tokens = len(ids) + 2
         style = style.reshape(1, -1).to(self.device, torch.float32)
+        if not style.is_inference():  # a tensor made here, as every other input: dynamo guards on the kind
+            style = style.clone()
         if self.device.type == "cpu":
             use_compiled_kernels(self.fused_kernels and self._kernels_compiled)
         with self._out_of_memory_freed(chunks=1, tokens=n_tokens):
@@ -283,14 +287,16 @@ class Engine:
         from worker.compile_cache import default_compile_cache_dir, shared_compile
 
         directory = Path(self.compile_cache_dir or default_compile_cache_dir(self.device))
-        style = torch.zeros(2 * self.model.style_dim)
         key = (f"decode-{self.dtype}-{'-'.join(families)}-noise{int(self.noise)}-"
                f"{'fast' if uses_tf32(self.stage2) else 'exact'}")
-        with torch.inference_mode(), shared_compile(directory, key, "compiled passes", self._tally) as record:
+        tally = self._tally = self._tally or self._new_tally()
+        with torch.inference_mode(), shared_compile(directory, key, "compiled passes", tally) as record:
+            style = torch.zeros(2 * self.model.style_dim)
             if "single" in families:
                 self.synthesize(WARMUP_IDS, style)
             if "batch" in families:
                 self.synthesize_batch([BatchItem(WARMUP_IDS, style), BatchItem(WARMUP_IDS[:20], style)])
+            tally.planned_compiles_done()  # one graph per family: whatever compiles next is a recompile
             if then is not None:
                 then()
         self.compile_record = record
@@ -309,11 +315,12 @@ class Engine:
         directory = inductor_cache_dir()
         key = f"fused-kernels-{self.dtype}-{self.model.hidden_dim}x{self.model.style_dim}"
         record = CompileRecord(directory, "fused CPU kernels")
-        start = time.perf_counter()
+        start, tally = time.perf_counter(), self._new_tally()
         try:
-            with shared_compile(directory, key, "fused CPU kernels", self._new_tally()) as record:
-                for _ in range(2):
-                    view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
+            with shared_compile(directory, key, "fused CPU kernels", tally) as record:
+                view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
+                tally.planned_compiles_done()  # a variant per channel count and dtype: all planned
+                view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
                 if kernels.broken:
                     raise RuntimeError("torch.compile failed (see the warning above)")
         except Exception as error:  # noqa: BLE001 - a failed compile serves eagerly, and says so
