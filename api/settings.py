@@ -83,10 +83,13 @@ class Settings:
         "KOKORO_COMPILE_CACHE_DIR", "",
         "Directory of the compiled passes' cache, shared by every replica on the host: the first compiles, the "
         "others load (empty: KOKORO_CACHE_DIR/compile/<torch version>-<device name>).")
-    stage2_arithmetic: Literal["exact", "fast"] = setting(
+    stage2_arithmetic: Literal["exact", "exact-nondeterministic", "fast"] = setting(
         "KOKORO_STAGE2_ARITHMETIC", "exact",
-        "CUDA: stage 2's arithmetic, `exact` (float32 without TF32, deterministic cuDNN) or `fast` (TF32 and "
-        "cudnn.benchmark); stage 1, which decides the durations, is always exact.")
+        "CUDA: stage 2's arithmetic, `exact` (float32 without TF32, deterministic cuDNN: bit-identical audio run "
+        "to run, but cuDNN refuses the dilated convolutions and a slower fallback runs them), "
+        "`exact-nondeterministic` (no TF32, cuDNN's non-deterministic algorithms allowed: the dilated convolutions "
+        "keep cuDNN) or `fast` (TF32 and cudnn.benchmark; compiles graphs of its own); stage 1, which decides the "
+        "durations, is always exact. `exact` until a GPU measures the others within the parity bounds.")
     batch_graph_frames: int = setting(
         "KOKORO_BATCH_GRAPH_FRAMES", 16384,
         "CUDA: memory bound of the batch graphs, captured per (batch bucket, frame bucket) up to KOKORO_BATCH_MAX's "

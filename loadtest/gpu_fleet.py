@@ -97,7 +97,7 @@ MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
 
 OUT_JSON, OUT_MD, OUT_LOG = "gpu_fleet.json", "gpu_fleet.md", "gpu_fleet.log"
-STOP_RESERVE_S = 25.0      # kept at the end of the budget: stopping the fleet and writing the results
+STOP_RESERVE_S = 25.0      # kept at the end of the budget: stopping the fleet and writing the results (default)
 LEVEL_OVERHEAD_S = 8.0     # a level beyond its duration: the generator's start, warm-up, requests in flight
 
 
@@ -375,6 +375,10 @@ class Fleet:
             self.env["KOKORO_DTYPE"] = args.dtype
         if not args.cuda_graphs:
             self.env["KOKORO_CUDA_GRAPHS"] = "false"
+        if not args.compile:
+            self.env["KOKORO_COMPILE"] = "false"
+        if args.compile_cache_dir:
+            self.env["KOKORO_COMPILE_CACHE_DIR"] = args.compile_cache_dir
         if args.replicas:
             self.env["KOKORO_REPLICAS"] = str(args.replicas)
         if args.batch_max:
@@ -580,6 +584,31 @@ def mps_state(serve_log: str) -> dict[str, Any]:
     return state
 
 
+def engines_in_log(serve_log: str) -> dict[str, Any]:
+    """How the replicas' engines started, from serve's log: compiled passes compiled, loaded or
+    failed (worker/compile_cache.py logs one line per engine), captures that failed, recompiles."""
+    records = re.findall(r"compiled passes (compiled|loaded from the host's cache|reused from this process|failed)"
+                         r"[^\n]*", serve_log)
+    kinds = [m.split()[0] for m in records]
+    plan = re.findall(r"replicas: (\d+) of (\d+) workers?[^\n]*?batches of up to (\d+) chunk", serve_log)
+    return {**({"replicas": int(plan[-1][0]), "batch_max": int(plan[-1][2])} if plan else {}),
+            "compiled": kinds.count("compiled"), "loaded": kinds.count("loaded") + kinds.count("reused"),
+            "compile_failed": kinds.count("failed"),
+            "capture_failed": len(re.findall(r"CUDA graph capture (?:of batches )?failed", serve_log)),
+            "recompile_lines": len(re.findall(r"recompile\(s\)", serve_log))}
+
+
+def replica_memory(gpu: dict[str, Any] | None, replicas: int) -> dict[str, Any] | None:
+    """The device's used memory once every worker is ready, over the replicas (CUDA contexts
+    included; under MPS the contexts live in its server), against the idle reading at the start."""
+    now = gpu_facts()
+    if not gpu or not now or replicas <= 0:
+        return None
+    used = now["memory_used_mib_idle"]
+    return {"used_mib_ready": used, "used_mib_idle": gpu["memory_used_mib_idle"],
+            "mib_per_replica": round((used - gpu["memory_used_mib_idle"]) / replicas)}
+
+
 # --- Redis: its CPU and bytes over a level ----------------------------------------------------------------
 
 REDIS_FIGURES = ("used_cpu_sys", "used_cpu_user", "total_net_input_bytes", "total_net_output_bytes")
@@ -671,7 +700,7 @@ def run_level(args: argparse.Namespace, fleet: Fleet, env: dict[str, str], concu
         step = json.loads(summary_path.read_text())["steps"][0]
         for key in STEP_FIELDS:
             level[key] = step.get(key)
-        for key in ("ttfa_s", "e2e_s", "rtf", "underrun_s", "headers_s", "retry_after_s"):
+        for key in ("ttfa_s", "e2e_s", "rtf", "underrun_s", "headers_s", "retry_after_s", "rejected_latency_s"):
             level[key] = {p: step.get(key, {}).get(p) for p in ("p50", "p95", "p99", "mean", "max", "n")}
         level["error_examples"] = step.get("error_examples")
         level["refused_per_s"] = round((level["rejected_503"] or 0) / duration, 1)
@@ -705,14 +734,16 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         _mps_sentence(result.get("mps")),
         "",
+        _engines_sentence(result),
+        "",
         "| c | ok | 503 | err | req/s | audio-s/s | TTFA p50 | p95 | p99 | E2E p50 | p95 | p99 | RTF p50 | "
-        "in flight | GPU util mean/max % | GPU mem max MiB | 503/s | Retry-After p50/p95 ms | Redis CPU % of a core | "
-        "Redis in/out MB/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "in flight | GPU util mean/max % | GPU mem max MiB | 503 p99 ms | 503/s | Retry-After p50/p95 ms | "
+        "Redis CPU % of a core | Redis in/out MB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in result.get("levels", []):
         if "ttfa_s" not in lv:
-            lines.append(f"| {lv['concurrency']} | {lv.get('error', 'no result')} |" + " |" * 18)
+            lines.append(f"| {lv['concurrency']} | {lv.get('error', 'no result')} |" + " |" * 19)
             continue
         g = lv.get("gpu") or {}
         rtf = lv["rtf"]["p50"]
@@ -722,7 +753,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_ms(lv['ttfa_s']['p99'])} | {_ms(lv['e2e_s']['p50'])} | {_ms(lv['e2e_s']['p95'])} | "
             f"{_ms(lv['e2e_s']['p99'])} | {'-' if rtf is None else f'{rtf:.3f}'} | {lv['mean_in_flight']:.1f} | "
             f"{g.get('util_pct_mean', '-')}/{g.get('util_pct_max', '-')} | {g.get('mem_used_mib_max', '-')} | "
-            f"{_refusals_and_redis(lv)} |")
+            f"{_ms((lv.get('rejected_latency_s') or {}).get('p99'))} | {_refusals_and_redis(lv)} |")
     for note in result.get("notes", []):
         lines.append(f"\n- {note}")
     if result.get("error"):
@@ -740,6 +771,22 @@ def _refusals_and_redis(lv: dict[str, Any]) -> str:
     return " | ".join((f"{lv['refused_per_s']:.1f}" if lv.get("refused_per_s") is not None else "-",
                        f"{_ms(retry.get('p50'))}/{_ms(retry.get('p95'))}",
                        "-" if cpu is None else f"{100 * cpu:.0f}", net))
+
+
+def _engines_sentence(result: dict[str, Any]) -> str:
+    """How the replicas ran (serve's log) and their GPU memory once ready."""
+    meta, engines, memory = result.get("meta", {}), result.get("engines"), result.get("memory")
+    said = (f"compiled passes {'on' if meta.get('compile', True) else 'off'} (cache {meta.get('compile_cache_dir')}), "
+            f"CUDA graphs {'on' if meta.get('cuda_graphs', True) else 'off'}")
+    if engines and engines.get("replicas"):
+        said += f"; serve's plan: {engines['replicas']} replicas, batches of up to {engines['batch_max']} chunks"
+    if engines:
+        said += (f"; per serve's log {engines['compiled']} engines compiled, {engines['loaded']} loaded, "
+                 f"{engines['compile_failed']} failed to compile, {engines['capture_failed']} captures failed")
+    if memory:
+        said += (f"; GPU memory per replica once ready {memory['mib_per_replica']} MiB (device "
+                 f"{memory['used_mib_idle']:.0f} -> {memory['used_mib_ready']:.0f} MiB)")
+    return "Engines: " + said + "."
 
 
 def _mps_sentence(mps: dict[str, Any] | None) -> str:
@@ -765,10 +812,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m loadtest.gpu_fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--make-bundle", metavar="DIR", help="build the bundle in DIR (here, with PyPI and apt) and exit")
     p.add_argument("--python-version", default="3.12", help="--make-bundle: the box's Python (default 3.12)")
-    p.add_argument("--bundle", default=".fleet", help="the bundle folder (wheels/, debs/), default .fleet")
+    p.add_argument("--bundle", default=".fleet",
+                   help="the bundle folder (wheels/, debs/), default .fleet; `none`: this machine's packages as they are")
     p.add_argument("--out", help="where gpu_fleet.json, gpu_fleet.md and gpu_fleet.log go")
     p.add_argument("--budget-s", type=float, default=540.0,
                    help="the whole run's limit, install to stop (default 540: under the device's 10-minute call)")
+    p.add_argument("--stop-reserve-s", type=float, default=STOP_RESERVE_S,
+                   help="seconds of the budget kept for stopping the fleet and writing (default 25)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--replicas", type=int, default=0,
                    help="KOKORO_REPLICAS: workers holding a model replica (default 0: every worker)")
@@ -780,6 +830,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", default="random-full", help="KOKORO_WEIGHTS (default random-full)")
     p.add_argument("--dtype", default="", help="KOKORO_DTYPE (default: the server's auto, bf16 on CUDA)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="KOKORO_COMPILE: the compiled passes (default on)")
+    p.add_argument("--compile-cache-dir", default="",
+                   help="KOKORO_COMPILE_CACHE_DIR: a warm compile cache (the GPU harness passes the one its engine "
+                        "steps left; default: a fresh one in the scratch folder, so every start compiles)")
     p.add_argument("--mps", default="auto", choices=["auto", "on", "off"], help="KOKORO_MPS (default auto)")
     p.add_argument("--levels", default="1,64,128,256", help="closed-loop concurrency levels (default 1,64,128,256)")
     p.add_argument("--duration", type=float, default=30.0,
@@ -814,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "workers": args.workers,
                  "replicas": args.replicas or args.workers, "batch_max": args.batch_max or "default",
                  "device": args.device, "engine": args.engine, "weights": args.weights, "dtype": args.dtype or "auto",
-                 "cuda_graphs": args.cuda_graphs, "levels": levels, "texts": args.texts, "format": args.format,
+                 "cuda_graphs": args.cuda_graphs, "compile": args.compile,
+                 "compile_cache_dir": args.compile_cache_dir or "fresh (scratch)", "levels": levels, "texts": args.texts, "format": args.format,
                  "budget_s": args.budget_s, "python": platform.python_version(), "machine": platform.machine(),
                  "cpus": os.cpu_count(), "gpu": gpu_facts(),
                  "random_weights": args.weights == "random-full" and args.engine == "torch"},
@@ -823,22 +879,28 @@ def main(argv: list[str] | None = None) -> int:
         result["notes"].append("RANDOM weights (KOKORO_WEIGHTS=random-full): the audio is not speech")
 
     def on_term(signum, frame):  # a `timeout` around this: stop the fleet and write, as at the end
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second must not cut the stop short
         raise SystemExit(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
     fleet: Fleet | None = None
     scratch = Path(tempfile.mkdtemp(prefix="gpu-fleet-"))
     try:
-        bundle = Path(args.bundle).resolve()
-        wheels = sorted((bundle / "wheels").glob("*.whl"))
-        debs = sorted((bundle / "debs").glob("*.deb"))
-        if not wheels and not debs:
-            raise RuntimeError(f"no wheels or debs in {bundle} (build it with --make-bundle)")
-        chosen, why = choose_wheels(wheels)
-        log("wheels: " + "; ".join(f"{k}: {v}" for k, v in sorted(why.items())))
-        install_wheels(chosen, Path(args.site), log)
-        libs = install_debs(debs, Path(args.root), args.keep_libs, log)
-        env = child_env(Path(args.site), Path(args.root))
+        if args.bundle == "none":  # a machine that has every package already (the harness's CPU rehearsal)
+            why, libs = {"bundle": "none: this machine's packages"}, {}
+            log("no bundle: the fleet runs on this machine's packages")
+            env = child_env(scratch / "no-site", scratch / "no-root")
+        else:
+            bundle = Path(args.bundle).resolve()
+            wheels = sorted((bundle / "wheels").glob("*.whl"))
+            debs = sorted((bundle / "debs").glob("*.deb"))
+            if not wheels and not debs:
+                raise RuntimeError(f"no wheels or debs in {bundle} (build it with --make-bundle)")
+            chosen, why = choose_wheels(wheels)
+            log("wheels: " + "; ".join(f"{k}: {v}" for k, v in sorted(why.items())))
+            install_wheels(chosen, Path(args.site), log)
+            libs = install_debs(debs, Path(args.root), args.keep_libs, log)
+            env = child_env(Path(args.site), Path(args.root))
         facts = check_imports(env, args.engine)
         result["install"] = {"wheels": why, "libraries": libs, "imports": facts,
                              "install_s": round(time.monotonic() - t0, 1)}
@@ -847,11 +909,16 @@ def main(argv: list[str] | None = None) -> int:
 
         fleet = Fleet(args, env, log, scratch)
         fleet.start()
-        startup_deadline = deadline - STOP_RESERVE_S - args.min_duration - LEVEL_OVERHEAD_S
+        startup_deadline = deadline - args.stop_reserve_s - args.min_duration - LEVEL_OVERHEAD_S
         startup = fleet.wait_ready(startup_deadline)
         result["startup"] = {k: v for k, v in startup.items() if k != "health"}
         result["health"] = startup.get("health")
         result["mps"] = mps_state(fleet.text())
+        result["engines"] = engines_in_log(fleet.text())
+        # serve's own plan (api/gpu_sharing.py: without MPS one batching replica) when it logged one
+        result["memory"] = replica_memory(result["meta"]["gpu"],
+                                          result["engines"].get("replicas") or args.replicas or args.workers)
+        log(f"engines: {result['engines']}; GPU memory: {result['memory']}")
         log(f"MPS: {result['mps']}")
         write_results(out, result)
         if startup.get("timed_out"):
@@ -861,7 +928,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, c in enumerate(levels):
             # An equal share of what is left, within [--min-duration, --duration]; in order, so when the
             # budget runs out it is the last levels that are skipped.
-            left = deadline - STOP_RESERVE_S - time.monotonic()
+            left = deadline - args.stop_reserve_s - time.monotonic()
             share = left / (len(levels) - i) - LEVEL_OVERHEAD_S
             duration = max(args.min_duration, min(args.duration, share))
             if left < duration + LEVEL_OVERHEAD_S:

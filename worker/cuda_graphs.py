@@ -31,7 +31,10 @@ class CudaGraphs:
     buffers (Tmax = 512 tokens, the largest bucket; D = hidden_dim, S = style_dim: 1152 wide in
     Kokoro-82M; zeros past the bucket), which every stage-2 graph reads; so stage 2 depends on the
     frame bucket alone. The noise is drawn into its static buffer before each replay (outside the
-    graph), from the engine's seeded generator.
+    graph), from the engine's seeded generator. The buffer is flat and each bucket reads a
+    contiguous view of its start, the layout the compiled decoder was traced with
+    (`Engine.noise_for`): a slice of a [1, frames, 9] buffer would carry the largest bucket's
+    stride, and dynamo would compile the family again for it.
     """
 
     def __init__(self, engine):
@@ -49,13 +52,20 @@ class CudaGraphs:
         self.total = torch.zeros(1, dtype=torch.long, device=device)
         self.n_frames = torch.zeros(1, dtype=torch.long, device=device)
         largest = engine.frame_grid[-1]
-        self.noise = torch.zeros(1, SAMPLES_PER_FRAME * largest, HARMONICS, device=device) if engine.noise else None
+        self.noise = torch.zeros(SAMPLES_PER_FRAME * largest * HARMONICS, device=device) if engine.noise else None
         self.pool = None
         self.stage1_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stage2_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
         self.graph_bytes = 0
         self.reserved_bytes = 0
+        self.replays = 0  # chunks whose stage 2 replayed a graph (a host-side count: no sync)
+        self.beyond_grid = 0  # chunks past the largest frame bucket, run eagerly
+
+    @property
+    def count(self) -> int:
+        """The graphs captured, both stages."""
+        return len(self.stage1_graphs) + len(self.stage2_graphs)
 
     def _stage1(self, bucket: int) -> None:
         durations, features = self.engine.model.stage1(self.ids[:, :bucket], self.n_tokens, self.style, self.speed)
@@ -65,8 +75,12 @@ class CudaGraphs:
         self.features[:, :bucket].copy_(features)
         self.total.copy_(durations.sum(dim=1))
 
+    def _noise(self, bucket: int) -> torch.Tensor | None:
+        """[1, 600 * bucket, 9], contiguous: the start of the flat buffer."""
+        return None if self.noise is None else self.noise[:SAMPLES_PER_FRAME * bucket * HARMONICS].view(1, -1, HARMONICS)
+
     def _stage2(self, bucket: int) -> torch.Tensor:
-        noise = None if self.noise is None else self.noise[:, :SAMPLES_PER_FRAME * bucket]
+        noise = self._noise(bucket)
         return self.engine.model.stage2(self.durations, self.features, self.n_frames, bucket, self.style, noise)
 
     def _prime(self) -> None:
@@ -76,24 +90,30 @@ class CudaGraphs:
         self.style.zero_()
         self.speed.fill_(1.0)
 
+    def warm_up(self) -> None:
+        """Every bucket of both stages run twice eagerly on the static buffers, as capture does
+        before capturing (cuDNN / cuFFT plans, allocator, lazy init); device-agnostic, so a CPU run
+        replays what the compiled decoder sees during a capture (tests/unit/test_compiled_passes.py)."""
+        self._prime()
+        for bucket in sorted(TOKEN_BUCKETS, reverse=True):
+            self.n_tokens.fill_(bucket)
+            for _ in range(2):
+                self._stage1(bucket)
+        with self.engine._stage2_arithmetic():
+            for bucket in sorted(self.engine.frame_grid, reverse=True):
+                self.n_frames.fill_(bucket)
+                for _ in range(2):
+                    self._stage2(bucket)
+
     def capture(self) -> None:
         start = time.perf_counter()
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        self._prime()
         grid = sorted(self.engine.frame_grid, reverse=True)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: cuDNN / cuFFT plans, allocator, lazy init
-            for bucket in sorted(TOKEN_BUCKETS, reverse=True):
-                self.n_tokens.fill_(bucket)
-                for _ in range(2):
-                    self._stage1(bucket)
-            with self.engine._stage2_arithmetic():
-                for bucket in grid:
-                    self.n_frames.fill_(bucket)
-                    for _ in range(2):
-                        self._stage2(bucket)
+        with torch.cuda.stream(side):
+            self.warm_up()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pool = torch.cuda.graph_pool_handle()
@@ -134,6 +154,7 @@ class CudaGraphs:
         frames = engine.pass_frames = int(self.total.item())  # the one sync
         frame_bucket = next((b for b in engine.frame_grid if b >= frames), None)
         if frame_bucket is None:  # beyond the grid: eager on exact shapes
+            self.beyond_grid += 1
             durations = self.durations[:, :bucket]
             n_frames = self.total if engine.compiled else None  # see Engine._run_eager
             with engine._stage2_arithmetic():
@@ -143,9 +164,10 @@ class CudaGraphs:
             self.n_frames.fill_(frames)
             if self.noise is not None:
                 engine.generator.manual_seed(engine.seed)
-                self.noise[:, :SAMPLES_PER_FRAME * frame_bucket].normal_(generator=engine.generator)
+                self._noise(frame_bucket).normal_(generator=engine.generator)
             graph, audio = self.stage2_graphs[frame_bucket]
             graph.replay()
+            self.replays += 1
         audio = audio[0, :frames * SAMPLES_PER_FRAME].float().cpu().numpy()
         return audio, self.durations[0, :n_tokens].cpu().numpy()
 
@@ -184,6 +206,8 @@ class BatchGraphs:
         self.capture_seconds = 0.0
         self.graph_bytes = 0
         self.reserved_bytes = 0
+        self.replays = 0  # batches that replayed a graph (a host-side count: no sync)
+        self.beyond_grid = 0  # batches outside the grid, run compiled without a graph
 
     def _noise(self, batch: int, frames: int) -> torch.Tensor | None:
         if self.noise is None:
@@ -198,18 +222,24 @@ class BatchGraphs:
                                          self.style[:batch], self._noise(batch, frames))
         self._audio(batch, frames).copy_(audio)
 
+    def warm_up(self) -> None:
+        """Every cell run once eagerly on the static buffers, as capture does before capturing
+        (kernels, plans, allocator); device-agnostic, as `CudaGraphs.warm_up`."""
+        self.durations.fill_(1)  # a realistic path (the values captured do not matter: replays read the buffers)
+        with self.engine._stage2_arithmetic():
+            for batch, frames in self.cells:
+                self.n_frames.fill_(frames)
+                self._stage2(batch, frames)
+
     def capture(self) -> None:
         engine = self.engine
         start = time.perf_counter()
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        self.durations.fill_(1)  # a realistic path (the values captured do not matter: replays read the buffers)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), engine._stage2_arithmetic():  # warm-up: kernels, plans, allocator
-            for batch, frames in self.cells:
-                self.n_frames.fill_(frames)
-                self._stage2(batch, frames)
+        with torch.cuda.stream(side):
+            self.warm_up()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         # one pool with the single-chunk graphs: their replays never interleave with these
@@ -240,6 +270,7 @@ class BatchGraphs:
         batch = next((b for b in self.batch_buckets if b >= B), None)
         graph = self.graphs.get((batch, frame_bucket))
         if graph is None:
+            self.beyond_grid += 1
             return None
         self.durations[:batch].zero_()
         self.durations[:B, :T].copy_(durations)
@@ -252,4 +283,5 @@ class BatchGraphs:
         if self.noise is not None:
             engine.draw_batch_noise(self._noise(batch, frame_bucket), frames)
         graph.replay()
+        self.replays += 1
         return self._audio(batch, frame_bucket)[:B]

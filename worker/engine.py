@@ -7,7 +7,8 @@ the only device-to-host sync before the audio itself comes back.
 
 On CPU the same model code runs eagerly on exact shapes (padding would only add work there), the
 generator on time-major activations as channels-last convolutions (worker/model/decoder.py), its
-elementwise steps as torch.compile'd kernels. `auto` picks bf16 where the CPU runs it natively
+elementwise steps as torch.compile'd kernels once they are compiled (`warmup`, or `compile_kernels`
+in a thread of its own while the engine serves with the eager ones: worker/replica.py). `auto` picks bf16 where the CPU runs it natively
 (AVX512-BF16 or AMX: worker/cpu_features.py); else int8 where the CPU has AVX2: the generator's
 residual blocks (resblocks and noise_res, about three quarters of a synthesis in float32) convolve
 u8 activations with s8 weights through oneDNN, each convolution's input quantized per window of
@@ -21,10 +22,11 @@ does not depend on its mates.
 
 Compiled passes (CUDA by default, `compiled=True` elsewhere): stage 2's decoder runs through
 torch.compile (inductor; KokoroModel.use_compiled_decode), one compile per shape family (a batch
-of one, a batch), cached once per host (worker/compile_cache.py). On CUDA both the single-chunk
-graphs and `BatchGraphs` (worker/cuda_graphs.py) capture it: one CUDA graph per (batch bucket,
-frame bucket) within a memory bound, so a batch launches once; a batch beyond the grid runs
-compiled, launched eagerly.
+of one, a batch), cached once per host (worker/compile_cache.py), the host's compile lock held
+through the captures that follow. On CUDA both the single-chunk graphs and `BatchGraphs`
+(worker/cuda_graphs.py) capture it: one CUDA graph per (batch bucket, frame bucket) within a
+memory bound, so a batch launches once; a batch beyond the grid runs compiled, launched eagerly.
+`run_report` says how the engine runs: compiled or not, graphs captured and replayed or why not.
 Stage 1 stays eager float32 for batches (it decides the durations, costs little beside stage 2
 and holds LSTMs that dynamo cannot trace); single chunks replay its graphs as before.
 A pass that runs out of device memory frees the allocator's cached blocks, logs one line and
@@ -36,19 +38,20 @@ GPU box.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Sequence
-
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from worker import cpu_features
+from worker.arithmetic import STAGE2_DEFAULT, check_stage2_mode, stage2_arithmetic, use_exact_cuda_arithmetic, uses_tf32
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.cpu_runtime import keep_freed_memory
 from worker.cuda_graphs import HARMONICS, TOKEN_BUCKETS, BatchGraphs, CudaGraphs
@@ -59,9 +62,10 @@ from worker.weights.served_weights import fold, serving_state_dict
 
 log = logging.getLogger("kokoro_fleet.engine")
 
-# Exact until a GPU run shows `fast` within the parity bounds (loadtest/bench/gpu_parity.py measures both):
-# parity decides first, speed second.
-STAGE2_ARITHMETIC = "exact"
+__all__ = ["BatchItem", "DTYPES", "Engine", "Synthesis", "resolve_device", "resolve_dtype", "stage2_arithmetic",
+           "use_exact_cuda_arithmetic"]
+# The short chunk every warm-up and compile runs (phoneme ids of ordinary English).
+WARMUP_IDS = [16, 43, 54, 16, 56, 57] * 5
 # Each mode's decoder dtype. int8 (CPU only) serves the float32 parameters and quantizes the
 # generator's convolutions at start-up (KokoroModel.use_int8).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
@@ -75,38 +79,6 @@ def frame_buckets(first: int = 32, last: int = 6144, ratio: float = 1.25) -> tup
         size = int(math.ceil(size * ratio / 8) * 8)
     buckets.append(last)
     return tuple(buckets)
-
-
-def use_exact_cuda_arithmetic() -> None:
-    """float32 that is float32, and the same result for the same input, on CUDA (process-wide: one
-    engine per replica process).
-
-    cuDNN convolutions default to TF32 in float32, which rounds differently per shape, so padding a
-    chunk to its bucket or batching it would change its audio far beyond float rounding; the float32
-    parts of every mode (durations, F0, the excitation source) need float32. Deterministic cuDNN
-    makes a chunk's audio bit-identical run to run, as the seeded noise promises. Figures and cost:
-    loadtest/README.md ("Figures behind the code's choices"; loadtest/bench/parity_diagnosis.py)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-
-
-@contextlib.contextmanager
-def stage2_arithmetic(device: torch.device, fast: bool):
-    """Stage 2 with TF32 and cudnn.benchmark (`fast`), back to exact arithmetic after it. Stage 1
-    always runs exact: it decides the durations."""
-    if device.type != "cuda" or not fast:
-        yield
-        return
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.deterministic = False
-    torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        use_exact_cuda_arithmetic()
 
 
 def free_cached_device_memory(device: torch.device) -> None:
@@ -167,17 +139,19 @@ class Engine:
     def __init__(self, weights, device: str = "cpu", dtype: str = "fp32", seed: int = 0, cuda_graphs: bool = True,
                  noise: bool = True, bucketed: bool | None = None, frame_grid: Sequence[int] | None = None,
                  fused_kernels: bool | None = None, compiled: bool | None = None,
-                 stage2: str = STAGE2_ARITHMETIC, max_batch: int = 1, batch_graph_frames: int = 16384,
-                 compile_cache_dir: str | os.PathLike | None = None):
+                 stage2: str = STAGE2_DEFAULT, max_batch: int = 1, batch_graph_frames: int = 16384,
+                 compile_cache_dir: str | os.PathLike | None = None, batch_graphs: bool | None = None):
         """weights: a worker.weights.Weights. noise=False switches the
         excitation noise off (parity tests). bucketed: pad to buckets (default: on CUDA only).
-        fused_kernels: torch.compile'd elementwise kernels on CPU (default on; the first engine in
-        a fresh environment pays about half a minute of compiling at its first synthesis).
-        compiled: stage 2's decoder through torch.compile (default: on CUDA; never in int8 mode,
-        whose kernels are oneDNN's). stage2: `exact` or `fast` arithmetic for stage 2 on CUDA.
-        max_batch: the largest batch served (batch graphs are captured up to its bucket).
-        batch_graph_frames: the batch graphs' memory bound, batch bucket x frame bucket at most
-        this. compile_cache_dir: the host's shared compile cache (worker/compile_cache.py)."""
+        fused_kernels: torch.compile'd elementwise kernels on CPU (default on), compiled by `warmup`
+        or `compile_kernels`; eager kernels until then. compiled: stage 2's decoder through
+        torch.compile (default: on CUDA; never in int8 mode, whose kernels are oneDNN's). stage2:
+        stage 2's arithmetic on CUDA, `exact`, `exact-nondeterministic` or `fast` (worker/arithmetic.py).
+        cuda_graphs: capture the single-chunk passes as CUDA graphs (CUDA only); batch_graphs: the
+        batches' (compiled engines only; None: as cuda_graphs). max_batch: the largest batch served
+        (batch graphs are captured up to its bucket). batch_graph_frames: the batch graphs' memory
+        bound, batch bucket x frame bucket at most this. compile_cache_dir: the host's shared
+        compile cache (worker/compile_cache.py)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cuda":
@@ -195,16 +169,17 @@ class Engine:
         self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
         self.compiled = (self.device.type == "cuda") if compiled is None else compiled
         self.compiled = self.compiled and self.dtype != "int8"
-        if stage2 not in ("exact", "fast"):
-            raise ValueError(f"stage2 arithmetic {stage2!r}: expected exact or fast")
-        self.fast_stage2 = stage2 == "fast"
+        self.stage2 = check_stage2_mode(stage2)
         self.max_batch = max_batch
         self.batch_graph_frames = batch_graph_frames
         self.compile_cache_dir = compile_cache_dir
-        self.compile_record = None
+        self.compile_record = None  # what the start-up compile did (compiled passes, or the fused CPU kernels)
+        # Dynamo's counters from here: the record counts every compile of the engine's start.
+        self._tally = self._new_tally() if self.compiled else None
         # The compiled decoder fuses what the CPU's fused kernels would (and cannot trace through them).
         fused_default = self.device.type == "cpu" and not self.compiled
         self.fused_kernels = fused_default if fused_kernels is None else (fused_kernels and not self.compiled)
+        self._kernels_compiled = False  # the fused kernels in service (set between passes only)
         # Built on `meta` around the served parameters themselves. On the CPU they are the pages of
         # the host's serving file, shared by every replica on the host; a GPU holds its own copy
         # anyway, so there they are folded in memory on their way to it.
@@ -221,12 +196,26 @@ class Engine:
         self.graphs: CudaGraphs | None = None
         self.batch_graphs: BatchGraphs | None = None
         self.want_graphs = cuda_graphs and self.device.type == "cuda"
+        self.want_batch_graphs = (bool(cuda_graphs if batch_graphs is None else batch_graphs) and self.device.type == "cuda"
+                                  and self.compiled and max_batch > 1 and batch_graph_frames > 0)
+        self.capture_errors: dict[str, str | None] = {"single": None, "batch": None}
         self.pass_frames: int | None = None  # the longest item's frames in the pass in hand, once stage 1 has said
 
     @property
     def label(self) -> str:
         """What the fleet's replica table shows of this engine: "torch <device> <precision>"."""
         return f"torch {self.device.type} {self.dtype}"
+
+    @property
+    def kernels(self) -> str:
+        """Which kernels the passes run now: `compiled` (the compiled decoder, or the fused CPU
+        kernels once in service) or `eager`."""
+        return "compiled" if self.compiled or (self.fused_kernels and self._kernels_compiled) else "eager"
+
+    @property
+    def kernels_pending(self) -> bool:
+        """Fused CPU kernels wanted and not compiled yet (`compile_kernels`)."""
+        return self.fused_kernels and self.compile_record is None and not kernels.broken
 
     # --- public ------------------------------------------------------------------------------------
 
@@ -236,8 +225,10 @@ class Engine:
         self._check(ids, speed)
         n_tokens = len(ids) + 2
         style = style.reshape(1, -1).to(self.device, torch.float32)
+        if not style.is_inference():  # a tensor made here, as every other input: dynamo guards on the kind
+            style = style.clone()
         if self.device.type == "cpu":
-            use_compiled_kernels(self.fused_kernels)
+            use_compiled_kernels(self.fused_kernels and self._kernels_compiled)
         with self._out_of_memory_freed(chunks=1, tokens=n_tokens):
             if self.graphs is not None:
                 audio, durations = self.graphs.run(ids, style, speed)
@@ -257,71 +248,158 @@ class Engine:
         if len(items) <= 1:
             return [self.synthesize(item.ids, item.style, item.speed) for item in items]
         if self.device.type == "cpu":
-            use_compiled_kernels(self.fused_kernels)
+            use_compiled_kernels(self.fused_kernels and self._kernels_compiled)
         with self._out_of_memory_freed(chunks=len(items), tokens=max(len(item.ids) + 2 for item in items)):
             return self._run_batch(items)
 
     @torch.inference_mode()
-    def warmup(self) -> None:
-        """Compile (compiled passes), capture CUDA graphs (CUDA), run a couple of short syntheses
-        (oneDNN primitive caches)."""
+    def warmup(self, compile_kernels: bool = True) -> None:
+        """Compile the compiled passes and capture the CUDA graphs (CUDA), holding the host's
+        compile lock through both when this process compiles; run a couple of short syntheses
+        (oneDNN primitive caches). On the CPU the fused kernels are compiled here too, unless
+        `compile_kernels` is False: the caller then serves eagerly and runs `compile_kernels` in a
+        thread of its own (worker/replica.py)."""
         if self.compiled and self.compile_record is None:
-            self._compile()
+            self.compile_passes(self.families, then=self._capture_graphs)
+        else:
+            self._capture_graphs()
+        if self.compiled and self.device.type == "cpu":
+            # A compiled CPU engine (tests, bench) would compile its single-chunk family here, which
+            # takes minutes on a small CPU: it compiles at its first single chunk instead.
+            return
+        if compile_kernels and self.kernels_pending:
+            self.compile_kernels()  # its syntheses warm the shared model's oneDNN caches too
+            self.switch_to_compiled_kernels()
+            return
+        for _ in range(2):
+            self.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The compiled decoder's shape families this engine serves: a batch of one on CUDA
+        (dynamo specializes size 1), a batch when it batches."""
+        return (("single",) if self.device.type == "cuda" else ()) + (("batch",) if self.max_batch > 1 else ())
+
+    def compile_passes(self, families: Sequence[str], then: Callable[[], None] | None = None):
+        """Compile the decoder's `families` ("single", "batch") under the host's compile lock
+        (worker/compile_cache.py: the first process on a host compiles, the others load), then run
+        `then` (the start's warm-ups and captures) still holding it; the record counts both."""
+        from worker.compile_cache import default_compile_cache_dir, shared_compile
+
+        directory = Path(self.compile_cache_dir or default_compile_cache_dir(self.device))
+        key = (f"decode-{self.dtype}-{'-'.join(families)}-noise{int(self.noise)}-"
+               f"{'fast' if uses_tf32(self.stage2) else 'exact'}")
+        tally = self._tally = self._tally or self._new_tally()
+        with torch.inference_mode(), shared_compile(directory, key, "compiled passes", tally) as record:
+            style = torch.zeros(2 * self.model.style_dim)
+            if "single" in families:
+                self.synthesize(WARMUP_IDS, style)
+            if "batch" in families:
+                self.synthesize_batch([BatchItem(WARMUP_IDS, style), BatchItem(WARMUP_IDS[:20], style)])
+            tally.planned_compiles_done()  # one graph per family: whatever compiles next is a recompile
+            if then is not None:
+                then()
+        self.compile_record = record
+        return record
+
+    def compile_kernels(self):
+        """Compile the fused CPU kernels in the calling thread, on a view of this engine, while the
+        engine itself may serve with eager kernels in another thread; returns the CompileRecord.
+        Under the host's lock in inductor's cache directory: the first process on a host compiles,
+        the others wait for it and load what it wrote. `switch_to_compiled_kernels` then puts them in
+        service, between two passes."""
+        from worker.compile_cache import CompileRecord, inductor_cache_dir, shared_compile
+
+        view = self.view()
+        view._kernels_compiled = True
+        directory = inductor_cache_dir()
+        key = f"fused-kernels-{self.dtype}-{self.model.hidden_dim}x{self.model.style_dim}"
+        record = CompileRecord(directory, "fused CPU kernels")
+        start, tally = time.perf_counter(), self._new_tally()
+        try:
+            with shared_compile(directory, key, "fused CPU kernels", tally) as record:
+                view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
+                tally.planned_compiles_done()  # a variant per channel count and dtype: all planned
+                view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
+                if kernels.broken:
+                    raise RuntimeError("torch.compile failed (see the warning above)")
+        except Exception as error:  # noqa: BLE001 - a failed compile serves eagerly, and says so
+            record.error, record.seconds = f"{type(error).__name__}: {error}", time.perf_counter() - start
+            log.warning("pid %d: %s", os.getpid(), record.describe())
+        self.compile_record = record
+        return record
+
+    def switch_to_compiled_kernels(self) -> bool:
+        """Put the fused kernels `compile_kernels` made in service (call between passes: a pass
+        reads the choice once, at its start). Returns whether they are in service."""
+        record = self.compile_record
+        self._kernels_compiled = (self.fused_kernels and record is not None and record.error is None
+                                  and not kernels.broken)
+        return self._kernels_compiled
+
+    def view(self) -> "Engine":
+        """This engine's model and settings with noise, speed and generator buffers of its own and no
+        CUDA graphs: for work in a second thread (the baseline's concurrent slots, the background
+        compile) that must not touch the buffers of the passes in hand."""
+        view = copy.copy(self)
+        view.graphs = view.batch_graphs = None
+        view.want_graphs = view.want_batch_graphs = False
+        view.generator = torch.Generator(device=self.device)
+        view._noise = torch.empty(0, device=self.device)
+        view._speed = torch.ones(1, device=self.device)
+        return view
+
+    def run_report(self) -> dict:
+        """How this engine runs, JSON-ready: device, card, torch version, precision, compiled or
+        not, stage 2's arithmetic, which kernels, the CUDA graphs (wanted, captured, why not,
+        replays) and what its start-up compile did (worker/compile_cache.py's CompileRecord)."""
+        from worker.compile_cache import device_name
+
+        single, batch = self.graphs, self.batch_graphs
+        return {
+            "device": self.device.type, "card": device_name(self.device), "torch": torch.__version__,
+            "dtype": self.dtype, "compiled": self.compiled, "stage2": self.stage2, "kernels": self.kernels,
+            "graphs": {
+                "single": {"wanted": self.want_graphs, "captured": single.count if single else 0,
+                           "error": self.capture_errors["single"], "replays": single.replays if single else 0,
+                           "beyond_grid": single.beyond_grid if single else 0},
+                "batch": {"wanted": self.want_batch_graphs, "captured": len(batch.graphs) if batch else 0,
+                          "error": self.capture_errors["batch"], "replays": batch.replays if batch else 0,
+                          "beyond_grid": batch.beyond_grid if batch else 0}},
+            "compile": None if self.compile_record is None else self.compile_record.as_dict(),
+        }
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _new_tally():
+        from worker.compile_cache import CompileTally
+
+        return CompileTally()
+
+    def _capture_graphs(self) -> None:
+        """The single-chunk and batch CUDA graphs this engine wants. A capture that fails must not
+        take the replica down: it serves without those graphs, and says why (log, `run_report`)."""
         if self.want_graphs and self.graphs is None:
             try:
                 graphs = CudaGraphs(self)
                 graphs.capture()
                 self.graphs = graphs
-            except Exception:  # a capture that fails must not take the replica down: serve eagerly
+            except Exception as error:
                 log.exception("CUDA graph capture failed; serving eagerly")
+                self.capture_errors["single"] = f"{type(error).__name__}: {error}"
                 self.graphs = None
                 torch.cuda.synchronize()
-        if (self.want_graphs and self.compiled and self.max_batch > 1 and self.batch_graph_frames > 0
-                and self.batch_graphs is None):
+        if self.want_batch_graphs and self.batch_graphs is None:
             try:
                 batch_graphs = BatchGraphs(self)
                 batch_graphs.capture()
                 self.batch_graphs = batch_graphs
-            except Exception:  # as above: batches then run compiled, launched eagerly
+            except Exception as error:  # as above: batches then run compiled, launched eagerly
                 log.exception("CUDA graph capture of batches failed; batches run without graphs")
+                self.capture_errors["batch"] = f"{type(error).__name__}: {error}"
                 self.batch_graphs = None
                 torch.cuda.synchronize()
-        if self.compiled and self.device.type == "cpu":
-            # A compiled CPU engine (tests, bench) would compile its single-chunk family here, which
-            # takes minutes on a small CPU: it compiles at its first single chunk instead.
-            return
-        ids = [16, 43, 54, 16, 56, 57] * 5
-        style = torch.zeros(2 * self.model.style_dim)  # [2S]: a voice row (256 in Kokoro-82M)
-        compiling = self.device.type == "cpu" and self.fused_kernels
-        if compiling:
-            cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache")
-            log.info("warming up: compiling the fused CPU kernels (about half a minute on a first start; "
-                     "cached in %s for the next)", cache)
-        start = time.perf_counter()
-        for _ in range(2):
-            self.synthesize(ids, style)
-        if compiling:
-            log.info("warm-up done in %.1f s (fused kernels %s)", time.perf_counter() - start,
-                     "compiled" if kernels.compiled else "unavailable: running eagerly")
-
-    # --- internals ---------------------------------------------------------------------------------
-
-    def _compile(self) -> None:
-        """Compile the families this engine serves (a batch of one on CUDA, a batch when it batches)
-        under the host's compile lock: the first replica on a host compiles, the others load."""
-        from worker.compile_cache import default_compile_cache_dir, shared_compile
-
-        directory = self.compile_cache_dir or default_compile_cache_dir(self.device)
-        ids = [16, 43, 54, 16, 56, 57] * 5
-        style = torch.zeros(2 * self.model.style_dim)
-        families = ("single-" if self.device.type == "cuda" else "") + ("batch" if self.max_batch > 1 else "")
-        key = f"decode-{self.dtype}-{families}-noise{int(self.noise)}-{'fast' if self.fast_stage2 else 'exact'}"
-        with shared_compile(Path(directory), key) as record:
-            if self.device.type == "cuda":
-                self.synthesize(ids, style)
-            if self.max_batch > 1:
-                self.synthesize_batch([BatchItem(ids, style), BatchItem(ids[:20], style)])
-        self.compile_record = record
 
     @contextlib.contextmanager
     def _out_of_memory_freed(self, chunks: int, tokens: int):
@@ -339,7 +417,7 @@ class Engine:
             raise
 
     def _stage2_arithmetic(self):
-        return stage2_arithmetic(self.device, self.fast_stage2)
+        return stage2_arithmetic(self.device, self.stage2)
 
     def _check(self, ids: Sequence[int], speed: float) -> None:
         if len(ids) > self.max_phonemes:

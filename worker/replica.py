@@ -16,7 +16,6 @@ bit for bit, without waiting for the replica or costing it anything.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import hashlib
 import time
@@ -194,7 +193,7 @@ class BaselineReplica:
         self.engine = engine
         self._views: asyncio.Queue = asyncio.Queue()
         for _ in range(concurrency):
-            self._views.put_nowait(_engine_view(engine))
+            self._views.put_nowait(engine.view())
         self._slots = asyncio.Semaphore(concurrency)
         self.concurrency = concurrency
         self.running = 0
@@ -233,13 +232,3 @@ class BaselineReplica:
         if self.running == 0 and self._busy_since is not None:
             self.busy_seconds += time.perf_counter() - self._busy_since
             self._busy_since = None
-
-
-def _engine_view(engine):
-    view = copy.copy(engine)
-    view.graphs = None
-    view.want_graphs = False
-    view.generator = torch.Generator(device=engine.device)
-    view._noise = torch.empty(0, device=engine.device)
-    view._speed = torch.ones(1, device=engine.device)
-    return view

@@ -11,11 +11,13 @@ CUDA-graphed and reports peak memory per replica. `--json PATH` writes every fig
 
 `--batch 1,2,4,8,16` measures the batched forward pass instead (Engine.synthesize_batch): per batch
 size B, B chunks of about `--batch-phonemes` phonemes each (different text, lengths within ~15%, as
-the fleet groups jobs by size), run as one eager batch, as one compiled batch (`--compiled`: on CUDA
-by default, compiled and CUDA-graphed) and one by one, interleaved in the same run; it prints
-audio-s/s, the latency of the batch, the best batch's speed-up over one by one, the card's name,
-whether the compiled passes were compiled or loaded from the host's cache, and the batch graphs'
-memory.
+the fleet groups jobs by size), run as one eager batch, as one batch of the served engine (on CUDA
+by default compiled and CUDA-graphed; `--compiled`, `--cuda-graphs`, `--batch-graphs` switch each
+off) and one by one, interleaved in the same run; it prints audio-s/s, the latency of the batch,
+the best batch's speed-up over one by one, and how each engine ran (its `run_report()`: card,
+torch, compiled or loaded, graphs captured and replayed). `--lone 60` adds a lone 60-phoneme chunk's
+p50 on the served engine; several `--stage2` modes time the eager batch in each, against the
+first's one-by-one audio. `--json` is rewritten after every batch size.
 
 `--isa avx2` emulates a CPU without AVX-512 for our engine: the bench re-runs itself with the
 variables of `worker.cpu_features.ISA_CAPS` set (oneDNN, ATen, torch.compile's kernels and MKL stop
@@ -34,6 +36,7 @@ import os
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,10 +77,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "against the same chunks one by one, with the first of --modes")
     parser.add_argument("--batch-phonemes", type=int, default=100, help="--batch: phonemes per chunk (about)")
     parser.add_argument("--compiled", default="auto", choices=["auto", "on", "off"],
-                        help="--batch: also time the compiled engine (CUDA: compiled and CUDA-graphed batches); "
-                             "auto: on CUDA only")
-    parser.add_argument("--stage2", default="exact", choices=["exact", "fast"],
-                        help="--batch: the compiled engine's stage-2 arithmetic (CUDA: fast = TF32, cudnn.benchmark)")
+                        help="--batch: the served engine compiled (CUDA: and CUDA-graphed batches); auto: on CUDA "
+                             "only. One chunk at a time: the graphed engines compiled (auto: the served dtype's only)")
+    parser.add_argument("--stage2", default="exact",
+                        help="--batch: stage 2's arithmetic (CUDA: exact, exact-nondeterministic, fast = TF32 and "
+                             "cudnn.benchmark); several, comma-separated: the eager batch in each, against the "
+                             "first's one by one (the served engine runs the first)")
+    parser.add_argument("--cuda-graphs", default="on", choices=["on", "off"], help="CUDA: capture CUDA graphs")
+    parser.add_argument("--batch-graphs", default="auto", choices=["auto", "on", "off"],
+                        help="--batch, CUDA: the batch graphs (auto: as --cuda-graphs)")
+    parser.add_argument("--compile-cache-dir", default="", help="the compiled passes' cache (default: the host's)")
+    parser.add_argument("--lone", type=int, default=0,
+                        help="--batch: also time a lone chunk of this many phonemes on the served engine (p50, p95)")
+    parser.add_argument("--lone-runs", type=int, default=20, help="--lone: timed runs")
+    parser.add_argument("--artifacts-out", default="", help="--batch: torch.compiler's cache artifacts of the served "
+                        "engine's compile, when it compiled and they fit 16 MiB (a later run on the same card loads them)")
     parser.add_argument("--batch-graph-frames", type=int, default=0,
                         help="--batch: the batch graphs' memory bound, batch x frames (0: the engine's default)")
 
@@ -150,32 +164,54 @@ def batch_chunks(vocab: dict, size: int, count: int) -> list[list[int]]:
 
 
 def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, fused: bool) -> int:
-    """Per batch size: the batch eagerly, the batch compiled (and on CUDA captured as graphs), and
-    the same chunks one by one on the serving engine, alternating within each repeat so other
-    processes' load hits all alike."""
-    from worker.cpu_features import cpu_info
-    from worker.engine import BatchItem, Engine, resolve_dtype
+    """Per batch size: the batch eagerly, the batch on the served engine (compiled, and on CUDA
+    captured as graphs, unless switched off) and the same chunks one by one, alternating within each
+    repeat so other processes' load hits all alike; with several `--stage2` modes, the eager batch in
+    each, against the one-by-one results. `--json` is rewritten after every batch size."""
+    from worker.engine import BatchItem, Engine
 
     mode = [m for m in args.modes.split(",") if m][0]
     sizes = [int(b) for b in args.batch.split(",") if b]
+    arithmetic = [m for m in args.stage2.split(",") if m]
     compiled = args.compiled == "on" or (args.compiled == "auto" and device.type == "cuda")
-    graphs = device.type == "cuda"
+    graphs = device.type == "cuda" and args.cuda_graphs == "on"
+    batch_graphs = None if args.batch_graphs == "auto" else args.batch_graphs == "on"
+    cache = {"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {}
     _progress(f"building ours-{mode}, eager" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
-    eager = Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False)
-    eager.warmup()
-    served = eager
-    if compiled:
-        _progress(f"building ours-{mode}, compiled" + (" and CUDA-graphed" if graphs else "")
-                  + " (a compile per shape family on a cold cache)")
+    eager = {m: Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False, stage2=m)
+             for m in arithmetic}
+    for engine in eager.values():
+        engine.warmup()
+    served = eager[arithmetic[0]]
+    if compiled or graphs:
+        _progress(f"building ours-{mode}, " + ("compiled" if compiled else "not compiled")
+                  + (", CUDA-graphed" if graphs else "") + " (a compile per shape family on a cold cache)")
         options = {"batch_graph_frames": args.batch_graph_frames} if args.batch_graph_frames else {}
-        served = Engine(weights, str(device), mode, cuda_graphs=graphs, compiled=True, max_batch=max(sizes),
-                        stage2=args.stage2, **options)
+        served = Engine(weights, str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs, compiled=compiled,
+                        max_batch=max(sizes), stage2=arithmetic[0], **options, **cache)
         start = time.perf_counter()
         served.warmup()
-        _progress(f"compiled engine ready in {time.perf_counter() - start:.1f} s: {served.compile_record.describe()}")
-    # one by one as a replica serves single chunks: compiled and graphed on CUDA, eagerly on the CPU
-    single = served if graphs else eager
+        record = served.compile_record
+        _progress(f"served engine ready in {time.perf_counter() - start:.1f} s"
+                  + (f": {record.describe()}" if record else ""))
+        if args.artifacts_out:
+            from loadtest.bench.compile_artifacts import save_artifacts
+
+            _progress(f"compile cache artifacts: {save_artifacts(Path(args.artifacts_out), served.run_report())}")
+    # one by one as a replica serves single chunks: the served engine on CUDA, eagerly on the CPU
+    single = served if device.type == "cuda" else eager[arithmetic[0]]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    meta = batch_meta(args, device, mode, served, eager, compiled, graphs)
+    results: dict[str, dict] = {}
+    figures_out: dict = {"meta": meta, "batch": results}
+
+    def write() -> None:
+        if args.json_path:
+            meta["engines"] = {"eager": next(iter(eager.values())).run_report(), "served": served.run_report()}
+            tmp = f"{args.json_path}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(figures_out, f, indent=2, default=str)
+            os.replace(tmp, args.json_path)
 
     def timed(fn) -> tuple[float, float, list]:
         sync()
@@ -184,16 +220,17 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         sync()
         return time.perf_counter() - start, time.process_time() - cpu_start, out
 
-    results: dict[str, dict] = {}
+    write()
     for size in sizes:
         chunks = batch_chunks(weights.config["vocab"], args.batch_phonemes, size)
         items = [BatchItem(ids, voice[len(ids) - 1]) for ids in chunks]
-        contenders = {"batched": lambda: eager.synthesize_batch(items)}  # noqa: E731
-        if compiled:
-            contenders["compiled"] = lambda: served.synthesize_batch(items)  # noqa: E731
+        contenders = {"batched": lambda: eager[arithmetic[0]].synthesize_batch(items)}  # noqa: E731
+        contenders.update({f"batched-{m}": (lambda e: lambda: e.synthesize_batch(items))(e)
+                           for m, e in eager.items() if m != arithmetic[0]})
+        if served is not eager[arithmetic[0]]:
+            contenders["served"] = lambda: served.synthesize_batch(items)  # noqa: E731
         contenders["one_by_one"] = lambda: [single.synthesize(i.ids, i.style, i.speed) for i in items]  # noqa: E731
-        for fn in contenders.values():
-            fn()  # untimed: shape-specific caches
+        outputs = {name: fn() for name, fn in contenders.items()}  # untimed: shape-specific caches
         figures = {name: ([], []) for name in contenders}
         audio_s = 0.0
         for rep in range(args.repeats):
@@ -207,62 +244,111 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         by = {name: {"audio_s_per_s": audio_s * len(w) / sum(w), "latency_p50_s": float(np.percentile(w, 50)),
                      "audio_s_per_cpu_s": audio_s * len(c) / max(sum(c), 1e-9)}
               for name, (w, c) in figures.items()}
-        best = by.get("compiled", by["batched"])
-        results[str(size)] = {"chunks": len(items), "phonemes": [len(c) for c in chunks], "audio_s": audio_s,
-                              **by, "speedup": best["audio_s_per_s"] / by["one_by_one"]["audio_s_per_s"],
-                              "speedup_cpu": best["audio_s_per_cpu_s"] / by["one_by_one"]["audio_s_per_cpu_s"]}
+        best = by.get("served", by["batched"])
+        row = {"chunks": len(items), "phonemes": [len(c) for c in chunks], "audio_s": audio_s,
+               **{k: v for k, v in by.items() if not k.startswith("batched-")},
+               "speedup": best["audio_s_per_s"] / by["one_by_one"]["audio_s_per_s"],
+               "speedup_cpu": best["audio_s_per_cpu_s"] / by["one_by_one"]["audio_s_per_cpu_s"]}
+        if len(arithmetic) > 1:  # each mode's eager batch against the first mode's single runs
+            row["arithmetic"] = {m: {**by["batched" if m == arithmetic[0] else f"batched-{m}"],
+                                     **parity(outputs["one_by_one"], outputs["batched" if m == arithmetic[0] else f"batched-{m}"])}
+                                 for m in arithmetic}
+        results[str(size)] = row
+        write()
+    if args.lone:
+        figures_out["lone"] = lone_chunk(single, weights, voice, args.lone, sync, args.lone_runs)
+        write()
+    print_batches(args, device, mode, results, figures_out.get("lone"), served, compiled, graphs)
+    return 0
+
+
+def batch_meta(args, device, mode, served, eager, compiled, graphs) -> dict:
+    from worker.cpu_features import cpu_info
+    from worker.engine import resolve_dtype
+
+    record = served.compile_record
+    meta = {"weights": args.weights, "device": str(device), "dtype": resolve_dtype(mode, device),
+            "threads": torch.get_num_threads(), "cpu": cpu_info().model,
+            "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+            "torch": torch.__version__, "repeats": args.repeats, "batch_phonemes": args.batch_phonemes,
+            "stage2": args.stage2, "served": ("compiled" if compiled else "eager") + ("+graphs" if graphs else ""),
+            "compiled": None if record is None else {**record.as_dict()}}
+    if served.batch_graphs is not None:
+        bg = served.batch_graphs
+        meta["compiled"] = {**(meta["compiled"] or {}), "batch_graphs": {
+            "count": len(bg.graphs), "batch_buckets": bg.batch_buckets, "capture_s": bg.capture_seconds,
+            "mib": bg.graph_bytes / 2**20, "reserved_mib": bg.reserved_bytes / 2**20}}
+    return meta
+
+
+def parity(reference: list, other: list) -> dict:
+    """Items of a batch against the same chunks' single runs: durations, worst log-spectral distance."""
+    from worker.reference import log_spectral_distance_db
+
+    return {"durations_equal": all(np.array_equal(a.durations, b.durations) for a, b in zip(reference, other)),
+            "lsd_db": max(float(log_spectral_distance_db(a.audio, b.audio[:len(a.audio)]))
+                          for a, b in zip(reference, other))}
+
+
+def lone_chunk(engine, weights, voice, phonemes: int, sync, runs: int = 20) -> dict:
+    """A single chunk of `phonemes` on an otherwise idle engine: p50 and p95 of `runs`, after two."""
+    ids = chunk_ids(weights.config["vocab"], phonemes)
+    for _ in range(2):
+        out = engine.synthesize(ids, voice[len(ids) - 1])
+    times = []
+    for _ in range(runs):
+        sync()
+        start = time.perf_counter()
+        engine.synthesize(ids, voice[len(ids) - 1])
+        sync()
+        times.append(time.perf_counter() - start)
+    _progress(f"a lone {phonemes}-phoneme chunk: p50 {1000 * np.percentile(times, 50):.1f} ms")
+    return {"phonemes": phonemes, "runs": runs, "audio_s": len(out.audio) / SAMPLE_RATE,
+            "p50_s": float(np.percentile(times, 50)), "p95_s": float(np.percentile(times, 95))}
+
+
+def print_batches(args, device, mode, results, lone, served, compiled, graphs) -> None:
+    from worker.cpu_features import cpu_info
+    from worker.engine import resolve_dtype
 
     cpu = cpu_info()
-    resolved = resolve_dtype(mode, device)
     card = torch.cuda.get_device_name() if device.type == "cuda" else None
-    compiled_name = "compiled+graphs" if graphs else "compiled"
-    lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolved} "
-             f"threads={torch.get_num_threads()} fused={fused} torch={torch.__version__} repeats={args.repeats}"
-             + (f" stage2={args.stage2}" if compiled else ""),
+    served_name = ("compiled" if compiled else "eager") + ("+graphs" if graphs else "")
+    has_served = "served" in next(iter(results.values()), {})
+    lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
+             f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} stage2={args.stage2}",
              f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
              f"isa: {isa_in_use()}",
              f"chunks of about {args.batch_phonemes} phonemes; eager = synthesize_batch without compile or graphs; "
-             + (f"{compiled_name} = synthesize_batch of the compiled engine; " if compiled else "")
-             + f"one by one = the same chunks, synthesize() each on the {'graphed' if graphs else 'eager'} engine",
+             + (f"{served_name} = synthesize_batch of the served engine; " if has_served else "")
+             + f"one by one = the same chunks, synthesize() each on the {'served' if device.type == 'cuda' else 'eager'} engine",
              f"{'batch':>5} {'audio s':>8} {'eager audio s/s':>16}"
-             + (f" {compiled_name + ' audio s/s':>26} {compiled_name + ' p50 s':>21}" if compiled else
-                f" {'batch p50 s':>12}")
+             + (f" {served_name + ' audio s/s':>26} {served_name + ' p50 s':>21}" if has_served else f" {'batch p50 s':>12}")
              + f" {'1-by-1 audio s/s':>17} {'speed-up':>9} {'audio s/cpu s':>14} {'speed-up cpu':>13}"]
     best, best_size = 0.0, None
     for size, r in results.items():
-        b = r.get("compiled", r["batched"])
+        b = r.get("served", r["batched"])
         row = f"{size:>5} {r['audio_s']:>8.1f} {r['batched']['audio_s_per_s']:>16.2f}"
-        row += (f" {b['audio_s_per_s']:>26.2f} {b['latency_p50_s']:>21.3f}" if compiled else
+        row += (f" {b['audio_s_per_s']:>26.2f} {b['latency_p50_s']:>21.3f}" if has_served else
                 f" {b['latency_p50_s']:>12.2f}")
         lines.append(row + f" {r['one_by_one']['audio_s_per_s']:>17.2f} {r['speedup']:>8.2f}x "
                            f"{b['audio_s_per_cpu_s']:>14.2f} {r['speedup_cpu']:>12.2f}x")
+        for m, a in (r.get("arithmetic") or {}).items():
+            lines.append(f"{'':>5} stage 2 {m:<24} eager {a['audio_s_per_s']:>10.2f} audio s/s, p50 "
+                         f"{a['latency_p50_s']:.3f} s, against one by one: durations equal {a['durations_equal']}, "
+                         f"log-spectral distance {a['lsd_db']:.3f} dB")
         if b["audio_s_per_s"] > best:
             best, best_size = b["audio_s_per_s"], size
     lines.append(f"highest batched throughput at batch {best_size} ({best:.2f} audio-s/s)")
-    compile_meta = {}
-    if compiled:
-        record = served.compile_record
-        compile_meta = {"loaded": record.loaded, "seconds": record.seconds, "graphs_compiled": record.graphs_compiled,
-                        "graphs_loaded": record.graphs_loaded, "directory": str(record.directory)}
-        lines.append(record.describe())
-        if served.batch_graphs is not None:
-            bg = served.batch_graphs
-            compile_meta["batch_graphs"] = {"count": len(bg.graphs), "batch_buckets": bg.batch_buckets,
-                                            "capture_s": bg.capture_seconds, "mib": bg.graph_bytes / 2**20,
-                                            "reserved_mib": bg.reserved_bytes / 2**20}
-            lines.append(f"batch graphs: {len(bg.graphs)} (batch buckets {bg.batch_buckets}, batch x frames <= "
-                         f"{served.batch_graph_frames}), captured in {bg.capture_seconds:.1f} s, "
-                         f"{bg.graph_bytes / 2**20:.0f} MiB allocated, {bg.reserved_bytes / 2**20:.0f} MiB reserved "
-                         f"by torch in all (this process: both engines)")
+    if lone:
+        lines.append(f"a lone {lone['phonemes']}-phoneme chunk: p50 {1000 * lone['p50_s']:.1f} ms, "
+                     f"p95 {1000 * lone['p95_s']:.1f} ms over {lone['runs']} runs")
+    report = served.run_report()
+    lines.append(f"served engine: {report['dtype']} on {report['card']}, compiled {report['compiled']}, stage 2 "
+                 f"{report['stage2']}, graphs {report['graphs']}")
+    if served.compile_record is not None:
+        lines.append(served.compile_record.describe())
     print("\n".join(lines))
-    if args.json_path:
-        meta = {"weights": args.weights, "device": str(device), "dtype": resolved, "threads": torch.get_num_threads(),
-                "cpu": cpu.model, "gpu": card, "fused_kernels": fused, "torch": torch.__version__,
-                "repeats": args.repeats, "batch_phonemes": args.batch_phonemes, "compiled": compile_meta or None,
-                "stage2": args.stage2 if compiled else None}
-        with open(args.json_path, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "batch": results}, f, indent=2)
-    return 0
 
 
 def emulate_isa(isa: str) -> None:
@@ -323,8 +409,12 @@ def run(args: argparse.Namespace) -> int:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 baseline = torch.cuda.memory_allocated()
+            # graphed: the serving path, compiled for the dtype a replica serves (auto's) only: a compile
+            # per dtype would cost minutes for figures the served dtype's already give
+            serving = resolved == resolve_dtype("auto", device)
             engine = Engine(weights, str(device), mode, cuda_graphs=graphs, fused_kernels=fused,
-                            compiled=None if graphs else False)  # graphed: the serving path, compiled
+                            compiled=graphs and (args.compiled == "on" or (args.compiled == "auto" and serving)),
+                            **({"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {}))
             engine.warmup()
             engines[name] = engine
             contenders[name] = (lambda e: (lambda ids: e.synthesize(ids, voice[len(ids) - 1])))(engine)

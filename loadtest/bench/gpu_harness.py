@@ -1,128 +1,370 @@
-"""Every GPU check in one call: `python -m loadtest.bench.gpu_harness --out DIR [--budget-s 480]`.
+"""Every GPU check of one device call: `python -m loadtest.bench.gpu_harness --out DIR [--call first]`.
 
-A lent GPU comes for minutes, so this runs all the GPU work in one go, each step a subprocess with
-its own time limit (a hang or a crash costs that step, not the others), everything it prints in
-DIR/harness.log, and after every step the figures so far in DIR/gpu_results.json and a markdown
-report DIR/gpu_results.md (what docs/performance.md's GPU figures and the issue note are made from).
+A lent GPU comes for about 15 minutes, its start included, and a call may run 10. So one call runs
+a fixed list of steps, each a subprocess in its own process group with its own time limit (SIGTERM
+at its limit less a grace, SIGKILL at its limit, whatever it prints or does not print), in order:
 
-Steps, most important first (`--steps` picks some):
-  tests     pytest tests/unit/test_engine_gpu.py (graphed vs eager, noise, precision, batch on CUDA)
-  check     python -m loadtest.bench.gpu_parity: parity and precision bounds, capture time and memory, then
-            `kokoro-fleet bench --device cuda` over chunks of 30..510 phonemes, eager vs graphed,
-            fp32 / bf16 / fp16
-  replicas  python -m loadtest.bench.replica_sweep: 1..16 engine processes with and without CUDA MPS
-  startup   python -m loadtest.bench.gpu_parity --startup 8: eight compiled engines start together on
-            the host's compile cache (one compiles, seven load), then one alone on the warm cache
-  batch     kokoro-fleet bench --batch 1,8,32: compiled-and-graphed batches beside eager batches
-            and one by one (chunks of about 120 phonemes, bf16, exact stage-2 arithmetic)
-  batch-fast  the same with fast stage-2 arithmetic (TF32, cudnn.benchmark)
-  fleet     python -m loadtest.gpu_fleet: `kokoro-fleet serve --workers 8` under the load generator
-            (needs the carried `.fleet` bundle; skipped without it)
-  faults    python -m loadtest.bench.gpu_faults: a batch pass into a GPU filled but a headroom (the
-            out-of-memory error, the job-by-job retry, the replica serving after), and one of three
-            replicas SIGKILLed under CUDA MPS while all synthesize (do the others keep serving?)
+  first call (`--call first`, the default; limits in STEPS, their sum within --budget-s):
+    smoke     one engine in the serving configuration (loadtest/bench/gpu_smoke.py): compile,
+              capture, graphed replay against the same engine's eager run, into DIR/smoke.json at
+              once; the steps after it take their fallback from it (compile failed: eager batches
+              and the uncompiled tests; capture failed: compiled batches without graphs)
+    batch     `kokoro-fleet bench --batch 8,32`: compiled-and-graphed batches of 120-phoneme
+              chunks beside eager batches and one by one, and a lone 60-phoneme chunk
+    fleet     `python -m loadtest.gpu_fleet`: `serve` with its GPU defaults on the compile cache
+              the smoke left, c = 1, 128, 256 (needs the carried `.fleet` bundle)
+    tests     pytest tests/unit/test_engine_gpu.py
+    startup   if time is left: eight serving engines starting together on the warm cache
+  second call (`--call second`): faults (an out-of-memory pass, a replica SIGKILLed under MPS),
+    then arithmetic (eager batches under exact, exact-nondeterministic and fast stage-2
+    arithmetic: no compile, so it fits).
 
-A session's device time is short and the machine's start counts, so plan two calls back to back on
-the warm machine, each well under the per-call limit, from the step times recorded in
-loadtest/README.md ("Figures behind the code's choices"), which also lists the calls used so far.
-DIR may be the same folder: each call rewrites the report from what its own steps measured.
+When time runs short, the steps cut are those of lowest priority (STEPS), not the last ones. Every
+step's output goes to DIR/harness.log as it comes; DIR/gpu_results.json and DIR/gpu_results.md
+are rewritten every few seconds while a step runs and after each, so a step stopped at its limit,
+or the harness stopped by SIGTERM or SIGINT (it stops every step's process group first), still
+leaves every figure measured. DIR holds at most 8 files, each under 16 MiB: what a device call
+brings back.
 
-The compiled passes (issue 38) in one call, compiles included (the startup step compiles into the
-host's cache that batch and tests then load from; batch-fast may compile again, TF32 being part of
-what dynamo guards on; tests without startup before them compile too, past their cap):
-  `python -m loadtest.bench.gpu_harness --steps startup,batch,tests,batch-fast --budget-s 560`
-(device command: `OUT=$OUT timeout 590 python3 -m loadtest.bench.gpu_harness --out $OUT --steps
-startup,batch,tests,batch-fast --budget-s 560`, timeout_s 600).
+`--rehearse-cpu` runs the same call on a CPU: the same steps, code and plumbing, with tiny weights,
+no CUDA graphs and no MPS, smaller batches and levels, and torch.compile through dynamo's eager
+backend (TORCH_COMPILE_OVERRIDE_BACKENDS: inductor's C++ compile of the tiny decoder takes minutes
+a family on a 2-core CPU); `--short` cuts it to about a minute on a quiet machine, compiled passes
+off and without the optional step (the CI test).
 
-GPU faults (issue 41), about two minutes: `OUT=$OUT timeout 170 python3 -m loadtest.bench.gpu_harness
---out $OUT --steps faults --budget-s 150` (timeout_s 180).
-
-Weights are full-size and random (worker/model/random_init.py, speech-like durations): the real
-ones cannot travel to a GPU box, and cost depends on shapes, not values.
+Weights are full-size and random on a GPU (worker/model/random_init.py): the real ones cannot
+travel, and cost depends on shapes, not values. The prepared device calls, with their step limits
+and budgets, are in docs/performance.md ("The prepared GPU calls").
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import dataclasses
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.bench import gpu_report
+
 PY = sys.executable
-SIZES = "30,60,120,250,400,510"
-BATCHES = "1,8,32"
-REPLICA_COUNTS = "1,2,4,8,12,16"
+REPO = Path(__file__).resolve().parents[2]
+LOG_NAME = "harness.log"
+LOG_CAP_BYTES = 12 << 20     # what comes back is 16 MiB a file: harness.log stops echoing steps past this
+REFRESH_S = 10.0             # the report is rewritten this often while a step runs
+END_RESERVE_S = 5.0          # kept from the budget for the last report
 
 
-def steps(work: Path, fleet_bundle: Path, replica_counts: str = REPLICA_COUNTS,
-          mps: str = "both") -> dict[str, tuple[list[str], float]]:
-    """name -> (command, its own time cap in seconds)."""
-    return {
-        "tests": ([PY, "-m", "pytest", "tests/unit/test_engine_gpu.py", "-q", "-p", "no:cacheprovider",
-                   f"--junitxml={work / 'tests.xml'}"], 200),
-        "check": ([PY, "-m", "loadtest.bench.gpu_parity", "--json", str(work / "check.json"), "--sizes", SIZES,
-                   "--modes", "fp32,bf16,fp16", "--repeats", "4"], 200),
-        "replicas": ([PY, "-m", "loadtest.bench.replica_sweep", "--counts", replica_counts, "--seconds", "5",
-                      "--mps", mps, "--ready-timeout", "120", "--json", str(work / "replicas.json")], 300),
-        "startup": ([PY, "-m", "loadtest.bench.gpu_parity", "--startup", "8", "--json", str(work / "startup.json")], 300),
-        "batch": ([PY, "-m", "api.cli", "bench", "--device", "cuda", "--weights", "random-full", "--modes", "bf16",
-                   "--batch", BATCHES, "--batch-phonemes", "120", "--repeats", "3", "--json",
-                   str(work / "batch.json")], 150),
-        "batch-fast": ([PY, "-m", "api.cli", "bench", "--device", "cuda", "--weights", "random-full", "--modes",
-                        "bf16", "--batch", BATCHES, "--batch-phonemes", "120", "--repeats", "3", "--stage2", "fast",
-                        "--json", str(work / "batch_fast.json")], 180),
-        # {budget}: the step's own time limit less a margin, so it stops the fleet and writes what it has
-        "fleet": ([PY, "-m", "loadtest.gpu_fleet", "--bundle", str(fleet_bundle), "--out", str(work / "fleet"),
-                   "--budget-s", "{budget}", "--duration", "15"], 320),
-        "faults": ([PY, "-m", "loadtest.bench.gpu_faults", "--json", str(work / "faults.json"), "--replicas", "3",
-                    "--seconds", "8", "--ready-timeout", "45"], 140),
-    }
+@dataclass(frozen=True)
+class Step:
+    """A step's place in a call: `priority` 1 is kept longest when time runs short; `limit_s` its
+    own limit (SIGTERM at limit less grace, SIGKILL at limit); `floor_s` the least worth starting
+    with (a step that cannot have its limit may run on what is left if that is at least this);
+    `optional`: only on time left over, never reserved for."""
+
+    name: str
+    priority: int
+    limit_s: float
+    floor_s: float
+    grace_s: float = 5.0
+    optional: bool = False
+
+
+# The GPU estimates behind the limits (H100/H200: a torch.compile of one shape family about a
+# minute; 8 workers capture at once in 13-30 s) are in docs/performance.md's prepared calls.
+STEPS = {
+    "smoke": Step("smoke", 1, 130, 90),
+    "batch": Step("batch", 3, 150, 100),
+    "fleet": Step("fleet", 2, 160, 110, grace_s=15),
+    "tests": Step("tests", 4, 70, 40),
+    "startup": Step("startup", 5, 90, 45, optional=True),
+    "faults": Step("faults", 1, 115, 80),
+    "arithmetic": Step("arithmetic", 2, 50, 35),
+    # not in the prepared calls: by --steps only
+    "check": Step("check", 3, 200, 120),
+    "replicas": Step("replicas", 3, 300, 150),
+}
+CALLS = {"first": ("smoke", "batch", "fleet", "tests", "startup"), "second": ("faults", "arithmetic")}
+BUDGETS = {"first": 520.0, "second": 170.0}
+# The CPU rehearsal's (limit, floor) per step: tiny weights on 2 shared cores, not a GPU's times.
+REHEARSAL_LIMITS = {"smoke": (100, 60), "batch": (170, 60), "fleet": (180, 60), "tests": (70, 20), "startup": (90, 45),
+                    "faults": (120, 60), "arithmetic": (120, 50), "check": (60, 30), "replicas": (120, 60)}
+# Generous caps, for a 2-core machine shared with other jobs (imports alone took 10-60 s there
+# under a load average of 10-14); on a quiet one the short call's steps end long before them.
+SHORT_LIMITS = {"smoke": (90, 30), "batch": (90, 30), "fleet": (150, 60), "tests": (60, 20), "startup": (60, 30),
+                "faults": (60, 30), "arithmetic": (60, 20), "check": (30, 15), "replicas": (60, 30)}
+REHEARSAL_BUDGETS = {"full": 575.0, "short": 400.0}
+
+
+def steps_for(ctx: "Context") -> dict[str, Step]:
+    """STEPS, with the CPU rehearsal's limits when rehearsing."""
+    if not ctx.rehearsal:
+        return STEPS
+    limits = SHORT_LIMITS if ctx.short else REHEARSAL_LIMITS
+    return {name: dataclasses.replace(step, limit_s=limits[name][0], floor_s=limits[name][1],
+                                      grace_s=min(step.grace_s, 8.0))
+            for name, step in STEPS.items()}
+
+
+# --- the steps' commands -----------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What the steps' commands depend on: where they write, the device and weights, and what the
+    smoke step found (read from smoke.json once it ran)."""
+
+    out: Path
+    work: Path
+    device: str = "cuda"
+    weights: str = "random-full"
+    rehearsal: bool = False
+    short: bool = False
+    fleet_bundle: Path | None = None
+    compile_dir: str | None = None      # explicit compile cache; else the host's default (the smoke says which)
+    artifacts_in: Path | None = None    # a folder of torch.compiler cache artifacts of an earlier call, same card
+    smoke: dict | None = None
+    smoke_planned: bool = True          # False: this call has no smoke step, so nothing to fall back from
+    batch_family_ok: bool | None = None  # False: the batch step's compiled engine never got ready
+    replica_counts: str = "1,2,4,8,12,16"
+    mps: str = "both"
+
+    @property
+    def cpu(self) -> bool:
+        return self.device == "cpu"
+
+    def fallback(self) -> dict:
+        """What the steps after the smoke run: compiled passes only where the smoke compiled them,
+        graphs only where it captured them (no smoke figures: neither). A call without a smoke
+        step (`--steps tests,startup` after a first call) runs the serving defaults."""
+        if self.smoke is None and not self.smoke_planned:
+            return {"compiled": not self.short, "graphs": not self.cpu, "batch_graphs": not self.cpu,
+                    "compile_dir": self.compile_dir, "why": ""}
+        return gpu_report.fallback(self.smoke, self.cpu, compile_off=self.short)
+
+
+def grace_of(step: Step, seconds: float) -> float:
+    """Seconds between a step's SIGTERM and its SIGKILL, out of the `seconds` it was given."""
+    return min(step.grace_s, seconds / 3)
+
+
+def step_command(name: str, ctx: Context, seconds: float) -> list[str]:
+    """The command of step `name`, given what the smoke found; `seconds` is the step's limit (the
+    fleet keeps within it by itself, ending before its SIGTERM, and writes what it has)."""
+    cpu, work, fb = ctx.cpu, ctx.work, ctx.fallback()
+    device = ["--device", ctx.device, "--weights", ctx.weights]
+    cache = ["--compile-cache-dir", ctx.compile_dir] if ctx.compile_dir else []
+    if name == "smoke":  # serve's own batch bound (its GPU default): the batch family is the batch step's
+        return [PY, "-m", "loadtest.bench.gpu_smoke", "--json", str(ctx.out / "smoke.json"), *device, *cache,
+                "--artifacts-out", str(ctx.out / gpu_report.ARTIFACTS.format(step="smoke")),
+                *(["--artifacts-in", str(ctx.artifacts_in)] if ctx.artifacts_in else []),
+                *(["--compile", "off"] if ctx.short else [])]
+    if name in ("batch", "arithmetic"):
+        batches = ("2" if ctx.short else "2,4") if cpu else "8,32"
+        command = [PY, "-m", "api.cli", "bench", *device, *cache, "--modes", "auto", "--batch", batches,
+                   "--batch-phonemes", "40" if cpu else "120", "--repeats", "2" if cpu else "3",
+                   "--json", str(work / f"{name}.json")]
+        if cpu:
+            command.append("--no-fused")  # the fused CPU kernels' compile: half a minute here, none on a GPU
+        if name == "arithmetic":  # eager: each arithmetic would be a compile of its own (TF32 is in the guards)
+            return command + ["--compiled", "off", "--cuda-graphs", "off",
+                              "--stage2", "exact,exact-nondeterministic,fast"]
+        return command + ["--lone", "30" if cpu else "60", "--lone-runs", "5" if cpu else "20",
+                          "--artifacts-out", str(ctx.out / gpu_report.ARTIFACTS.format(step="batch")),
+                          "--compiled", "on" if fb["compiled"] else "off",
+                          "--cuda-graphs", "on" if fb["graphs"] else "off",
+                          "--batch-graphs", "on" if fb["batch_graphs"] else "off"]
+    if name == "fleet":
+        bundle = str(ctx.fleet_bundle) if ctx.fleet_bundle else "none"
+        command = [PY, "-m", "loadtest.gpu_fleet", "--bundle", bundle, "--out", str(work / "fleet"), *device,
+                   "--budget-s", str(int(seconds - grace_of(steps_for(ctx)["fleet"], seconds))),
+                   "--stop-reserve-s", "8" if cpu else "15",
+                   *(["--compile-cache-dir", fb["compile_dir"]] if fb["compile_dir"] else []),
+                   "--compile" if fb["compiled"] else "--no-compile",
+                   "--cuda-graphs" if fb["graphs"] else "--no-cuda-graphs"]
+        if cpu:  # tiny on 2 shared cores: a few clients, one-sentence texts
+            return command + ["--workers", "1" if ctx.short else "2", "--mps", "off", "--levels",
+                              "1" if ctx.short else "1,2,4", "--duration", "3" if ctx.short else "5", "--texts", "short"]
+        return command + ["--levels", "1,128,256", "--duration", "15"]
+    if name == "tests":  # the compiled tests batch: without the batch family in the cache they would compile it
+        compiled = fb["compiled"] and ctx.batch_family_ok is not False
+        return [PY, "-m", "pytest", "tests/unit/test_engine_gpu.py", "-v", "-p", "no:cacheprovider",
+                f"--junitxml={work / 'tests.xml'}", *([] if compiled else ["-k", "not compiled"])]
+    if name == "startup":
+        return [PY, "-m", "loadtest.bench.gpu_smoke", "--together", "2" if cpu else "8", "--json",
+                str(work / "startup.json"), *device,
+                *(["--compile-cache-dir", fb["compile_dir"]] if fb["compile_dir"] else []),
+                "--compile", "on" if fb["compiled"] else "off", "--cuda-graphs", "on" if fb["graphs"] else "off"]
+    if name == "faults":
+        return [PY, "-m", "loadtest.bench.gpu_faults", "--json", str(ctx.out / "faults.json"), "--replicas", "3",
+                "--seconds", "8", "--ready-timeout", "90" if cpu else "45",  # three replicas' imports on 2 cores
+                *(["--device", "cpu", "--weights", ctx.weights, "--parts", "mps"] if cpu else [])]
+    if name == "check":
+        return [PY, "-m", "loadtest.bench.gpu_parity", "--json", str(work / "check.json"), "--sizes",
+                "30,60,120,250,400,510", "--modes", "fp32,bf16,fp16", "--repeats", "4"]
+    if name == "replicas":
+        return [PY, "-m", "loadtest.bench.replica_sweep", "--counts", ctx.replica_counts, "--seconds", "5",
+                "--mps", ctx.mps, "--ready-timeout", "120", "--json", str(work / "replicas.json"),
+                *(["--device", "cpu", "--weights", ctx.weights] if cpu else [])]
+    raise ValueError(f"no step {name!r}: one of {', '.join(STEPS)}")
+
+
+def step_environment(ctx: Context) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    if ctx.rehearsal:
+        # dynamo traces, guards and counts as on the GPU; inductor's C++ compile would take minutes here
+        env["TORCH_COMPILE_OVERRIDE_BACKENDS"] = ">=0:eager"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        # one thread a process: two OpenMP threads per process on 2 cores shared with other jobs
+        # spun against each other (a tiny 30-phoneme chunk took 14-19 s, against 1.2 s with one)
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+# --- time: what runs, by priority ---------------------------------------------------------------------
+
+
+def allot(steps: list[Step], left_s: float) -> dict[str, float]:
+    """Seconds for each of `steps` (those still to run) out of `left_s`; a step absent is cut. By
+    priority, each gets its limit, or what the steps before it in priority left if that reaches its
+    floor; optional steps only what all the others leave."""
+    given: dict[str, float] = {}
+    ranked = sorted((s for s in steps if not s.optional), key=lambda s: s.priority)
+    for step in ranked + [s for s in steps if s.optional]:
+        rest = left_s - sum(given.values())
+        if rest >= step.floor_s and rest > 0:
+            given[step.name] = min(step.limit_s, rest)
+    return given
+
+
+# --- running a step -------------------------------------------------------------------------------------
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the harness."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 class Harness:
-    def __init__(self, out: Path, budget_s: float):
-        self.out = out
-        self.deadline = time.monotonic() + budget_s
-        self.log = open(out / "harness.log", "a", encoding="utf-8", buffering=1)
-        self.summary: dict = {"steps": {}, "environment": environment()}
+    def __init__(self, out: Path, work: Path, budget_s: float, on_progress=None):
+        self.out, self.work = out, work
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s
+        self.log = open(out / LOG_NAME, "a", encoding="utf-8", buffering=1)
+        self.logged = 0
+        self.summary: dict = {"budget_s": budget_s, "steps": {}, "environment": environment()}
+        self.on_progress = on_progress or (lambda: None)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
     def say(self, message: str) -> None:
-        line = f"[harness {time.strftime('%H:%M:%S')}] {message}"
-        print(line, flush=True)
-        self.log.write(line + "\n")
+        line = f"[harness {time.monotonic() - self.started:6.1f}s] {message}\n"
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        self.log.write(line)
 
-    def run(self, name: str, command: list[str], cap: float) -> None:
-        left = self.deadline - time.monotonic()
-        if left < 20:
-            self.summary["steps"][name] = {"status": "skipped", "why": "out of time"}
-            self.say(f"{name}: skipped (out of time)")
-            return
-        limit = min(cap, left - 5)
-        command = [part.replace("{budget}", str(int(limit - 10))) for part in command]
-        self.say(f"{name}: {' '.join(command)} (limit {limit:.0f} s)")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def _echo(self, text: str, output) -> None:
+        output.write(text)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if self.logged < LOG_CAP_BYTES:
+            self.log.write(text)
+            self.logged += len(text)
+            if self.logged >= LOG_CAP_BYTES:
+                self.log.write(f"\n[harness] {LOG_NAME} is full: the steps' output goes on in {self.work}\n")
+
+    def run(self, name: str, command: list[str], limit: float, grace: float = 5.0,
+            env: dict[str, str] | None = None) -> dict:
+        """`command` in a process group of its own, for `limit` seconds at most: SIGTERM at `limit -
+        grace`, SIGKILL at `limit`. Its output is read as it comes, never a line at a time (a
+        partial line must not hold the limit up). Returns (and records) its status and seconds."""
         start = time.monotonic()
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                              start_new_session=True) as process:
+        record = self.summary["steps"][name] = {"status": "running", "limit_s": round(limit)}
+        self.say(f"{name}: {' '.join(command)} (limit {limit:.0f} s)")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with open(self.work / f"{name}.log", "w", encoding="utf-8") as output:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
+                                       env=env or {**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
             status = None
             try:
-                for line in _lines_until(process, start + limit):
-                    self.log.write(line)
-                    print(line, end="", flush=True)
-            except TimeoutError:
-                os.killpg(process.pid, 9)
-                status = "timed out"
-            rc = process.wait()
-        quit_stray_mps()
-        status = status or ("ok" if rc == 0 else f"failed (rc {rc})")
-        self.summary["steps"][name] = {"status": status, "seconds": round(time.monotonic() - start, 1)}
-        self.say(f"{name}: {status} in {time.monotonic() - start:.0f} s")
+                status = self._follow(process, output, decoder, start + limit - grace, start + limit)
+            except Stopped as stop:
+                status = f"stopped by signal {stop.signum}"
+                raise
+            finally:
+                # what is left of the group (all of it, when stopped): children it left behind too
+                _stop_group(process, grace=0 if status == "timed out" else min(grace, 10.0))
+                process.stdout.close()
+                quit_stray_mps()
+                if status is None:
+                    status = "ok" if process.returncode == 0 else f"failed (rc {process.returncode})"
+                record.update(status=status, seconds=round(time.monotonic() - start, 1))
+                self.say(f"{name}: {status} in {record['seconds']:.0f} s")
+        return record
+
+    def _follow(self, process: subprocess.Popen, output, decoder, term_at: float, kill_at: float) -> str | None:
+        fd = process.stdout.fileno()
+        os.set_blocking(fd, False)
+        timed_out = False
+        next_refresh = time.monotonic() + REFRESH_S
+        while True:
+            now = time.monotonic()
+            if now >= kill_at:
+                return "timed out"
+            if now >= term_at and not timed_out:
+                timed_out = True
+                self.say(f"{kill_at - now:.0f} s before its limit: SIGTERM to the step's process group")
+                _signal_group(process, signal.SIGTERM)
+            if now >= next_refresh:
+                self.on_progress()
+                next_refresh = now + REFRESH_S
+            wait = min((term_at if not timed_out else kill_at) - now, next_refresh - now, 1.0)
+            ready, _, _ = select.select([fd], [], [], max(0.0, wait))
+            data = b""
+            if ready:
+                with contextlib.suppress(BlockingIOError):
+                    data = os.read(fd, 1 << 16)
+                if data:
+                    self._echo(decoder.decode(data), output)
+                    continue
+            if process.poll() is not None and (not ready or not data):
+                # exited: drain what is left (a grandchild holding the pipe must not hold us here)
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while data := os.read(fd, 1 << 16):
+                        self._echo(decoder.decode(data), output)
+                self._echo(decoder.decode(b"", final=True), output)
+                return "timed out" if timed_out else None
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+def _stop_group(process: subprocess.Popen, grace: float) -> None:
+    """The step's whole process group: SIGTERM, `grace` seconds for its leader, then SIGKILL to
+    whatever is left of the group (children it left behind too)."""
+    if process.poll() is None and grace > 0:
+        _signal_group(process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+    _signal_group(process, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)
 
 
 def quit_stray_mps() -> None:
@@ -140,29 +382,13 @@ def quit_stray_mps() -> None:
                            env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe})
 
 
-def _lines_until(process: subprocess.Popen, deadline: float):
-    """The process's output lines; TimeoutError once the deadline passes (a silent hang too)."""
-    import selectors
-
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        if selector.select(timeout=min(left, 5.0)):
-            line = process.stdout.readline()
-            if not line:
-                return
-            yield line
-        elif process.poll() is not None:
-            return
-
-
 def environment() -> dict:
     """The machine, read without opening a CUDA context here: the harness would hold one through
     every step (memory the replica sweep counts, and a client outside the MPS daemon it starts)."""
-    info = {"python": sys.version.split()[0]}
+    import platform
+
+    info = {"python": sys.version.split()[0], "host_cpu": _cpu_model(), "cores": os.cpu_count(),
+            "machine": platform.machine()}
     try:
         import torch
 
@@ -176,169 +402,133 @@ def environment() -> dict:
     return info
 
 
-# --- the report --------------------------------------------------------------------------------------
-
-
-def _read(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def collect(work: Path, summary: dict) -> dict:
-    figures = dict(summary)
-    for name, file in (("check", "check.json"), ("bench", "check.json.bench.json"), ("batch", "batch.json"),
-                       ("batch_fast", "batch_fast.json"), ("startup", "startup.json"),
-                       ("replicas", "replicas.json"), ("fleet", "fleet/gpu_fleet.json"), ("faults", "faults.json")):
-        value = _read(work / file)
-        if value is not None:
-            figures[name] = value
+def _cpu_model() -> str | None:
     with contextlib.suppress(OSError):
-        figures["fleet_markdown"] = (work / "fleet" / "gpu_fleet.md").read_text(encoding="utf-8")
-    tests = work / "tests.xml"
-    if tests.exists():
-        import xml.etree.ElementTree as ET
-
-        suite = ET.parse(tests).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        figures["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    return figures
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
-def markdown(figures: dict) -> str:
-    env = figures["environment"]
-    lines = [f"# GPU harness: {env.get('gpu') or 'no GPU'}", "",
-             f"torch {env.get('torch')}, python {env.get('python')}; {env.get('nvidia_smi', '')}", "",
-             "| step | status | seconds |", "|---|---|---|"]
-    lines += [f"| {n} | {s['status']} | {s.get('seconds', '-')} |" for n, s in figures["steps"].items()]
-    if "tests" in figures:
-        t = figures["tests"]
-        lines += ["", f"tests/unit/test_engine_gpu.py: {t['tests']} tests, {t['failures']} failed, "
-                      f"{t['errors']} errors, {t['skipped']} skipped"]
-    check = figures.get("check")
-    if check:
-        lines += ["", "## Parity (full-size random weights)", "", "| check | tokens | result |", "|---|---|---|"]
-        from loadtest.bench.gpu_parity import PADDING_BOUND_DB, PRECISION_BOUND_DB
-
-        for row in check.get("parity", []):
-            lines.append(f"| graphed vs eager fp32 | {row['tokens']} | replays the padded eager run exactly "
-                         f"{row['replays_padded_eager_exactly']}; against the unpadded run durations equal "
-                         f"{row['durations_equal']}, log-spectral distance {row['lsd_db']:.3f} dB (bound "
-                         f"{PADDING_BOUND_DB}), SNR {row['snr_db']:.1f} dB |")
-        for row in check.get("precision", []):
-            lines.append(f"| {row['dtype']} graphed vs fp32 eager | {row['tokens']} | durations within 1 frame "
-                         f"{row['durations_within_1']:.1%}, log-spectral distance {row['lsd_db']:.2f} dB (bound "
-                         f"{PRECISION_BOUND_DB}) |")
-        if "noise_reproducible" in check:
-            lines.append(f"| noise on, same input twice | 40 | identical {check['noise_reproducible']} |")
-        lines += ["", "| dtype | capture s | graphs MiB | stage-1 / stage-2 graphs |", "|---|---|---|---|"]
-        for dtype, c in check.get("capture", {}).items():
-            lines.append(f"| {dtype} | " + ("FAILED | - | - |" if c is None else
-                                            f"{c['seconds']:.1f} | {c['mib']:.0f} | {c['stage1_graphs']} / {c['stage2_graphs']} |"))
-        if check.get("failures"):
-            lines += ["", "FAILED: " + "; ".join(check["failures"])]
-    bench = figures.get("bench")
-    if bench:
-        lines += ["", "## Engine: one chunk at a time (kokoro-fleet bench --device cuda)", "",
-                  "| phonemes | audio s | contender | p50 ms | p95 ms | audio-s/s (x real time) |", "|---|---|---|---|---|---|"]
-        for size, by_name in bench["results"].items():
-            for name, r in by_name.items():
-                lines.append(f"| {size} | {r['audio_s']:.2f} | {name} | {1000 * r['p50_s']:.1f} | {1000 * r['p95_s']:.1f} | "
-                             f"{r['audio_s_per_s']:.0f} |")
-        peak = bench["meta"].get("peak_memory_bytes", {})
-        if peak:
-            lines += ["", "Peak GPU memory per engine (torch allocator; the CUDA context adds ~500 MiB): "
-                      + ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in peak.items())]
-    for key in ("batch", "batch_fast"):
-        if figures.get(key):
-            lines += batch_markdown(figures[key])
-    startup = figures.get("startup")
-    if startup:
-        lines += ["", f"## Start-up: {startup['workers']} compiled engines together, then one alone", "",
-                  "| engine | compiled or loaded | compile s | waited s | ready s | reserved MiB |", "|---|---|---|---|---|---|"]
-        rows = [(f"together #{k}", r) for k, r in enumerate(startup["together"])] + [("alone, warm", startup["alone_warm"])]
-        for name, r in rows:
-            lines.append(f"| {name} | FAILED | - | - | - | - |" if r is None else
-                         f"| {name} | {'loaded' if r['loaded'] else 'compiled'} | {r['compile_s']:.1f} | "
-                         f"{r['waited_s']:.1f} | {r['ready_s']:.1f} | {r['reserved_mib']:.0f} |")
-    replicas = figures.get("replicas")
-    if replicas:
-        from loadtest.bench.replica_sweep import markdown as replica_table
-
-        lines += ["", "## Replicas: N engine processes on one GPU (bf16, CUDA graphs, chunk mix "
-                      f"{replicas[0].get('chunk_mix')} phonemes)", "", replica_table(replicas)]
-    if figures.get("faults"):
-        from loadtest.bench.gpu_faults import markdown as faults_markdown
-
-        lines += ["", "## Faults: out of memory in a pass, a replica SIGKILLed under MPS", "",
-                  faults_markdown(figures["faults"])]
-    if figures.get("fleet_markdown"):
-        lines += ["", "## The whole fleet (kokoro-fleet serve --workers 8, random full-size weights)", "",
-                  figures["fleet_markdown"]]
-    return "\n".join(lines) + "\n"
+# --- the call ---------------------------------------------------------------------------------------------
 
 
-def batch_markdown(batch: dict) -> list[str]:
-    meta = batch["meta"]
-    compiled = meta.get("compiled") or {}
-    lines = ["", f"## Batched forward pass ({meta['dtype']}, chunks of about {meta['batch_phonemes']} phonemes, "
-                 f"{meta.get('gpu')}, stage 2 {meta.get('stage2')})", "",
-             "| batch | audio-s/s eager | audio-s/s compiled+graphs | compiled p50 ms | audio-s/s one by one | "
-             "speed-up |", "|---|---|---|---|---|---|"]
-    for size, r in batch["batch"].items():
-        c = r.get("compiled", {})
-        lines.append(f"| {size} | {r['batched']['audio_s_per_s']:.0f} | {c.get('audio_s_per_s', float('nan')):.0f} | "
-                     f"{1000 * c.get('latency_p50_s', float('nan')):.1f} | {r['one_by_one']['audio_s_per_s']:.0f} | "
-                     f"{r['speedup']:.2f}x |")
-    if compiled:
-        graphs = compiled.get("batch_graphs") or {}
-        lines += ["", f"Compiled passes {'loaded' if compiled['loaded'] else 'compiled'} in {compiled['seconds']:.1f} s; "
-                      f"{graphs.get('count', 0)} batch graphs, {graphs.get('mib', 0):.0f} MiB allocated, "
-                      f"{graphs.get('reserved_mib', 0):.0f} MiB reserved in all"]
-    return lines
+def run_call(ctx: Context, names: list[str], budget_s: float) -> int:
+    """Run the steps `names` in order within `budget_s`; the report is rewritten as figures come."""
+    harness = Harness(ctx.out, ctx.work, budget_s)
+    table = steps_for(ctx)
+    summary = harness.summary
+    summary.update({"call": names, "rehearsal": "cpu" + (" short" if ctx.short else "") if ctx.rehearsal else None,
+                    "work": str(ctx.work)})
 
+    def write_report() -> None:
+        gpu_report.write(ctx.out, ctx.work, summary)
 
-# The steps' own logs worth keeping beside the report: the fleet's holds the serve log's head, tail
-# and start-up lines, the only record of where a slow start or a failure went; the faults step's
-# figures hold the MPS daemon's log tails.
-KEPT_LOGS = {"fleet/gpu_fleet.log": "fleet.log", "fleet/gpu_fleet.md": "fleet.md", "faults.json": "faults.json"}
+    harness.on_progress = write_report
+    harness.say(f"environment: {json.dumps(summary['environment'])}")
+    harness.say("plan: " + ", ".join(f"{n} ({table[n].limit_s:.0f} s, priority {table[n].priority}"
+                                      + (", if time is left" if table[n].optional else "") + ")" for n in names)
+                + f"; budget {budget_s:.0f} s")
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
+    def stop(signum, frame):
+        for sig in previous:  # one stop: what follows (stopping the step, the report) must not be cut short
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
 
-def keep_logs(work: Path, out: Path) -> None:
-    for source, name in KEPT_LOGS.items():
-        if (work / source).is_file():
-            shutil.copyfile(work / source, out / name)
+    for sig in previous:
+        signal.signal(sig, stop)
+    try:
+        for k, name in enumerate(names):
+            step = table[name]
+            given = allot([table[n] for n in names[k:]], harness.left() - END_RESERVE_S)
+            if name == "fleet" and not ctx.rehearsal and not (ctx.fleet_bundle and ctx.fleet_bundle.is_dir()):
+                summary["steps"][name] = {"status": "skipped", "why": f"no fleet bundle at {ctx.fleet_bundle}"}
+                harness.say(f"{name}: skipped (no fleet bundle)")
+            elif name not in given:
+                why = (f"cut: {max(0.0, harness.left()):.0f} s left" if step.optional else
+                       f"cut: {max(0.0, harness.left()):.0f} s left, kept for steps of higher priority")
+                summary["steps"][name] = {"status": "skipped", "why": why}
+                harness.say(f"{name}: {why}")
+            else:
+                if name != "smoke" and ctx.smoke is None:
+                    ctx.smoke = gpu_report.read_json(ctx.out / "smoke.json")
+                fb = ctx.fallback()
+                if name in ("batch", "fleet", "tests", "startup") and fb["why"]:
+                    harness.say(f"{name}: {fb['why']}")
+                harness.run(name, step_command(name, ctx, given[name]), given[name],
+                            grace_of(step, given[name]), env=step_environment(ctx))
+                if name == "smoke":
+                    ctx.smoke = gpu_report.read_json(ctx.out / "smoke.json")
+                if name == "batch" and fb["compiled"]:
+                    record = ((gpu_report.read_json(ctx.work / "batch.json") or {}).get("meta") or {}).get("compiled")
+                    ctx.batch_family_ok = bool(record) and not record.get("error")
+                    if not ctx.batch_family_ok:
+                        harness.say("batch: its compiled engine never got ready: the tests leave the compiled ones out")
+                if name != "smoke" and fb["why"]:
+                    summary["steps"][name]["fallback"] = fb["why"]
+            write_report()
+    except Stopped as stop_signal:
+        summary["stopped"] = f"signal {stop_signal.signum}"
+        for name in names:
+            summary["steps"].setdefault(name, {"status": "not run", "why": f"harness stopped by signal {stop_signal.signum}"})
+        harness.say(f"stopped by signal {stop_signal.signum}: every step's process group stopped; writing the report")
+        write_report()
+        return 128 + stop_signal.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    report = gpu_report.write(ctx.out, ctx.work, summary)
+    sys.stdout.write(report)
+    for problem in gpu_report.out_problems(ctx.out):
+        harness.say(f"WARNING: {problem}")
+    return 0 if all(s["status"] in ("ok", "skipped") for s in summary["steps"].values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"), help="where the results go")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for every step together")
-    parser.add_argument("--steps", default="tests,check,replicas,batch,fleet")
+    parser.add_argument("--call", default="first", choices=sorted(CALLS), help="the prepared call's steps")
+    parser.add_argument("--steps", default="", help="these steps instead of the call's, in this order")
+    parser.add_argument("--budget-s", type=float, default=0.0, help="seconds for every step together "
+                        "(default: the call's, first 520, second 170; a rehearsal 575, short 400)")
     parser.add_argument("--fleet-bundle", default=".fleet", help="the carried wheels and packages of the fleet step")
-    parser.add_argument("--replica-counts", default=REPLICA_COUNTS, help="replicas step: the counts to measure")
+    parser.add_argument("--compile-cache-dir", default="", help="the compile cache every step uses "
+                        "(default: the host's, KOKORO_CACHE_DIR/compile/<torch>-<card>; a rehearsal: a fresh one)")
+    parser.add_argument("--compile-artifacts", default="", help="a folder of torch.compiler cache artifacts of an "
+                        "earlier call on the same card and torch (its compile-artifacts-*.bin): the smoke loads them "
+                        "before it compiles")
+    parser.add_argument("--rehearse-cpu", action="store_true", help="the same call on this CPU: tiny weights, "
+                        "no CUDA graphs, no MPS")
+    parser.add_argument("--short", action="store_true",
+                        help="--rehearse-cpu in about a minute: compiled passes off, no optional step")
+    parser.add_argument("--replica-counts", default="1,2,4,8,12,16", help="replicas step: the counts to measure")
     parser.add_argument("--mps", default="both", choices=["off", "on", "both"],
                         help="replicas step: time-sliced (off), under CUDA MPS (on), or both (two start-ups)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kokoro-gpu-"))
-    harness = Harness(out, args.budget_s)
-    harness.say(f"environment: {json.dumps(harness.summary['environment'])}")
-    table = steps(work, Path(args.fleet_bundle), args.replica_counts, args.mps)
-    for name in [s for s in args.steps.split(",") if s]:
-        if name == "fleet" and not Path(args.fleet_bundle).is_dir():
-            harness.summary["steps"][name] = {"status": "skipped", "why": f"no bundle at {args.fleet_bundle}"}
-            continue
-        command, cap = table[name]
-        harness.run(name, command, cap)
-        keep_logs(work, out)
-        figures = collect(work, harness.summary)
-        (out / "gpu_results.json").write_text(json.dumps(figures, indent=2), encoding="utf-8")
-        (out / "gpu_results.md").write_text(markdown(figures), encoding="utf-8")
-    print((out / "gpu_results.md").read_text(encoding="utf-8"))
-    return 0 if all(s["status"] == "ok" for s in harness.summary["steps"].values()) else 1
+    names = [s for s in args.steps.split(",") if s]
+    if not names:  # the call's steps; --short leaves the optional one out
+        names = [n for n in CALLS[args.call] if not (args.short and STEPS[n].optional)]
+    unknown = [n for n in names if n not in STEPS]
+    if unknown:
+        parser.error(f"unknown steps {unknown}: one of {', '.join(STEPS)}")
+    bundle = Path(args.fleet_bundle).resolve()  # the steps run in the repository's root
+    if args.rehearse_cpu and not bundle.is_dir():
+        bundle = None  # this machine's packages
+    ctx = Context(out=out, work=work, fleet_bundle=bundle,
+                  compile_dir=args.compile_cache_dir or None,
+                  artifacts_in=Path(args.compile_artifacts).resolve() if args.compile_artifacts else None,
+                  replica_counts=args.replica_counts, mps=args.mps)
+    ctx.smoke_planned = "smoke" in names
+    if args.rehearse_cpu:
+        ctx.device, ctx.weights, ctx.rehearsal, ctx.short = "cpu", "tiny", True, args.short
+        ctx.compile_dir = ctx.compile_dir or str(work / "compile-cache")
+    budget = args.budget_s or (REHEARSAL_BUDGETS["short" if args.short else "full"] if args.rehearse_cpu
+                               else BUDGETS[args.call])
+    return run_call(ctx, names, budget)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ On CUDA the engine runs stage 2's decoder through torch.compile (inductor) and c
 graphs per (batch bucket, frame bucket); here inductor's C++ backend compiles the same decoder, with
 the same dynamic batch and frame dimensions, launched eagerly. A compiled batch must compute what
 the eager batch computes: durations equal (stage 1 is not compiled), audio within the batch parity
-bound of tests/unit/test_batch.py, for the eager batch and for each item's single run; and a second
-engine on the host must load what the first compiled instead of compiling again.
+bound of tests/unit/test_batch.py, for the eager batch and for each item's single run; a second
+engine on the host must load what the first compiled instead of compiling again; and a CUDA
+replica's start, replayed here (the compile, then the warm-ups its graph captures run), must
+compile each shape family once and never again.
 
-Cost: one compile of the tiny config's batch family, cached across runs in the host's compile cache
-(~/.cache/kokoro-fleet/compile/<torch>-<cpu>), then a load from it; the commit that added this
-file gives the times measured.
+Cost: one compile of the tiny config's single-chunk and batch families, cached across runs in the
+host's compile cache (~/.cache/kokoro-fleet/compile/<torch>-<cpu>), then a load from it; every
+batch here stays within the replay's frame grid, so nothing compiles again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 import torch
 
 from worker.compile_cache import default_compile_cache_dir, shared_compile
-from worker.cuda_graphs import BatchGraphs
+from worker.cuda_graphs import BatchGraphs, CudaGraphs
 from worker.engine import BatchItem, Engine, stage2_arithmetic, use_exact_cuda_arithmetic
 from worker.reference import snr_db
 
@@ -38,22 +40,52 @@ def items_of(weights, lengths, speeds) -> list[BatchItem]:
                       voice[n - 1], speed) for n, speed in zip(lengths, speeds)]
 
 
+# Eight frame buckets (multiples of 8, as the default grid's) within one region of the CPU's own
+# choices, so only what the CUDA path shares can make a recompile here. On the CPU, dynamo guards a
+# graph on choices CUDA does not make: ATen's convolution backend for a batch of one (its native
+# kernel below 20,480 input elements, oneDNN above), the channels-last convolution's layout (33 to
+# 160 frames), inductor's C++ sums over the first upsampling (accumulate helper past 4096 samples):
+# compiled at the warm-up chunk's ~96 frames, a batch of one holds from 64 to 126 frames.
+REPLAY_GRID = (64, 72, 80, 88, 96, 104, 112, 120)
+REPLAY_BATCH_GRAPH_FRAMES = 768  # batch buckets 2, 4 and 8, each over several frame buckets
+
+
 @pytest.fixture(scope="module")
 def compiled_engine(tiny_weights):
-    engine = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8)
-    engine.warmup()
+    """A compiled engine started as a CUDA replica starts, replayed on the CPU: the single-chunk and
+    batch families compiled under the host's compile lock, then, still holding it, the warm-ups that
+    `CudaGraphs.capture` and `BatchGraphs.capture` run before capturing (every frame bucket with the
+    single-chunk graphs' noise views, every batch cell), all counted by dynamo's own counters."""
+    torch._dynamo.reset()  # the first compile of each family here, not a recompile of another model's
+    engine = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8, frame_grid=REPLAY_GRID,
+                    batch_graph_frames=REPLAY_BATCH_GRAPH_FRAMES)
+    engine.compile_passes(("single", "batch"), then=lambda: (CudaGraphs(engine).warm_up(), BatchGraphs(engine).warm_up()))
     return engine
 
 
 @pytest.fixture(scope="module")
 def eager_engine(tiny_weights):
-    return Engine(tiny_weights, "cpu", "fp32", compiled=False, bucketed=True, fused_kernels=False)
+    return Engine(tiny_weights, "cpu", "fp32", compiled=False, bucketed=True, fused_kernels=False,
+                  frame_grid=REPLAY_GRID)
 
 
 @pytest.mark.slow
 @compiles
-@pytest.mark.parametrize("lengths,speeds", [((40, 12, 25), (1.0, 1.3, 0.8)), ((7, 33, 50, 18, 26), (1.0,) * 5)],
-                         ids=["3-items", "5-items"])
+def test_a_cuda_start_replayed_on_the_cpu_compiles_each_family_once(compiled_engine):
+    """One graph per shape family (a batch of one, a batch) over every frame bucket and batch cell
+    the capture warms up, and no recompile: a graph's noise with other strides than the compile's,
+    say, would make dynamo compile the family again in every process, outside the compile lock."""
+    record = compiled_engine.compile_record
+    assert len(BatchGraphs(compiled_engine).cells) >= 20  # what the batch warm-up covered
+    assert record.recompiles == [], record.describe()
+    assert record.dynamo_compiles == 2, record.describe()
+    assert record.error is None and record.seconds > 0
+
+
+@pytest.mark.slow
+@compiles
+@pytest.mark.parametrize("lengths,speeds", [((30, 12, 25), (1.0, 1.3, 0.8)), ((7, 33, 20, 18, 26), (1.0,) * 5)],
+                         ids=["3-items", "5-items"])  # each batch's longest within the grid: no compile here
 def test_compiled_batch_equals_the_eager_batch_and_single_runs(tiny_weights, compiled_engine, eager_engine,
                                                                lengths, speeds):
     items = items_of(tiny_weights, lengths, speeds)
@@ -77,7 +109,8 @@ def test_a_second_engine_loads_what_the_first_compiled(tiny_weights, compiled_en
     engine's come from the host's cache on disk, compiled by nobody."""
     assert compiled_engine.compile_record is not None
     torch._dynamo.reset()
-    second = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8)
+    second = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8, frame_grid=REPLAY_GRID,
+                    batch_graph_frames=REPLAY_BATCH_GRAPH_FRAMES)  # the same configuration, as a host's replicas
     second.warmup()
     record = second.compile_record
     assert record.directory == compiled_engine.compile_record.directory
@@ -96,21 +129,35 @@ def test_the_batch_grid_holds_the_buckets_up_to_the_largest_batch_within_the_mem
     assert grid.durations.shape[0] == 16 and grid.audio.numel() == 600 * max(b * f for b, f in grid.cells)
 
 
-def test_fast_stage2_arithmetic_holds_only_inside_stage2():
-    """TF32 and cudnn.benchmark around stage 2, exact arithmetic again after it (the flags are
-    process-wide and settable without a GPU; this puts them back)."""
+def test_each_stage2_arithmetic_holds_only_inside_stage2():
+    """Three separate effects: `exact` changes nothing; `exact-nondeterministic` allows cuDNN's
+    non-deterministic algorithms and nothing else; `fast` adds TF32 and cudnn.benchmark. Exact
+    arithmetic again after stage 2 (the flags are process-wide and settable without a GPU; this
+    puts them back)."""
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     cuda = torch.device("cuda")
+
+    def now():
+        return {"tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32),
+                "deterministic": torch.backends.cudnn.deterministic, "benchmark": torch.backends.cudnn.benchmark}
+
+    exact = {"tf32": (False, False), "deterministic": True, "benchmark": False}
     try:
         use_exact_cuda_arithmetic()
-        with stage2_arithmetic(cuda, fast=True):
-            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-            assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
-        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-        with stage2_arithmetic(cuda, fast=False):
-            assert not torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.deterministic
+        assert now() == exact
+        with stage2_arithmetic(cuda, "exact"):
+            assert now() == exact
+        with stage2_arithmetic(cuda, "exact-nondeterministic"):
+            assert now() == {**exact, "deterministic": False}
+        assert now() == exact
+        with stage2_arithmetic(cuda, "fast"):
+            assert now() == {"tf32": (True, True), "deterministic": False, "benchmark": True}
+        assert now() == exact
+        with stage2_arithmetic(torch.device("cpu"), "fast"):  # the flags are CUDA's: left alone elsewhere
+            assert now() == exact
+        with pytest.raises(ValueError, match="exact-nondeterministic"), stage2_arithmetic(cuda, "tf32"):
+            pass
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags
@@ -130,31 +177,3 @@ def test_the_compile_cache_is_one_directory_per_torch_and_device_marked_per_conf
     with pytest.raises(RuntimeError), shared_compile(directory, "decode-bf16-batch-noise1-exact"):
         raise RuntimeError("a failed compile")
     assert not (directory / "decode-bf16-batch-noise1-exact.done").exists()  # the next process compiles it
-
-
-def test_the_gpu_report_shows_compiled_batches_beside_eager_ones_and_the_start_up(tmp_path):
-    import json
-
-    from loadtest.bench import gpu_harness
-
-    def by(audio_s_per_s, p50):
-        return {"audio_s_per_s": audio_s_per_s, "latency_p50_s": p50, "audio_s_per_cpu_s": 1.0}
-
-    (tmp_path / "batch.json").write_text(json.dumps({
-        "meta": {"dtype": "bf16", "batch_phonemes": 120, "gpu": "NVIDIA H100 80GB HBM3", "stage2": "exact",
-                 "compiled": {"loaded": True, "seconds": 9.5, "batch_graphs": {"count": 90, "mib": 40.0,
-                                                                            "reserved_mib": 7000.0}}},
-        "batch": {"32": {"batched": by(639.0, 0.4), "compiled": by(2500.0, 0.109), "one_by_one": by(279.0, 1.0),
-                         "speedup": 8.96}}}))
-    (tmp_path / "startup.json").write_text(json.dumps({
-        "workers": 2, "together": [
-            {"loaded": False, "compile_s": 61.0, "waited_s": 0.0, "ready_s": 80.0, "reserved_mib": 5000.0},
-            {"loaded": True, "compile_s": 8.0, "waited_s": 61.0, "ready_s": 90.0, "reserved_mib": 5000.0}],
-        "alone_warm": {"loaded": True, "compile_s": 7.0, "waited_s": 0.0, "ready_s": 18.0, "reserved_mib": 5000.0}}))
-    report = gpu_harness.markdown(gpu_harness.collect(tmp_path, {"steps": {}, "environment": {"gpu": "H100"}}))
-    assert "NVIDIA H100 80GB HBM3, stage 2 exact" in report
-    assert "| 32 | 639 | 2500 | 109.0 | 279 | 8.96x |" in report
-    assert "Compiled passes loaded in 9.5 s; 90 batch graphs, 40 MiB allocated, 7000 MiB reserved" in report
-    assert "| together #0 | compiled | 61.0 | 0.0 | 80.0 | 5000 |" in report
-    assert "| together #1 | loaded | 8.0 | 61.0 | 90.0 | 5000 |" in report
-    assert "| alone, warm | loaded | 7.0 | 0.0 | 18.0 | 5000 |" in report

@@ -92,8 +92,8 @@ def test_reduced_precision_bound_on_cuda(engines, weights):
 
 @pytest.mark.parametrize("noise", [False, True], ids=["noise-off", "noise-on"])
 def test_eager_batch_matches_single_runs_on_cuda(engines, weights, noise):
-    """synthesize_batch on CUDA runs eagerly (no graphs per batch size yet): every item equals its
-    single run. Noise off: the graphed engine's (the batch padded to its token and frame buckets);
+    """synthesize_batch of an uncompiled engine runs eagerly (batch graphs need the compiled
+    decoder): every item equals its single run. Noise off: the graphed engine's (the batch padded to its token and frame buckets);
     noise on: the unbucketed eager engine's (the graphs' noise buffer exists only if the engine was
     built with noise), each item drawing its single run's noise."""
     from worker.engine import BatchItem
@@ -119,15 +119,19 @@ def test_eager_batch_matches_single_runs_on_cuda(engines, weights, noise):
 
 # A batch item against its single run (tests/unit/test_batch.py's bound).
 BATCH_PARITY_DB = 20.0
+# The batch graphs' bound here: batch buckets 2, 4 and 8, the 8-chunk batches up to 512 frames each
+# (the 5-item case below, 120 phonemes its longest, lands in the cell (8, 384)).
+BATCH_GRAPH_FRAMES = 4096
 
 
 @pytest.fixture(scope="module")
 def compiled_engine(weights):
     """What a replica serves with (bf16, noise on, the default frame grid, so it shares the host's
     compile cache with `kokoro-fleet bench`), batches up to 8 on a small batch grid."""
-    engine = Engine(weights, "cuda", "bf16", compiled=True, cuda_graphs=True, max_batch=8, batch_graph_frames=2048)
+    engine = Engine(weights, "cuda", "bf16", compiled=True, cuda_graphs=True, max_batch=8,
+                    batch_graph_frames=BATCH_GRAPH_FRAMES)
     engine.warmup()
-    assert engine.graphs is not None and engine.batch_graphs is not None, "capture failed (see the log)"
+    assert engine.graphs is not None and engine.batch_graphs is not None, engine.capture_errors
     return engine
 
 
@@ -137,6 +141,17 @@ def mixed_items(weights, lengths, speeds=None):
     speeds = speeds or [1.0] * len(lengths)
     return [BatchItem(torch.randint(1, 178, (n,), generator=torch.Generator().manual_seed(n)).tolist(),
                       weights.voices["v"][n - 1], s) for n, s in zip(lengths, speeds)]
+
+
+def test_the_compiled_start_compiles_each_family_once_and_captures_every_graph(compiled_engine):
+    """A batch of one and a batch: two graphs traced by dynamo over the compile, every warm-up and
+    every capture, no recompile (tests/unit/test_compiled_passes.py replays the same on the CPU)."""
+    record = compiled_engine.compile_record
+    assert record.recompiles == [] and record.dynamo_compiles == 2, record.describe()
+    report = compiled_engine.run_report()
+    assert report["device"] == "cuda" and report["compiled"] and report["stage2"] == "exact"
+    for family, graphs in report["graphs"].items():
+        assert graphs["wanted"] and graphs["captured"] > 0 and graphs["error"] is None, (family, graphs)
 
 
 def test_compiled_batch_graphs_cover_their_grid_within_the_bound(compiled_engine):
@@ -152,9 +167,13 @@ def test_compiled_graphed_batch_items_equal_their_single_runs(compiled_engine, w
     """The batch replays a (batch bucket, frame bucket) graph, each single run its own graphs."""
     items = mixed_items(weights, lengths, [1.0 + 0.1 * k for k in range(len(lengths))])
     frames = [int(compiled_engine.synthesize(i.ids, i.style, i.speed).durations.sum()) for i in items]
-    assert compiled_engine.batch_graphs.graphs.get(
-        (next(b for b in (2, 4, 8) if b >= len(items)), compiled_engine._frame_bucket(max(frames)))) is not None
-    for item, got in zip(items, compiled_engine.synthesize_batch(items)):
+    batch_graphs = compiled_engine.batch_graphs
+    cell = (next(b for b in (2, 4, 8) if b >= len(items)), compiled_engine._frame_bucket(max(frames)))
+    assert cell in batch_graphs.graphs, f"{cell} is outside the batch grid (batch x frames <= {BATCH_GRAPH_FRAMES})"
+    replays = batch_graphs.replays
+    batch = compiled_engine.synthesize_batch(items)
+    assert batch_graphs.replays == replays + 1  # the batch replayed its graph
+    for item, got in zip(items, batch):
         alone = compiled_engine.synthesize(item.ids, item.style, item.speed)
         assert np.array_equal(got.durations, alone.durations)
         assert len(got.audio) == len(alone.audio)
@@ -164,7 +183,10 @@ def test_compiled_graphed_batch_items_equal_their_single_runs(compiled_engine, w
 def test_compiled_batch_beyond_the_grid_still_runs(compiled_engine, weights):
     """Nine items: past the largest batch bucket, so stage 2 runs compiled, launched eagerly."""
     items = mixed_items(weights, [30 + 5 * k for k in range(9)])
-    for item, got in zip(items, compiled_engine.synthesize_batch(items)):
+    beyond = compiled_engine.batch_graphs.beyond_grid
+    batch = compiled_engine.synthesize_batch(items)
+    assert compiled_engine.batch_graphs.beyond_grid == beyond + 1
+    for item, got in zip(items, batch):
         alone = compiled_engine.synthesize(item.ids, item.style, item.speed)
         assert np.array_equal(got.durations, alone.durations)
         assert snr_db(alone.audio, got.audio) >= BATCH_PARITY_DB

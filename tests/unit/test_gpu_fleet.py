@@ -112,3 +112,18 @@ def test_each_level_reports_its_refusals_per_second_and_redis_cpu_and_bytes(tmp_
     md = (tmp_path / gpu_fleet.OUT_MD).read_text()
     assert "| 503/s | Retry-After p50/p95 ms | Redis CPU % of a core | Redis in/out MB/s |" in md
     assert md.rstrip().endswith("| 20.0 | 400/1200 | 25 | 3.0/12.0 |")
+
+
+def test_how_the_replicas_started_is_read_from_serves_log():
+    """Each engine's compile record (worker/compile_cache.py), a failed capture, and serve's replica
+    plan (api/gpu_sharing.py: without MPS one batching replica, the other workers fronts), so the
+    fleet's figures say how they ran and the memory per replica divides by the replicas there are."""
+    log = ("INFO kokoro_fleet.serve: replicas: 1 of 8 workers, batches of up to 16 chunks, the other workers HTTP "
+           "fronts: without MPS the GPU time-slices\n"
+           "INFO kokoro_fleet.compile_cache: pid 3: compiled passes compiled in 61.0 s (1 graphs compiled, 0 loaded)\n"
+           "INFO kokoro_fleet.compile_cache: pid 4: compiled passes loaded from the host's cache in 9.1 s\n"
+           "ERROR kokoro_fleet.engine: CUDA graph capture of batches failed; batches run without graphs\n")
+    assert gpu_fleet.engines_in_log(log) == {"replicas": 1, "batch_max": 16, "compiled": 1, "loaded": 1,
+                                             "compile_failed": 0, "capture_failed": 1, "recompile_lines": 0}
+    sentence = gpu_fleet.markdown({"engines": gpu_fleet.engines_in_log(log), "meta": {"compile": True}})
+    assert "serve's plan: 1 replicas, batches of up to 16 chunks" in sentence and "1 captures failed" in sentence

@@ -386,30 +386,48 @@ def _styled_leaky_relu_f32(x, scale, shift, slope: float):
 
 
 class _Kernels:
+    """The elementwise kernels a thread's syntheses call: eager or fused, chosen per thread, so a
+    replica can serve with the eager ones in its inference thread while another thread compiles
+    the fused ones (worker/engine.py, `Engine.compile_kernels`)."""
+
     def __init__(self):
         self._fused: tuple | None = None
+        self._eager = (_stats, _styled_snake, _styled_leaky_relu, _styled_snake_int8, _int8_output)
+        self._choice = threading.local()
         self.broken = False
-        self.use_eager()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the calling thread runs the fused kernels."""
+        return getattr(self._choice, "compiled", False) and not self.broken
+
+    def _current(self) -> tuple:
+        if torch.compiler.is_compiling():  # traced into a compiled pass: inductor fuses these itself
+            return self._eager
+        return self._fused if self.compiled else self._eager
+
+    stats = property(lambda self: self._current()[0])
+    snake = property(lambda self: self._current()[1])
+    leaky_relu = property(lambda self: self._current()[2])
+    snake_int8 = property(lambda self: self._current()[3])
+    int8_output = property(lambda self: self._current()[4])
 
     def use_eager(self) -> None:
-        self.compiled = False
-        self.stats, self.snake, self.leaky_relu = _stats, _styled_snake, _styled_leaky_relu
-        self.snake_int8, self.int8_output = _styled_snake_int8, _int8_output
+        self._choice.compiled = False
 
     def use_compiled(self) -> None:
-        if self.compiled or self.broken:
+        if self.broken:
             return
         if self._fused is None:  # built once; switching back and forth costs nothing
             self._fused = (self._compiled(_stats, "stats"), self._compiled(_styled_snake_f32, "snake"),
                            self._compiled(_styled_leaky_relu_f32, "leaky_relu"),
                            self._compiled(_styled_snake_int8, "snake_int8"),
                            self._compiled(_int8_output, "int8_output"))
-        self.stats, self.snake, self.leaky_relu, self.snake_int8, self.int8_output = self._fused
-        self.compiled = True
+        self._choice.compiled = True
 
     def _compiled(self, fn, name: str):
         """torch.compile'd fn; if compiling fails (no C++ compiler, say), every kernel goes back
-        to eager for good, with one warning, instead of failing the synthesis."""
+        to eager for good, in every thread, with one warning, instead of failing the synthesis."""
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
         def call(*args):
@@ -427,7 +445,6 @@ class _Kernels:
             except Exception as error:  # noqa: BLE001 - any compiler failure means: run eagerly
                 warnings.warn(f"fused kernels unavailable ({type(error).__name__}: {error}); running eagerly")
                 self.broken = True
-                self.use_eager()
                 return getattr(_EAGER, name)(*args)
 
         return call
@@ -442,9 +459,9 @@ kernels = _Kernels()
 
 
 def use_compiled_kernels(enabled: bool = True) -> None:
-    """Process-wide: fused (torch.compile) elementwise kernels for eager runs on CPU (each Engine
-    sets its choice before each synthesis).
-    The first call of each costs a compile (about half a minute; cached on disk afterwards)."""
+    """For the calling thread: fused (torch.compile) elementwise kernels for eager runs on CPU (each
+    Engine sets its choice before each synthesis).
+    The first call of each costs a compile (half a minute or more; cached on disk afterwards)."""
     kernels.use_compiled() if enabled else kernels.use_eager()
 
 
