@@ -228,6 +228,9 @@ def _align(t: str, r: str, by_words: bool = False, local: bool = False) -> list[
     too. A word in `r` where `t` has none maps to the whole of `t`, or, `local`, to the words
     around it."""
     n, m = len(t), len(r)
+    if not (by_words or local) and n and m and t[0] != r[0] and t[-1] != r[-1] and not t.isspace():
+        at = t.find(r)  # shares no end with its match (most readings): in it, or all of it
+        return [(m, True, at, at + m)] if at >= 0 and _WORD_CHAR.search(r) else [(m, False, 0, n)]
     limit = min(n, m)
     p = 0
     while p < limit and t[p] == r[p]:
