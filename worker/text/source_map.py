@@ -29,14 +29,13 @@ from __future__ import annotations
 import functools
 import re
 from difflib import SequenceMatcher
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, NamedTuple
 
-# Tokens a replacement and its match are compared by: a run of word characters, except that every
-# Chinese or Japanese character is a token alone (those scripts write no spaces between words).
+# Tokens a replacement and its match are compared by: a run of word characters (every Chinese or
+# Japanese character alone: those scripts write no spaces between words) or a sign, which anchors a
+# rewrite too ("0%，0个" -> "百分之零，零个"; a heading's "# &" -> "&.").
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff66-\uff9f"
-_ALIGN_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
-# In a whole text rewritten in places, its punctuation anchors the rewrites too ("0%，0个" -> "百分之零，零个").
-_ALIGN_TOKEN_OR_SIGN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
+_ALIGN_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
 _WORD_CHAR = re.compile(r"\w")
 
 
@@ -75,32 +74,17 @@ class MappedText:
         stop = max(start, stop)
         return MappedText(self.text[start:stop], self.starts[start:stop], self.ends[start:stop], self._point(start))
 
-    def __add__(self, other: "MappedText | str") -> "MappedText":
-        return MappedText.join([self, other])
-
     @staticmethod
-    def join(pieces: Iterable["MappedText | str"]) -> "MappedText":
-        """The pieces one after another; a plain string among them maps to where it stands."""
-        pieces = list(pieces)
-        if not any(isinstance(p, str) for p in pieces) and len(pieces) == 1:
+    def join(pieces: list["MappedText"]) -> "MappedText":
+        """The pieces one after another (each keeps its map)."""
+        if len(pieces) == 1:
             return pieces[0]
-        texts: list[str] = []
         starts: list[int] = []
         ends: list[int] = []
-        anchor = None
-        for i, piece in enumerate(pieces):
-            if isinstance(piece, str):
-                point = ends[-1] if ends else next((p._point(0) for p in pieces[i + 1:] if isinstance(p, MappedText)), 0)
-                starts += [point] * len(piece)
-                ends += [point] * len(piece)
-                texts.append(piece)
-                continue
-            if anchor is None:
-                anchor = piece.anchor
-            texts.append(piece.text)
+        for piece in pieces:
             starts += piece.starts
             ends += piece.ends
-        return MappedText("".join(texts), starts, ends, anchor or 0)
+        return MappedText("".join(p.text for p in pieces), starts, ends, pieces[0].anchor if pieces else 0)
 
     def _point(self, i: int) -> int:
         """The source offset of the boundary before character `i` (0 <= i <= len)."""
@@ -117,23 +101,26 @@ class MappedText:
 
     # --- rewriting ------------------------------------------------------------------------------
 
-    def sub(self, pattern: re.Pattern | str, repl: Callable[[re.Match], "str | MappedText | Reading"] | str,
+    def sub(self, pattern: re.Pattern | str, repl: Callable[[re.Match], "str | Reading"] | str,
             count: int = 0, by_words: bool = False) -> "MappedText":
-        """`pattern.sub(repl, text)`, mapped: `repl` may also return a `Reading` or a MappedText
-        (already mapped: pieces of this text). `by_words`: the words a replacement keeps of its
-        match map to themselves wherever they stand (markup unwrapping them), not only at its ends."""
+        """`pattern.sub(repl, text)`, mapped: `repl` may also return a `Reading`. `by_words`: the
+        words a replacement keeps of its match map to themselves wherever they stand (markup
+        unwrapping them), not only at its ends."""
         if isinstance(pattern, str):
             pattern = re.compile(pattern)
         if not callable(repl):
             repl = _template(repl)
-        edits: list[tuple[int, int, str | MappedText | Reading]] = []
+        edits: list[tuple[int, int, str | tuple[Reading, tuple[int, int]]]] = []
 
         def record(m: re.Match) -> str:
             r = repl(m)
-            said = r if isinstance(r, str) else r.text
-            if said != m.group(0):
-                edits.append((m.start(), m.end(), r if not isinstance(r, Reading) else (r, m.span(r.group))))
-            return said
+            if type(r) is str:
+                if r != m.group(0):
+                    edits.append((m.start(), m.end(), r))
+                return r
+            if r.text != m.group(0):
+                edits.append((m.start(), m.end(), (r, m.span(r.group))))
+            return r.text
 
         rewritten = pattern.sub(record, self.text, count)
         return self.edited(edits, rewritten, by_words) if edits else self
@@ -150,26 +137,39 @@ class MappedText:
 
     def edited(self, edits: list, rewritten: str | None = None, by_words: bool = False) -> "MappedText":
         """This text with `edits` made: (start, end, replacement) in order, not overlapping; a
-        replacement is a string, a MappedText, or (Reading, (group start, group end)). `rewritten`:
-        the resulting text, when the caller has it already (`sub`)."""
-        starts, ends = self.starts[:], self.ends[:]
-        for a, b, replacement in reversed(edits):  # from the end: the earlier edits' offsets hold
-            if isinstance(replacement, MappedText):
-                starts[a:b], ends[a:b] = replacement.starts, replacement.ends
-                continue
-            if isinstance(replacement, tuple):
+        replacement is a string, or (Reading, (group start, group end)). `rewritten`:
+        the resulting text, when the caller has it already (`sub`). The map is built in one pass
+        (writing each edit into a copy would move the map's tail once per edit)."""
+        starts: list[int] = []
+        ends: list[int] = []
+        text, last = self.text, 0
+        for a, b, replacement in edits:
+            starts += self.starts[last:a]
+            ends += self.ends[last:a]
+            last = b
+            if type(replacement) is str:
+                said, g0, g1 = replacement, a, b
+            else:
                 (said, _), (g0, g1) = replacement
                 if g1 <= g0:
                     g0, g1 = a, b
-            else:
-                said, g0, g1 = replacement, a, b
-            starts[a:b], ends[a:b] = self._replacement_ranges(g0, g1, said, by_words)
+            n = len(said)
+            if n and g1 > g0 and not by_words:  # what `_align` finds of most readings, found sooner:
+                first = text[g0]                # no end shared, not found in the match, so all of it
+                if said[0] != first and said[-1] != text[g1 - 1] and not first.isspace() and (
+                        n > g1 - g0 or text.find(said, g0, g1) < 0):
+                    starts += [self.starts[g0]] * n
+                    ends += [self.ends[g1 - 1]] * n
+                    continue
+            said_starts, said_ends = self._replacement_ranges(g0, g1, said, by_words)
+            starts += said_starts
+            ends += said_ends
+        starts += self.starts[last:]
+        ends += self.ends[last:]
         if rewritten is None:
             texts, last = [], 0
             for a, b, replacement in edits:
-                said = replacement if isinstance(replacement, str) else (
-                    replacement.text if isinstance(replacement, MappedText) else replacement[0].text)
-                texts += [self.text[last:a], said]
+                texts += [self.text[last:a], replacement if isinstance(replacement, str) else replacement[0].text]
                 last = b
             rewritten = "".join(texts) + self.text[last:]
         return MappedText(rewritten, starts, ends, self._point(0) if not self.text else self.anchor)
@@ -228,9 +228,6 @@ def _align(t: str, r: str, by_words: bool = False, local: bool = False) -> list[
     too. A word in `r` where `t` has none maps to the whole of `t`, or, `local`, to the words
     around it."""
     n, m = len(t), len(r)
-    if not (by_words or local) and n and m and t[0] != r[0] and t[-1] != r[-1] and not t.isspace():
-        at = t.find(r)  # shares no end with its match (most readings): in it, or all of it
-        return [(m, True, at, at + m)] if at >= 0 and _WORD_CHAR.search(r) else [(m, False, 0, n)]
     limit = min(n, m)
     p = 0
     while p < limit and t[p] == r[p]:
@@ -252,7 +249,7 @@ def _align(t: str, r: str, by_words: bool = False, local: bool = False) -> list[
         if _WORD_CHAR.search(rm):
             return _inserted_word(t, r, p, s, local)
         return head + [(len(rm), False, p, n - s)] + tail
-    if _WORD_CHAR.search(rm):  # words: mapped onto the match's own where they are found
+    if by_words or local or _WORD_CHAR.search(rm):  # mapped onto the match's own where they are found
         at = tm.find(rm)
         if at >= 0:
             return head + [(len(rm), True, p + at, p + at + len(rm))] + tail
@@ -296,11 +293,10 @@ def _shared_words(tm: str, rm: str, offset: int, local: bool) -> list[Segment] |
     """The middle of a replacement mapped by the words it shares with the middle of the text it
     replaces; None when they share none; `_INSERTS_WORDS` when the replacement puts a word where the
     text has none (unless `local`: then that word maps to its neighbours)."""
-    tokens = _ALIGN_TOKEN_OR_SIGN if local else _ALIGN_TOKEN
-    t_tokens = [(x.group(0), x.start(), x.end()) for x in tokens.finditer(tm)]
-    if not any(w in rm for w, _, _ in t_tokens):  # most rewrites: digits or signs read as words
+    t_tokens = [(x.group(0), x.start(), x.end()) for x in _ALIGN_TOKEN.finditer(tm)]
+    if not any(w in rm for w, _, _ in t_tokens):  # nothing in common
         return None
-    r_tokens = [(x.group(0), x.start(), x.end()) for x in tokens.finditer(rm)]
+    r_tokens = [(x.group(0), x.start(), x.end()) for x in _ALIGN_TOKEN.finditer(rm)]
     if not {w for w, _, _ in t_tokens}.intersection(w for w, _, _ in r_tokens):
         return None
     matcher = SequenceMatcher(None, [w for w, _, _ in t_tokens], [w for w, _, _ in r_tokens], autojunk=False)
