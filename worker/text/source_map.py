@@ -26,9 +26,10 @@ the words of a text come out in order.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
-from difflib import SequenceMatcher
+from array import array
 from typing import Callable, NamedTuple
 
 # Tokens a replacement and its match are compared by: a run of word characters (every Chinese or
@@ -37,6 +38,28 @@ from typing import Callable, NamedTuple
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff66-\uff9f"
 _ALIGN_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
 _WORD_CHAR = re.compile(r"\w")
+_SIGNS_ADDED = ".,;: "  # what markup puts after the words it keeps (a line's full stop, a cell's comma)
+
+
+def _offsets(values=()) -> array:
+    """Source offsets, one per character, as int64s: a slice of them is copied without touching
+    each one (a list's slice takes a reference to every item, and the map is sliced at every rewrite)."""
+    return array("q", values)
+
+
+def _repeated(offset: int, n: int) -> array:
+    return array("q", (offset,)) * n
+
+
+_COUNT = _offsets(range(8192))  # 0, 1, 2, ...: an input's own offsets are a slice of it
+
+
+def _counting(start: int, stop: int) -> array:
+    """The offsets start, start + 1, ..., stop - 1."""
+    global _COUNT
+    if stop > len(_COUNT):
+        _COUNT = _offsets(range(max(stop, 2 * len(_COUNT))))
+    return _COUNT[start:stop]
 
 
 class Reading(NamedTuple):
@@ -52,7 +75,7 @@ class MappedText:
 
     __slots__ = ("text", "starts", "ends", "anchor")
 
-    def __init__(self, text: str, starts: list[int], ends: list[int], anchor: int = 0):
+    def __init__(self, text: str, starts: array, ends: array, anchor: int = 0):
         self.text = text
         self.starts = starts
         self.ends = ends
@@ -61,7 +84,7 @@ class MappedText:
     @classmethod
     def of(cls, text: str, at: int = 0) -> "MappedText":
         """`text` as the source itself (its characters at offsets `at`, `at` + 1, ...)."""
-        return cls(text, list(range(at, at + len(text))), list(range(at + 1, at + len(text) + 1)), at)
+        return cls(text, _counting(at, at + len(text)), _counting(at + 1, at + len(text) + 1), at)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -79,8 +102,7 @@ class MappedText:
         """The pieces one after another (each keeps its map)."""
         if len(pieces) == 1:
             return pieces[0]
-        starts: list[int] = []
-        ends: list[int] = []
+        starts, ends = _offsets(), _offsets()
         for piece in pieces:
             starts += piece.starts
             ends += piece.ends
@@ -140,8 +162,7 @@ class MappedText:
         replacement is a string, or (Reading, (group start, group end)). `rewritten`:
         the resulting text, when the caller has it already (`sub`). The map is built in one pass
         (writing each edit into a copy would move the map's tail once per edit)."""
-        starts: list[int] = []
-        ends: list[int] = []
+        starts, ends = _offsets(), _offsets()
         text, last = self.text, 0
         for a, b, replacement in edits:
             starts += self.starts[last:a]
@@ -158,8 +179,8 @@ class MappedText:
                 first = text[g0]                # no end shared, not found in the match, so all of it
                 if said[0] != first and said[-1] != text[g1 - 1] and not first.isspace() and (
                         n > g1 - g0 or text.find(said, g0, g1) < 0):
-                    starts += [self.starts[g0]] * n
-                    ends += [self.ends[g1 - 1]] * n
+                    starts += _repeated(self.starts[g0], n)
+                    ends += _repeated(self.ends[g1 - 1], n)
                     continue
             said_starts, said_ends = self._replacement_ranges(g0, g1, said, by_words)
             starts += said_starts
@@ -174,35 +195,34 @@ class MappedText:
             rewritten = "".join(texts) + self.text[last:]
         return MappedText(rewritten, starts, ends, self._point(0) if not self.text else self.anchor)
 
-    def _replacement_ranges(self, g0: int, g1: int, said: str, by_words: bool) -> tuple[list[int], list[int]]:
+    def _replacement_ranges(self, g0: int, g1: int, said: str, by_words: bool) -> tuple[array, array]:
         """The ranges of the characters of `said`, which reads characters [g0, g1) (`_align`)."""
         if not said:
-            return [], []
+            return _offsets(), _offsets()
         if g0 == g1:  # nothing replaced: an insertion between two characters
             if _WORD_CHAR.search(said):  # a word where there was none: the characters around it
                 lo = self.starts[g0 - 1] if g0 > 0 else self._point(g0)
                 hi = self.ends[g0] if g0 < len(self.ends) else self._point(g0)
             else:
                 lo = hi = self._point(g0)
-            return [lo] * len(said), [hi] * len(said)
+            return _repeated(lo, len(said)), _repeated(hi, len(said))
         return self._ranges(_align(self.text[g0:g1], said, by_words), g0)
 
-    def _ranges(self, segments: list["Segment"], offset: int = 0) -> tuple[list[int], list[int]]:
+    def _ranges(self, segments: list["Segment"], offset: int = 0) -> tuple[array, array]:
         """The ranges of a replacement's characters from its `segments` over this text from `offset`."""
-        starts: list[int] = []
-        ends: list[int] = []
+        starts, ends = _offsets(), _offsets()
         for length, verbatim, t0, t1 in segments:
             t0, t1 = t0 + offset, t1 + offset
             if verbatim:
                 starts += self.starts[t0:t1]
                 ends += self.ends[t0:t1]
             elif t1 > t0:
-                starts += [self.starts[t0]] * length
-                ends += [self.ends[t1 - 1]] * length
+                starts += _repeated(self.starts[t0], length)
+                ends += _repeated(self.ends[t1 - 1], length)
             else:
                 point = self._point(t0)
-                starts += [point] * length
-                ends += [point] * length
+                starts += _repeated(point, length)
+                ends += _repeated(point, length)
         return starts, ends
 
     def aligned(self, rewritten: str) -> "MappedText":
@@ -211,7 +231,8 @@ class MappedText:
         if rewritten == self.text:
             return self
         if not self.text:
-            return MappedText(rewritten, [self.anchor] * len(rewritten), [self.anchor] * len(rewritten), self.anchor)
+            anchor = _repeated(self.anchor, len(rewritten))
+            return MappedText(rewritten, anchor, anchor[:], self.anchor)
         return MappedText(rewritten, *self._ranges(_align(self.text, rewritten, local=True)), self.anchor)
 
 
@@ -235,7 +256,7 @@ def _align(t: str, r: str, by_words: bool = False, local: bool = False) -> list[
     s = 0
     while s < limit - p and t[n - 1 - s] == r[m - 1 - s]:
         s += 1
-    if not local:
+    if not (by_words or local):  # markup's ends are its words' own; a reading's may be coincidence
         while p and not (_token_edge(t, p) and _token_edge(r, p)):
             p -= 1
         while s and not (_token_edge(t, n - s) and _token_edge(r, m - s)):
@@ -253,6 +274,11 @@ def _align(t: str, r: str, by_words: bool = False, local: bool = False) -> list[
         at = tm.find(rm)
         if at >= 0:
             return head + [(len(rm), True, p + at, p + at + len(rm))] + tail
+        core = rm.rstrip(_SIGNS_ADDED) if by_words else ""  # markup adding a full stop: "- Bake" -> "Bake."
+        at = tm.find(core) if core and _WORD_CHAR.search(core) else -1
+        if at >= 0:
+            return head + [(len(core), True, p + at, p + at + len(core)),
+                           (len(rm) - len(core), False, p + at + len(core), n - s)] + tail
         middle = _shared_words(tm, rm, p, local) if by_words or local else None
         if middle is _INSERTS_WORDS:
             return [(m, False, 0, n)]
@@ -299,7 +325,6 @@ def _shared_words(tm: str, rm: str, offset: int, local: bool) -> list[Segment] |
     r_tokens = [(x.group(0), x.start(), x.end()) for x in _ALIGN_TOKEN.finditer(rm)]
     if not {w for w, _, _ in t_tokens}.intersection(w for w, _, _ in r_tokens):
         return None
-    matcher = SequenceMatcher(None, [w for w, _, _ in t_tokens], [w for w, _, _ in r_tokens], autojunk=False)
     segments: list[Segment] = []
     inserting: set[int] = set()  # the segments that insert words where the text has none
     t_at = r_at = 0  # how far the segments have covered tm and rm
@@ -328,17 +353,81 @@ def _shared_words(tm: str, rm: str, offset: int, local: bool) -> list[Segment] |
         if trail:
             segments.append((trail, True, offset + t_end - trail, offset + t_end))
 
-    for ti, ri, size in matcher.get_matching_blocks():
-        for k in range(size):
-            _, t0, t1 = t_tokens[ti + k]
-            _, r0, r1 = r_tokens[ri + k]
-            gap(t0, r0)
-            segments.append((r1 - r0, True, offset + t0, offset + t1))
-            t_at, r_at = t1, r1
+    for ti, ri in _token_pairs([w for w, _, _ in t_tokens], [w for w, _, _ in r_tokens], local):
+        _, t0, t1 = t_tokens[ti]
+        _, r0, r1 = r_tokens[ri]
+        gap(t0, r0)
+        segments.append((r1 - r0, True, offset + t0, offset + t1))
+        t_at, r_at = t1, r1
     gap(len(tm), len(rm))
     if not inserting:
         return segments
     return _absorb_inserted_words(segments, inserting) if local else _INSERTS_WORDS
+
+
+def _token_pairs(t_words: list[str], r_words: list[str], local: bool) -> list[tuple[int, int]]:
+    """The tokens two texts share, in order, as (index in t, index in r). Markup keeps its words
+    in their order and drops or adds signs around them: each of the replacement's words is the
+    next one of the text's that is the same (its signs count only where it has no word: "# &" ->
+    "&."). A whole text rewritten in places (`local`) is followed token by token, and past a
+    rewrite picked up again where the two agree once more (`_resync`)."""
+    if local:
+        pairs, i, j = [], 0, 0
+        where: dict[str, list[int]] = {}
+        for k, word in enumerate(r_words):
+            where.setdefault(word, []).append(k)
+        while i < len(t_words) and j < len(r_words):
+            if t_words[i] != r_words[j]:
+                found = _resync(t_words, r_words, i, j, where)
+                if found is None:
+                    break
+                i, j = found
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        return pairs
+    signs = not any(_WORD_CHAR.match(word) for word in r_words)
+    pairs, at = [], 0
+    for ri, word in enumerate(r_words):
+        if signs != (not _WORD_CHAR.match(word)):
+            continue
+        try:
+            ti = t_words.index(word, at)
+        except ValueError:
+            continue
+        pairs.append((ti, ri))
+        at = ti + 1
+    return pairs
+
+
+# How far past a rewrite the two texts are searched for agreeing again: a rewrite reads a few tokens
+# of the text (a number) as up to a few dozen ("123456789" -> "一亿二千三百四十五万六千七百八十九").
+_RESYNC_TEXT_TOKENS = 16
+_RESYNC_READING_TOKENS = 64
+
+
+def _resync(t_words: list[str], r_words: list[str], i: int, j: int, where: dict[str, list[int]]) -> tuple[int, int] | None:
+    """The nearest (i', j') at or past (i, j), within the bounds above, where the texts agree again:
+    on a sign, or on a word and the token after it (or the end of both; a word alone may be one the
+    rewrite made: "1.1" -> "一点一"). Each step costs a lookup, so a text rewritten in thousands of
+    places still aligns in linear time. None: they do not agree again."""
+    best = None
+    for di in range(min(_RESYNC_TEXT_TOKENS, len(t_words) - i)):
+        word = t_words[i + di]
+        positions = where.get(word)
+        if not positions:
+            continue
+        k = bisect.bisect_left(positions, j)
+        while k < len(positions) and positions[k] - j <= _RESYNC_READING_TOKENS:
+            jj = positions[k]
+            if best is not None and di + jj - j >= best[0]:
+                break
+            after_t, after_r = i + di + 1, jj + 1
+            if not _WORD_CHAR.match(word) or (after_t == len(t_words)) == (after_r == len(r_words)) and (
+                    after_t == len(t_words) or t_words[after_t] == r_words[after_r]):
+                best = (di + jj - j, i + di, jj)
+                break
+            k += 1
+    return None if best is None else (best[1], best[2])
 
 
 def _absorb_inserted_words(segments: list[Segment], inserting: set[int]) -> list[Segment]:
