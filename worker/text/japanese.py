@@ -120,11 +120,12 @@ def japanese_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, s
         reader = _reader()
         # misaki's normalization (NFKC, width, numbers read in kana) token by token, so each token's
         # stretch of the text is known; it is the same as normalizing the text whole.
-        normalized = [MappedText.of(p).aligned(reader._normalize_text(p)) if r else MappedText.of(p)
-                      for p, r in zip(parts, read)]
+        normalized = [reader._normalize_text(p) if r else p for p, r in zip(parts, read)]
         starts = list(itertools.accumulate((len(p) for p in normalized), initial=0))
-        text = "".join(p.text for p in normalized)
+        text = "".join(normalized)
         pieces = reader.words(text)
+    # where a part's normalization changed it, where its characters came from in it
+    mapped = {k: MappedText.of(p).aligned(normalized[k]) for k, p in enumerate(parts) if normalized[k] != p}
     out: list[list[tuple[str, str, int, int]]] = [[] for _ in parts]
     glued = [False] * len(parts)  # the part's last word joins the next piece without a space
     cursor = 0
@@ -137,7 +138,9 @@ def japanese_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, s
         if not read[part] or not (surface.strip() or phonemes):
             continue
         words = out[part]
-        first, last = normalized[part].span(at - starts[part], min(cursor - starts[part], len(normalized[part])))
+        first, last = at - starts[part], min(cursor - starts[part], len(normalized[part]))
+        if part in mapped:
+            first, last = mapped[part].span(first, last)
         if words and (glued[part] or phonemes.startswith(_JOINS_FORWARD)):
             words[-1] = (words[-1][0] + surface, words[-1][1] + phonemes, words[-1][2], max(last, words[-1][3]))
         else:

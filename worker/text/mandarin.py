@@ -108,14 +108,17 @@ def mandarin_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, s
             words: list[tuple[str, str, int, int]] = []
             # The normalizer has read the numbers already unless the request turned it off; misaki
             # reads them either way, and on text without digits this is a no-op.
-            spoken = spoken_numbers(MappedText.of(part)) if to_read else MappedText.of("")
+            spoken = MappedText.of(part if to_read else "")
+            if to_read and _HAS_DIGIT.search(part):
+                spoken = spoken_numbers(spoken)
+            span = spoken.span if spoken.text != part else lambda start, end: (start, end)
             for m in _HAN_OR_NOT.finditer(spoken.text):
                 if m.group(1):
                     at = m.start()
                     for w in _segmenter().lcut(m.group(1), HMM=True):
-                        words.append((w, _word_phonemes(w), *spoken.span(at, at + len(w))))
+                        words.append((w, _word_phonemes(w), *span(at, at + len(w))))
                         at += len(w)
                 else:
-                    words.append((m.group(2), "", *spoken.span(m.start(), m.end())))
+                    words.append((m.group(2), "", *span(m.start(), m.end())))
             out.append(words)
     return out
