@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 
 from worker.text import Chunk, WordSpan, text_to_chunks
@@ -9,7 +13,9 @@ from worker.timestamps import FRAME_SECONDS, word_timestamps
 
 
 def _chunk(words: list[tuple[str, int, int]], n_ids: int) -> Chunk:
-    return Chunk("x", "x" * n_ids, list(range(1, n_ids + 1)), [WordSpan(*w) for w in words])
+    """Words over ids [start, end), each read from the input at [10 * k, 10 * k + len(word)) (its k-th)."""
+    return Chunk("x", "x" * n_ids, list(range(1, n_ids + 1)),
+                 [WordSpan(*w, 10 * k, 10 * k + len(w[0])) for k, w in enumerate(words)])
 
 
 def test_frame_is_25_ms():
@@ -23,6 +29,12 @@ def test_words_from_durations_with_pads():
     stamps = word_timestamps(chunk, durations)
     # "ab" starts after the leading pad (4 frames = 0.1 s) and lasts 2 + 3 frames.
     assert [(w.word, w.start, w.end) for w in stamps] == [("ab", 0.1, 0.225), ("cd", 0.25, 0.525)]
+
+
+def test_each_timestamp_carries_its_words_input_span():
+    chunk = _chunk([("ab", 0, 2), ("cde", 3, 6)], 6)
+    stamps = word_timestamps(chunk, np.array([1, 1, 1, 1, 1, 1, 1, 1]), offset_s=3.0)
+    assert [(w.input_start, w.input_end) for w in stamps] == [(0, 2), (10, 13)]
 
 
 def test_offset_shifts_everything():
@@ -53,3 +65,25 @@ def test_real_chunk_words_are_ordered_and_within_audio():
     assert starts == sorted(starts)
     assert all(a.end <= b.start for a, b in zip(stamps, stamps[1:]))  # a space lies between words
     assert stamps[-1].end <= durations.sum() * FRAME_SECONDS
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "frontend_words_recorded.json"
+
+
+def test_word_times_of_plain_texts_are_those_before_spans_existed():
+    """Spans must not move a word: for the sample texts (English prose, Mandarin and Japanese lines),
+    the chunks' ids (so the audio) and each word's ids are those the text frontend gave before
+    spans existed (recorded from commit 78a4884 into tests/data/frontend_words_recorded.json: per
+    chunk a hash of its ids and its words as [text, start, end]), and the same durations time
+    every word as the recorded words time it."""
+    rng = np.random.default_rng(7)
+    for entry in json.loads(RECORDED.read_text(encoding="utf-8")):
+        text = (RECORDED.parent / entry["text"]).read_text(encoding="utf-8")
+        chunks = text_to_chunks(text, entry["lang"])
+        assert [hashlib.sha256(json.dumps(c.ids).encode()).hexdigest()[:16] for c in chunks] == \
+            [c["ids"] for c in entry["chunks"]], entry["text"]
+        for chunk, before in zip(chunks, entry["chunks"]):
+            durations = rng.integers(0, 12, size=len(chunk.ids) + 2)
+            recorded = Chunk(chunk.text, chunk.phonemes, chunk.ids, [WordSpan(*w, 0, 0) for w in before["words"]])
+            assert [(w.word, w.start, w.end) for w in word_timestamps(chunk, durations, 1.5)] == \
+                [(w.word, w.start, w.end) for w in word_timestamps(recorded, durations, 1.5)]
