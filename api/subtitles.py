@@ -35,7 +35,6 @@ from typing import Any
 
 CAPTION_FORMATS = ("srt", "vtt")
 LINE_COLUMNS = 42  # the common broadcast and streaming limit for Latin scripts
-MAX_LINES = 2
 MIN_CUE_SECONDS = 1.0  # shorter flashes by unread
 MAX_CUE_SECONDS = 7.0  # longer lingers; a sentence that runs past it is cut at a clause
 LINGER_SECONDS = 0.5  # a cue stays this long after its last word, for the eye to finish, no longer
@@ -68,6 +67,8 @@ _ENTITY = re.compile(r"&(?:#\d+|#x[0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
 _LINE_MARK = re.compile(r"(?m)^[ \t]*(?:#{1,6}[ \t]+|(?:>[ \t]?)+|[-*+•][ \t]+(?:\[[ xX]\][ \t]+)?)")
 _RULE = re.compile(r"(?m)^[ \t]*(?:([-*_])(?:[ \t]*\1){2,}|\|?[ \t]*:?-{2,}:?[ \t]*(?:\|[ \t]*:?-{2,}:?[ \t]*)*\|?)"
                    r"[ \t]*$")
+# A line that is its own unit: a heading, list item, quote or table row.
+_MARKED_LINE = re.compile(r"[ \t]*(?:#{1,6}[ \t]|>|[-*+•][ \t]|\d{1,3}[.)][ \t]|\|)")
 _EDGE_MARKS = "*_~`"
 # Punctuation that is markup's, not the text's, when no word covers it.
 _MARKUP_PUNCTUATION = frozenset("*_#[]\\`@&%{}")
@@ -117,9 +118,12 @@ class Gap:
     breaks: int
 
     @classmethod
-    def of(cls, raw: str, at_line_start: bool = False) -> "Gap":
+    def of(cls, raw: str, at_line_start: bool = False, marked_lines: bool = False, numbering: bool = False) -> "Gap":
+        """The gap `raw`; `at_line_start`: it starts a line; `marked_lines`: the line before it or
+        after it is one of its own kind (a heading, list item, quote or table row); `numbering`:
+        it follows a list item's number ("1." is not a sentence)."""
         gap = _tags_out(raw)
-        new_item = bool(re.search(r"\n[ \t]*(?:#{1,6}[ \t]|>|[-*+•][ \t])", gap))  # a list item, heading, quote
+        new_item = bool(re.search(r"\n[ \t]*(?:#{1,6}[ \t]|>|[-*+•][ \t]|\|)", gap)) or (marked_lines and "\n" in gap)
         gap = _line_marks_out(gap, at_line_start)
         gap = _entities(_KOKORO_TAG.sub(" ", _LINK_TARGET.sub("", gap)))
         runs = gap.split()
@@ -134,6 +138,8 @@ class Gap:
             opening = _punctuation(last)
         if new_item or "\n\n" in re.sub(r"[ \t]+", "", gap):
             breaks = PARAGRAPH
+        elif numbering:
+            breaks = NO_BREAK
         elif any(c in _SENTENCE_MARKS for c in closing):
             breaks = SENTENCE
         elif any(c in _CLAUSE_MARKS for c in closing) or any(c in "(—–" for c in opening) or _KOKORO_TAG.search(raw):
@@ -141,6 +147,17 @@ class Gap:
         else:
             breaks = NO_BREAK
         return cls(closing, opening, any(c.isspace() for c in gap), breaks)
+
+    @classmethod
+    def after(cls, text: str, start: int, end: int, next_start: int) -> "Gap":
+        """The gap after the span text[start:end], up to the next span's start."""
+        line, next_line = text.rfind("\n", 0, start) + 1, text.rfind("\n", 0, next_start) + 1
+        raw = text[end:next_start]
+        numbering = not text[line:start].strip() and re.fullmatch(r"\d{1,3}", text[start:end]) and \
+            re.match(r"[.)][ \t]", raw)
+        return cls.of(raw, at_line_start=end == 0 or text[end - 1] == "\n",
+                      marked_lines=bool(_MARKED_LINE.match(text, line) or _MARKED_LINE.match(text, next_line)),
+                      numbering=bool(numbering))
 
 
 # --- the pieces of a cue -----------------------------------------------------------------------
@@ -270,7 +287,7 @@ class CueBuilder:
         text's length at its end)."""
         start, end = self._span
         at_line_start = start == 0 or self.text[start - 1] == "\n"
-        gap = Gap.of(self.text[end:next_start], at_line_start=end == 0 or self.text[end - 1] == "\n")
+        gap = Gap.after(self.text, start, end, next_start)
         shown = visible_text(self.text[start:end], at_line_start) or " ".join(w.word for w in self._span_words)
         first, last = self._span_words[0], self._span_words[-1]
         word = ShownWord(self._opening + shown + gap.closing, float(first.start), float(max(last.end, first.start)),

@@ -226,3 +226,13 @@ def test_streamed_parts_join_to_the_whole_file_and_keep_the_rules(tokens, marks,
     for *_, cue in cues:  # a line over the limit holds one word too long to break
         for line in cue.split("\n"):
             assert columns(line) <= LINE_COLUMNS or " " not in line, cue
+
+
+def test_headings_and_list_items_are_cues_of_their_own():
+    text = "# Shopping\nBuy these:\n1. Apples\n2. Pears and plums\n\n| Item | Price |\n|---|---|\n| Tea | $3 |"
+    words = spoken(text, [("Shopping", "Shopping"), ("Buy", "Buy"), ("these", "these"), ("1", "one"),
+                          ("Apples", "Apples"), ("2", "two"), ("Pears", "Pears"), ("and", "and"), ("plums", "plums"),
+                          ("Item", "Item"), ("Price", "Price"), ("Tea", "Tea"), ("$3", "three dollars")])
+    cues = both(words, text, words[-1].end)
+    assert [c[2] for c in cues] == ["Shopping", "Buy these:", "1. Apples", "2. Pears and plums", "Item Price",
+                                    "Tea $3"]
