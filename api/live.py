@@ -53,7 +53,7 @@ from api.state import AppState
 from api.transport import ClientStalled, access_log
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from worker.text import NormalizationOptions
-from worker.text.segments import TextSegmenter
+from worker.text.segments import TextPiece, TextSegmenter
 
 log = logging.getLogger("kokoro_fleet.api")
 
@@ -218,7 +218,7 @@ class LiveSession:
             return None
         return self.start.pause_ms / 1000
 
-    async def _queue(self, piece: str) -> None:
+    async def _queue(self, piece: TextPiece) -> None:
         if not piece:
             return
         limit = self.state.settings.max_input_chars
@@ -267,7 +267,7 @@ class LiveSession:
             log.exception("live session %s failed", self.id)
             await _close(self.ws, SessionOver(internal_error(), INTERNAL_ERROR))
 
-    async def _speak_piece(self, text: str, ready_at: float) -> None:
+    async def _speak_piece(self, text: TextPiece, ready_at: float) -> None:
         taken = time.perf_counter()
         slot, plan = await self._admit(text)
         if plan is None:
@@ -278,7 +278,7 @@ class LiveSession:
         try:
             async with contextlib.aclosing(self.service.stream(plan)) as pieces:
                 async for piece in pieces:
-                    sent = await self._send_piece(piece, start_s, None if heard else ready_at)
+                    sent = await self._send_piece(piece, text, start_s, None if heard else ready_at)
                     if sent and not heard:
                         heard = True
                         self.state.metrics.live_piece_ttfa.observe(time.perf_counter() - taken)
@@ -317,10 +317,11 @@ class LiveSession:
                 await self._send_json(StreamError(error=skipped.detail()))
                 return None, None
 
-    async def _send_piece(self, piece: AudioPiece, start_s: float, ready_at: float | None) -> bool:
+    async def _send_piece(self, piece: AudioPiece, text: TextPiece, start_s: float, ready_at: float | None) -> bool:
         """Encode and send one chunk of a piece's audio (and its words, timed from the piece's start
-        at `start_s` in the session); whether any audio bytes went out. `ready_at`: when the piece's
-        text was complete, until its first audio has gone."""
+        at `start_s` in the session, their spans in all the text the session was sent through the
+        piece's `text`); whether any audio bytes went out. `ready_at`: when the piece's text was
+        complete, until its first audio has gone."""
         data = await self.encoder.encode(piece.pcm)
         self.samples += len(piece.pcm)
         latency = time.perf_counter() - ready_at if data and ready_at is not None else None
@@ -330,7 +331,8 @@ class LiveSession:
         if self.start.timestamps and piece.words:
             await self._send_json(LiveWords(piece_latency=None if latency is None else round(latency, 3), words=[
                 WordTimestampModel(word=w.word, start_time=round(start_s + float(w.start), 3),
-                                   end_time=round(start_s + float(w.end), 3)) for w in piece.words]))
+                                   end_time=round(start_s + float(w.end), 3), input_start=text.written_at(w.input_start),
+                                   input_end=text.written_at(w.input_end)) for w in piece.words]))
         return bool(data)
 
     async def _stop_speaker(self) -> None:

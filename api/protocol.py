@@ -425,6 +425,12 @@ class WordTimestampModel(BaseModel):
     word: str
     start_time: float  # seconds from the start of the audio
     end_time: float
+    # [input_start, input_end): the characters (code points, Python string offsets) of the request's
+    # `input` the word was read from, so `input[input_start:input_end]` is what to highlight while it
+    # is spoken: "$12.99" for each of "twelve dollars and ninety-nine cents". On the live socket,
+    # offsets into all the text of the session's `text` messages.
+    input_start: int
+    input_end: int
     # The voice that spoke it, with `allow_voice_tags` (Kokoro-FastAPI's multi-speaker captions); absent otherwise.
     voice: str | None = Field(None, exclude_if=lambda v: v is None)
 

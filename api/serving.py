@@ -427,8 +427,7 @@ def _word_models(job: AdmittedRequest, piece: AudioPiece) -> list[WordTimestampM
         return []
     voice = job.plan.voice_spec_of(job.plan.chunks[piece.index]) if job.req.allow_voice_tags else None
     return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3),
-                               voice=voice) for w in piece.words]
-
+                               input_start=w.input_start, input_end=w.input_end, voice=voice) for w in piece.words]
 
 
 def _caption_file(req: SpeechRequestBody) -> CaptionFile | None:

@@ -20,6 +20,8 @@ class WordTimestamp:
     word: str
     start: float  # seconds
     end: float
+    input_start: int  # [input_start, input_end): the characters of the request's input it was read from
+    input_end: int
 
 
 def word_timestamps(chunk, durations: np.ndarray, offset_s: float = 0.0) -> list[WordTimestamp]:
@@ -37,5 +39,6 @@ def word_timestamps(chunk, durations: np.ndarray, offset_s: float = 0.0) -> list
         end_edge = min(word.end + 1, last)
         start = offset_s + float(edges[first_edge]) * FRAME_SECONDS
         end = offset_s + float(edges[end_edge]) * FRAME_SECONDS
-        out.append(WordTimestamp(word.text, round(start, 3), round(max(end, start), 3)))
+        out.append(WordTimestamp(word.text, round(start, 3), round(max(end, start), 3), word.input_start,
+                                 word.input_end))
     return out

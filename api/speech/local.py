@@ -20,6 +20,7 @@ from api.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
                          load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.text.markup import Delivery, split_speech, voice_tags_as_ssml
+from worker.text.source_map import MappedText
 from worker.voices import Voice, VoiceBank, VoiceError
 
 # Texts up to this long are planned on the event loop: their text frontend takes about 0.2 ms (a
@@ -89,9 +90,10 @@ class SpeechService:
                      first_chunk_phonemes: int, chunk_phonemes: int, base_rate: float = 1.0) -> list[Chunk]:
         """The text's chunks. A part that SSML's `<voice name>` (or a `[voice:...]` tag) gives
         another speaker is read in that voice's language, and its chunks name the voice (resolved
-        into `voices`); those of a part inside `<prosody rate>` (or after `[rate:...]`) carry its rate."""
+        into `voices`); those of a part inside `<prosody rate>` (or after `[rate:...]`) carry its rate.
+        Every word's input span is an offset into `request.text`."""
         options = request.normalization or NormalizationOptions()
-        text = request.text
+        text = MappedText.of(request.text)  # every reader keeps where its words were in the input
         if request.voice_tags:
             text = voice_tags_as_ssml(text, request.voice_aliases, base_rate)
         parts = split_speech(text) if options.reads_markup or request.voice_tags else [(Delivery(), text)]

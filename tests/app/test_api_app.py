@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -32,7 +33,7 @@ import uvicorn
 from api.app import create_app
 from api.settings import Settings
 from api.speech.contract import ReplicaStats, SpeechPlan
-from worker.text import Chunk, NothingToSay
+from worker.text import Chunk, NothingToSay, WordSpan
 from worker.voices import VoiceBank
 
 SR = 24000
@@ -57,6 +58,8 @@ class Word:
     word: str
     start: float
     end: float
+    input_start: int
+    input_end: int
 
 
 class ScriptedReplica:
@@ -104,10 +107,12 @@ class ScriptedService:
     def plan(self, request):
         if request.voice not in ("af_heart", "bm_george", "alloy"):
             raise ScriptedVoiceError(f"unknown voice {request.voice!r}")
-        sentences = [s.strip() for s in request.text.split(".") if s.strip()]
+        sentences = [s for s in re.finditer(r"[^.]+", request.text) if s.group(0).strip()]
         if not any(c.isalnum() for c in request.text):  # as the text frontend finds nothing to pronounce
             raise NothingToSay("input has nothing to speak")
-        return SpeechPlan(request, None, "a", [Chunk(s, "", []) for s in sentences])
+        return SpeechPlan(request, None, "a", [  # each word spans itself in the input
+            Chunk(s.group(0).strip(), "", [], [WordSpan(w.group(0), 0, 0, s.start() + w.start(), s.start() + w.end())
+                                               for w in re.finditer(r"\S+", s.group(0))]) for s in sentences])
 
     async def admit(self, request, key=None):
         self.admitted_keys.append(key)
@@ -127,7 +132,7 @@ class ScriptedService:
         if self.semaphore is None:
             self.semaphore = asyncio.Semaphore(1)
         offset = 0.0
-        sentences = [c.text for c in plan.chunks]
+        sentences = [c.words for c in plan.chunks]
         for i, sentence in enumerate(sentences):
             if self.fail_after is not None and i >= self.fail_after:
                 raise RuntimeError("scripted failure")
@@ -135,7 +140,8 @@ class ScriptedService:
                 self.pieces_started += 1
                 # shield: like the real replica, the job runs to its end even if we stop waiting
                 pcm = await asyncio.shield(asyncio.to_thread(self.replica.run, PIECE_SECONDS))
-            words = [Word(w, offset + 0.1 * k, offset + 0.1 * (k + 1)) for k, w in enumerate(sentence.split())]
+            words = [Word(w.text, offset + 0.1 * k, offset + 0.1 * (k + 1), w.input_start, w.input_end)
+                     for k, w in enumerate(sentence)]
             offset += len(pcm) / SR
             yield Piece(pcm, words, i, i == len(sentences) - 1)
 
@@ -430,12 +436,16 @@ def test_captioned_json_and_ndjson(http):
         assert decode(base64.b64decode(body["audio"]), "wav")[0] == pytest.approx(1.2, abs=0.002)
         assert [w["word"] for w in body["timestamps"]] == ["One", "two", "three", "Four", "five", "Six"]
         assert body["timestamps"][3]["start_time"] == pytest.approx(0.4)  # absolute, not per piece
+        assert [TEXT[w["input_start"]:w["input_end"]] for w in body["timestamps"]] == [
+            "One", "two", "three", "Four", "five", "Six"]
     resp = http.post("/v1/audio/speech/captioned", json={"input": TEXT, "response_format": "mp3"})
     assert resp.headers["content-type"].startswith("application/x-ndjson")
     lines = [json.loads(line) for line in resp.text.splitlines()]
     audio = b"".join(base64.b64decode(line["audio"]) for line in lines)
     assert decode(audio, "mp3")[0] == pytest.approx(1.2, abs=0.12)
     assert [w["word"] for line in lines for w in line["timestamps"]][-1] == "Six"
+    assert [TEXT[w["input_start"]:w["input_end"]] for line in lines for w in line["timestamps"]] == [
+        "One", "two", "three", "Four", "five", "Six"]  # the streamed lines carry the spans too
 
 
 def test_listings(http, client):

@@ -72,5 +72,9 @@ def test_voice_tags_aliases_and_dialogue_speak_as_the_requests_they_stand_for():
     assert "the turns come to" in too_long["message"] and "the limit is 4096" in too_long["message"]
     words = [(w["word"], w["voice"]) for w in seen["captioned"].json()["timestamps"]]
     assert words == [("First", "af_heart"), ("voice", "af_heart"), ("Second", "am_adam"), ("voice", "am_adam")]
+    tagged = "First voice. [voice:am_adam] Second voice."  # the spans point into the input, tags and all
+    assert [tagged[w["input_start"]:w["input_end"]] for w in seen["captioned"].json()["timestamps"]] == [
+        "First", "voice", "Second", "voice"]
+    assert [w["input_start"] for w in seen["captioned"].json()["timestamps"]] == [0, 6, 29, 36]
     plain = seen["captioned_plain"].json()["timestamps"]  # without the tags: no voice field at all
-    assert plain and all(set(w) == {"word", "start_time", "end_time"} for w in plain)
+    assert plain and all(set(w) == {"word", "start_time", "end_time", "input_start", "input_end"} for w in plain)

@@ -9,7 +9,9 @@ from worker.timestamps import FRAME_SECONDS, word_timestamps
 
 
 def _chunk(words: list[tuple[str, int, int]], n_ids: int) -> Chunk:
-    return Chunk("x", "x" * n_ids, list(range(1, n_ids + 1)), [WordSpan(*w) for w in words])
+    """Words over ids [start, end), each read from the input at [10 * k, 10 * k + len(word)) (its k-th)."""
+    return Chunk("x", "x" * n_ids, list(range(1, n_ids + 1)),
+                 [WordSpan(*w, 10 * k, 10 * k + len(w[0])) for k, w in enumerate(words)])
 
 
 def test_frame_is_25_ms():
@@ -23,6 +25,12 @@ def test_words_from_durations_with_pads():
     stamps = word_timestamps(chunk, durations)
     # "ab" starts after the leading pad (4 frames = 0.1 s) and lasts 2 + 3 frames.
     assert [(w.word, w.start, w.end) for w in stamps] == [("ab", 0.1, 0.225), ("cd", 0.25, 0.525)]
+
+
+def test_each_timestamp_carries_its_words_input_span():
+    chunk = _chunk([("ab", 0, 2), ("cde", 3, 6)], 6)
+    stamps = word_timestamps(chunk, np.array([1, 1, 1, 1, 1, 1, 1, 1]), offset_s=3.0)
+    assert [(w.input_start, w.input_end) for w in stamps] == [(0, 2), (10, 13)]
 
 
 def test_offset_shifts_everything():

@@ -24,6 +24,7 @@ from worker.text.text_errors import TextError
 from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, resolve_language, text_to_tokens
 from worker.text.lexicon import Lexicon
 from worker.text.normalize import NormalizationOptions, normalize_text
+from worker.text.source_map import MappedText
 from worker.text.vocab import to_ids, to_phonemes, vocab
 
 MAX_PHONEMES = 510  # the model's context is 512 ids, two of them the boundary pads
@@ -38,6 +39,8 @@ class WordSpan:
     text: str
     start: int  # [start, end): indices into Chunk.ids
     end: int
+    input_start: int  # [input_start, input_end): the characters of the request's input it was read from
+    input_end: int
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Chunk:
 
 
 def text_to_chunks(
-    text: str,
+    text: str | MappedText,
     lang_code: str = "a",
     options: NormalizationOptions | None = None,
     first_chunk_phonemes: int = 60,
@@ -60,13 +63,14 @@ def text_to_chunks(
     lexicon: Lexicon | None = None,
 ) -> list[Chunk]:
     """Normalize (with the deployment's `lexicon`, KOKORO_LEXICON), phonemize and split `text`.
-    Raises TextError for an unsupported language.
+    Raises TextError for an unsupported language. The words' input spans are offsets into `text`,
+    or, for a MappedText (a part of a request's input), into the input it maps to.
 
     Returns at least one chunk for non-empty text; a text with nothing pronounceable (only emoji)
     gives chunks without ids, and the caller decides whether that is an error.
     """
     code = resolve_language(lang_code)
-    normalized = normalize_text(text, options, code, lexicon)
+    normalized = normalize_text(text if isinstance(text, MappedText) else MappedText.of(text), options, code, lexicon)
     tokens = text_to_tokens(normalized, code)
     return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)
 
@@ -106,14 +110,19 @@ def phonemes_to_chunks(phonemes: str, first_chunk_phonemes: int = 60, chunk_phon
         raise TextError(f"phonemes contain {len(unknown)} symbol(s) outside Kokoro's vocabulary: {listed}; "
                         "POST /dev/phonemize shows the phonemes of a text", param="phonemes")
     tokens: list[Token] = []
-    for piece in phonemes.split():
+    for written in re.finditer(r"\S+", phonemes):
+        piece, at = written.group(0), written.start()
         core = piece.strip(_PHONEME_PUNCTUATION)
         lead = piece[:len(piece) - len(piece.lstrip(_PHONEME_PUNCTUATION))] if core else piece
         trail = piece[len(lead) + len(core):]
-        tokens += [Token(mark, mark, kind="punct", source="punct") for mark in lead]
+        tokens += [Token(mark, mark, kind="punct", source="punct", input_start=at + i, input_end=at + i + 1)
+                   for i, mark in enumerate(lead)]
+        at += len(lead)
         if core:
-            tokens.append(Token(core, core, source="custom"))
-        tokens += [Token(mark, mark, kind="punct", source="punct") for mark in trail]
+            tokens.append(Token(core, core, source="custom", input_start=at, input_end=at + len(core)))
+        at += len(core)
+        tokens += [Token(mark, mark, kind="punct", source="punct", input_start=at + i, input_end=at + i + 1)
+                   for i, mark in enumerate(trail)]
         tokens[-1].space_after = True
     return split_tokens(tokens, first_chunk_phonemes, chunk_phonemes)
 
@@ -198,7 +207,8 @@ def _split_long_tokens(tokens: list[Token], limit: int) -> list[Token]:
             last = j == len(pieces) - 1
             out.append(Token(tok.text if j == 0 else "", piece, space_after=tok.space_after if last else True,
                              kind=tok.kind, source=tok.source, newline_after=tok.newline_after if last else False,
-                             break_after=tok.break_after if last else False))
+                             break_after=tok.break_after if last else False, input_start=tok.input_start,
+                             input_end=tok.input_end))
     return out
 
 
@@ -303,7 +313,7 @@ def _build_chunk(tokens: list[Token]) -> Chunk:
             start = len(ids)
             ids.extend(tok_ids)
             if is_word:
-                words.append(WordSpan(tok.text, start, len(ids)))
+                words.append(WordSpan(tok.text, start, len(ids), tok.input_start, tok.input_end))
             pending_space = False
         if (tok.space_after or tok.break_after) and (tok_ids or ids):
             pending_space = True

@@ -24,6 +24,7 @@ from worker.text import espeak
 from worker.text.english import CLAUSE_PUNCTUATION, CONSONANTS, VOWELS, Context, english_g2p
 from worker.text.text_errors import TextError
 from worker.text.japanese import japanese_words
+from worker.text.source_map import MappedText
 from worker.text.mandarin import mandarin_words
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ class Token:
     newline_after: bool = False
     break_after: bool = False  # a word ends here though no space follows in the text (Chinese,
                                # Japanese): the model hears a space, the chunk's text keeps none
+    input_start: int = 0       # [input_start, input_end): the characters of the request's input
+    input_end: int = 0         # it was read from (worker/text/source_map.py)
+    at: int = -1               # where its text starts in the normalized text (-1: not known)
 
 
 def resolve_language(lang_code: str) -> str:
@@ -93,11 +97,14 @@ def resolve_language(lang_code: str) -> str:
     return code
 
 
-def tokenize(text: str) -> list[Token]:
-    """Split normalized text into words, punctuation and pause tags (no phonemes yet)."""
+def tokenize(text: str | MappedText) -> list[Token]:
+    """Split normalized text into words, punctuation and pause tags (no phonemes yet), each with
+    the span of the input it was read from (`text` itself, unless it is a MappedText)."""
+    mapped = text if isinstance(text, MappedText) else MappedText.of(text)
+    starts, ends = mapped.starts, mapped.ends
     tokens: list[Token] = []
     open_quote = True
-    for m in _TOKEN.finditer(text):
+    for m in _TOKEN.finditer(mapped.text):
         kind = m.lastgroup
         if kind in ("secs", "unit", "ltext", "lps"):
             kind = next(k for k in ("pause", "link") if m.group(k))
@@ -128,15 +135,21 @@ def tokenize(text: str) -> list[Token]:
                 tokens.append(Token(mark, _PUNCT[mark], kind="punct", source="punct"))
             else:
                 tokens.append(Token(mark))  # a symbol or emoji: the G2P decides (often silent)
+        # a pronunciation link stands for its word; anything else for all it matched (its text)
+        tok = tokens[-1]
+        start, end = m.span("ltext") if kind == "link" else m.span()
+        tok.input_start, tok.input_end, tok.at = starts[start], ends[end - 1], start
     return tokens
 
 
-def phonemize_tokens(tokens: list[Token], lang_code: str) -> list[Token]:
-    """Fill in the phonemes of every word token for `lang_code` (already resolved)."""
+def phonemize_tokens(tokens: list[Token], lang_code: str, text: MappedText | None = None) -> list[Token]:
+    """Fill in the phonemes of every word token for `lang_code` (already resolved); `text`, the
+    normalized text the tokens were cut from, maps the words a Chinese or Japanese token is cut
+    into back to the input."""
     if lang_code in ENGLISH:
         _english(tokens, ENGLISH[lang_code])
     elif lang_code in UNSPACED_LANGUAGES:
-        tokens = _unspaced_language(tokens, *UNSPACED_LANGUAGES[lang_code])
+        tokens = _unspaced_language(tokens, *UNSPACED_LANGUAGES[lang_code], text)
     else:
         _espeak_language(tokens, ESPEAK_LANGUAGES[lang_code])
     return tokens
@@ -246,7 +259,7 @@ def _espeak_language(tokens: list[Token], voice: str) -> None:
 _LATIN_OR_NOT = regex.compile(r"(\p{Latin}[\p{Latin}\p{M}'’.\-]*)|(\P{Latin}+)")
 
 
-def _unspaced_language(tokens: list[Token], words_of, source: str) -> list[Token]:
+def _unspaced_language(tokens: list[Token], words_of, source: str, text: MappedText | None = None) -> list[Token]:
     """Cut each word token (to the tokenizer, a whole run of Chinese or Japanese between spaces
     and punctuation) into the language's words; Latin words inside ("用Kokoro说") are English."""
     split: list[Token] = []
@@ -267,7 +280,7 @@ def _unspaced_language(tokens: list[Token], words_of, source: str) -> list[Token
             continue
         pieces = []
         for m in _LATIN_OR_NOT.finditer(tok.text):
-            piece = Token(m.group(0))  # source "" until the language's reader has read it
+            piece = Token(m.group(0), **_part_of(tok, m.start(), m.end(), text))  # source "": not read yet
             if m.group(1):
                 result = english_g2p(False).word(unicodedata.normalize("NFKC", m.group(1)))
                 piece.phonemes, piece.source = result.phonemes, result.source
@@ -288,13 +301,25 @@ def _unspaced_language(tokens: list[Token], words_of, source: str) -> list[Token
             tok.source = "silent"
             out.append(tok)
         else:
-            spoken = [Token(text, ps, source=source if ps else "silent", break_after=True) for text, ps in words]
+            spoken = [Token(word, ps, source=source if ps else "silent", break_after=True,
+                            **_part_of(tok, start, end, text)) for word, ps, start, end in words]
             last = spoken[-1]
             last.space_after, last.newline_after, last.break_after = tok.space_after, tok.newline_after, tok.break_after
             out += spoken
     return out
 
 
-def text_to_tokens(text: str, lang_code: str) -> list[Token]:
-    """Tokenize and phonemize already-normalized text."""
-    return phonemize_tokens(tokenize(text), resolve_language(lang_code))
+def _part_of(tok: Token, start: int, end: int, text: MappedText | None) -> dict[str, int]:
+    """Where characters [start, end) of `tok`'s text stand (`at`) and come from in the input,
+    through the normalized `text` it was cut from; all the token came from when that is not known."""
+    if text is None or tok.at < 0 or end <= start:
+        return {"input_start": tok.input_start, "input_end": tok.input_end}
+    first, last = text.span(tok.at + start, tok.at + end)
+    return {"input_start": first, "input_end": last, "at": tok.at + start}
+
+
+def text_to_tokens(text: str | MappedText, lang_code: str) -> list[Token]:
+    """Tokenize and phonemize already-normalized text (a MappedText: its tokens carry the spans of
+    the input they were read from)."""
+    mapped = text if isinstance(text, MappedText) else MappedText.of(text)
+    return phonemize_tokens(tokenize(mapped), resolve_language(lang_code), mapped)

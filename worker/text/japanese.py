@@ -18,6 +18,8 @@ import itertools
 import threading
 from functools import lru_cache
 
+from worker.text.source_map import MappedText
+
 _lock = threading.Lock()
 _JOINS_FORWARD = "ʔ"  # misaki writes a geminate stop against the next mora, with no space
 _SLICE = 16  # groups misaki makes tokens of at a time; its own grouping is cubic in this
@@ -107,21 +109,23 @@ def _reader():
     return SurfaceKeepingCutlet()
 
 
-def japanese_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str]]]:
+def japanese_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str, int, int]]]:
     """The words, with phonemes, of each part to `read`: `parts` are a text's tokens in order (runs
     of Japanese, punctuation, a space for anything else), read as one text, because MeCab's reading
     of a word depends on what follows it (`一人3000円で、` reads 一人 and 円 differently from `一人3000円で`
     alone). Words that misaki joins without a space (a geminate `ʔ` and the mora after it) come back
-    as one word."""
+    as one word. Each word comes with where it stands in its part ([start, end) of the part as
+    given: misaki's normalization, numbers read in kana, is mapped back)."""
     with _lock:  # one MeCab tagger per process, and it is not thread-safe
         reader = _reader()
         # misaki's normalization (NFKC, width, numbers read in kana) token by token, so each token's
         # stretch of the text is known; it is the same as normalizing the text whole.
-        normalized = [reader._normalize_text(p) if r else p for p, r in zip(parts, read)]
+        normalized = [MappedText.of(p).aligned(reader._normalize_text(p)) if r else MappedText.of(p)
+                      for p, r in zip(parts, read)]
         starts = list(itertools.accumulate((len(p) for p in normalized), initial=0))
-        text = "".join(normalized)
+        text = "".join(p.text for p in normalized)
         pieces = reader.words(text)
-    out: list[list[tuple[str, str]]] = [[] for _ in parts]
+    out: list[list[tuple[str, str, int, int]]] = [[] for _ in parts]
     glued = [False] * len(parts)  # the part's last word joins the next piece without a space
     cursor = 0
     for surface, phonemes, space in pieces:
@@ -133,9 +137,10 @@ def japanese_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, s
         if not read[part] or not (surface.strip() or phonemes):
             continue
         words = out[part]
+        first, last = normalized[part].span(at - starts[part], min(cursor - starts[part], len(normalized[part])))
         if words and (glued[part] or phonemes.startswith(_JOINS_FORWARD)):
-            words[-1] = (words[-1][0] + surface, words[-1][1] + phonemes)
+            words[-1] = (words[-1][0] + surface, words[-1][1] + phonemes, words[-1][2], max(last, words[-1][3]))
         else:
-            words.append((surface, phonemes))
+            words.append((surface, phonemes, first, last))
         glued[part] = not space or phonemes.endswith(_JOINS_FORWARD)
     return out

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.text.markup import KOKORO_MARKUP
+from worker.text.source_map import MappedText, plain_or_mapped
 
 log = logging.getLogger("kokoro_fleet.text")
 
@@ -66,28 +67,34 @@ class Lexicon:
         """The entries in force for `lang_code`: every language's, then the language's own over them."""
         return {**self.entries.get(ALL_LANGUAGES, {}), **self.entries.get(lang_code, {})}
 
-    def mark(self, text: str, lang_code: str) -> str:
+    def mark(self, text: str | MappedText, lang_code: str) -> str | MappedText:
         """`text` with every entry of `lang_code` turned into a pronunciation link (see the module
-        docstring); existing links and pause tags are left as they are."""
+        docstring); existing links and pause tags are left as they are. A MappedText stays mapped:
+        the link's word maps to the word as written."""
         pattern, words = self._matcher(lang_code)
         if pattern is None:
             return text
-        def link(m: re.Match) -> str:
-            written = m.group(0)
-            return f"[{written}](/{words.get(written) or words[written.lower()]}/)"
-
-        out, last = [], 0
-        for m in KOKORO_MARKUP.finditer(text):
-            out += [pattern.sub(link, text[last:m.start()]), m.group(0)]
-            last = m.end()
-        out.append(pattern.sub(link, text[last:]))
-        return "".join(out)
+        return _marked(text, pattern, words)
 
     def _matcher(self, lang_code: str) -> tuple[re.Pattern | None, dict[str, str]]:
         if lang_code not in self._matchers:
             words = self.words(lang_code)
             self._matchers[lang_code] = (_pattern(words), words)
         return self._matchers[lang_code]
+
+
+@plain_or_mapped
+def _marked(text: MappedText, pattern: re.Pattern, words: dict[str, str]) -> MappedText:
+    def link(m: re.Match) -> str:
+        written = m.group(0)
+        return f"[{written}](/{words.get(written) or words[written.lower()]}/)"
+
+    out, last = [], 0
+    for m in KOKORO_MARKUP.finditer(text.text):
+        out += [text[last:m.start()].sub(pattern, link), text[m.start():m.end()]]
+        last = m.end()
+    out.append(text[last:].sub(pattern, link))
+    return MappedText.join(out)
 
 
 def _pattern(words: dict[str, str]) -> re.Pattern | None:

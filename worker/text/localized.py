@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from worker.text.source_map import MappedText, plain_or_mapped
+
 LANGUAGES = ("e", "f", "i", "p", "h", "z", "j")
 _YEAR_FIRST = ("z", "j")
 
@@ -185,7 +187,8 @@ def _time_words(lang: str, hour: int, minute: int) -> str | None:
     return None  # Hindi writes "14:30 बजे", which espeak-ng reads as it is
 
 
-def normalize(text: str, lang: str) -> str:
+@plain_or_mapped
+def normalize(text: MappedText, lang: str) -> MappedText:
     """Signs, dates and clock times of `text` in `lang` (one of LANGUAGES) as words espeak-ng reads."""
     words = _SIGNS[lang]
 
@@ -215,28 +218,28 @@ def normalize(text: str, lang: str) -> str:
         return _ja_kanji(digits) if lang == "j" and len(digits) > 9 else digits
 
     if lang in ("e", "f", "i", "p"):
-        text = _US_NUMBER.sub(_local_number, text)
+        text = text.sub(_US_NUMBER, _local_number)
     if lang == "f":
-        text = _SPACED_THOUSANDS.sub(lambda m: m.group(0).replace(" ", ""), text)
+        text = text.sub(_SPACED_THOUSANDS, lambda m: m.group(0).replace(" ", ""))
     if lang == "h":
-        text = _HINDI_GROUPED.sub(lambda m: m.group(0).replace(",", ""), text)
+        text = text.sub(_HINDI_GROUPED, lambda m: m.group(0).replace(",", ""))
     if lang == "j":
-        text = _JA_PHONE.sub(lambda m: "、".join(_ja_digits(group) for group in m.group(0).split("-")), text)
+        text = text.sub(_JA_PHONE, lambda m: "、".join(_ja_digits(group) for group in m.group(0).split("-")))
     if lang in _YEAR_FIRST:  # "1,500円", "１，５００円": misaki and cn2an read a thousands comma as a pause
-        text = _FULLWIDTH_SEPARATOR.sub(lambda m: "," if m.group(0) == "，" else ".", text)
-        text = _THOUSANDS.sub(without_commas, text)
-    text = (_YEAR_FIRST_DATE if lang in _YEAR_FIRST else _DATE).sub(date, text)
+        text = text.sub(_FULLWIDTH_SEPARATOR, lambda m: "," if m.group(0) == "，" else ".")
+        text = text.sub(_THOUSANDS, without_commas)
+    text = text.sub(_YEAR_FIRST_DATE if lang in _YEAR_FIRST else _DATE, date)
     if lang in ("f", "p"):
-        text = _H_CLOCK.sub(clock, text)
-    text = _CLOCK.sub(clock, text)
-    text = _SIGN_AFTER.sub(sign, _SIGN_BEFORE.sub(sign, text))
+        text = text.sub(_H_CLOCK, clock)
+    text = text.sub(_CLOCK, clock)
+    text = text.sub(_SIGN_BEFORE, sign).sub(_SIGN_AFTER, sign)
     if lang == "j":
-        text = _JA_CENTS.sub(lambda m: m.group("whole") + m.group("unit") + (
-            f"{int(m.group('cents'))}{_JA_CENT_WORD[m.group('unit')]}" if int(m.group("cents")) else ""), text)
-        text = _JA_DECIMAL.sub(lambda m: m.group("whole") + "点" + "".join(
-            _JA_FRACTION_DIGITS[int(c)] for c in m.group("fraction")), text)
-        text = _JA_AMOUNT.sub(lambda m: _ja_kanji(m.group(0)), text)
-        text = _JA_CODE.sub(lambda m: _ja_digits(m.group(0)), text)
-        text = _JA_NUMBER.sub(lambda m: _ja_kanji(m.group(0)), text)
-        text = _JA_COUNTED.sub(_ja_counted, text)
+        text = text.sub(_JA_CENTS, lambda m: m.group("whole") + m.group("unit") + (
+            f"{int(m.group('cents'))}{_JA_CENT_WORD[m.group('unit')]}" if int(m.group("cents")) else ""))
+        text = text.sub(_JA_DECIMAL, lambda m: m.group("whole") + "点" + "".join(
+            _JA_FRACTION_DIGITS[int(c)] for c in m.group("fraction")))
+        text = text.sub(_JA_AMOUNT, lambda m: _ja_kanji(m.group(0)))
+        text = text.sub(_JA_CODE, lambda m: _ja_digits(m.group(0)))
+        text = text.sub(_JA_NUMBER, lambda m: _ja_kanji(m.group(0)))
+        text = text.sub(_JA_COUNTED, _ja_counted)
     return text

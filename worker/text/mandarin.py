@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import regex
 
+from worker.text.source_map import MappedText, plain_or_mapped
+
 log = logging.getLogger(__name__)
 
 _HAN_OR_NOT = regex.compile(r"(\p{Han}+)|(\P{Han}+)")
@@ -56,21 +58,29 @@ _DIGIT_RUN = regex.compile(r"(?<![\d.,])(?:\d{7,}|0\d{2,})(?![\d.]|,\d)")  # not
 _DIGITS = str.maketrans("0123456789", "零幺二三四五六七八九")
 
 
-def digit_strings(text: str) -> str:
+@plain_or_mapped
+def digit_strings(text: MappedText) -> MappedText:
     """Phone, order and area-code numbers as digits read one by one ("13812345678" ->
     "幺三八幺二三四五六七八"), before anything reads them as amounts."""
-    return _DIGIT_RUN.sub(lambda m: m.group(0).translate(_DIGITS), text)
+    return text.sub(_DIGIT_RUN, lambda m: m.group(0).translate(_DIGITS))
 
 
-def spoken_numbers(text: str) -> str:
-    """Arabic numerals -> Chinese numerals as read ("2024年" -> "二零二四年", "50%" -> "百分之五十")."""
+@plain_or_mapped
+def spoken_numbers(text: MappedText) -> MappedText:
+    """Arabic numerals -> Chinese numerals as read ("2024年" -> "二零二四年", "50%" -> "百分之五十");
+    cn2an rewrites the whole text, so the result is mapped by what it kept."""
     import cn2an
 
+    if not _HAS_DIGIT.search(text.text):
+        return text  # nothing for cn2an to read (its transform is the identity on such text)
     try:
-        return cn2an.transform(text, "an2cn")
+        return text.aligned(cn2an.transform(text.text, "an2cn"))
     except (ValueError, KeyError, IndexError) as exc:  # cn2an raises on shapes it cannot read
-        log.debug("cn2an could not read numbers in %r: %s", text, exc)
+        log.debug("cn2an could not read numbers in %r: %s", text.text, exc)
         return text
+
+
+_HAS_DIGIT = regex.compile(r"\d")
 
 
 def _word_phonemes(word: str) -> str:
@@ -88,20 +98,24 @@ def _word_phonemes(word: str) -> str:
     return ipa.replace("\u032f", "")
 
 
-def mandarin_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str]]]:
+def mandarin_words(parts: list[str], read: list[bool]) -> list[list[tuple[str, str, int, int]]]:
     """The words, with phonemes, of each part to `read` (a run of Chinese text without spaces or
-    punctuation). Characters that are neither Han nor read by cn2an (a stray symbol, kana) come back
-    as words with no phonemes."""
-    out: list[list[tuple[str, str]]] = []
+    punctuation), each with where it stands in its part ([start, end)). Characters that are
+    neither Han nor read by cn2an (a stray symbol, kana) come back as words with no phonemes."""
+    out: list[list[tuple[str, str, int, int]]] = []
     with _lock:  # jieba's tokenizer is shared; the text frontend runs in several threads
         for part, to_read in zip(parts, read):
-            words: list[tuple[str, str]] = []
+            words: list[tuple[str, str, int, int]] = []
             # The normalizer has read the numbers already unless the request turned it off; misaki
             # reads them either way, and on text without digits this is a no-op.
-            for m in _HAN_OR_NOT.finditer(spoken_numbers(part) if to_read else ""):
+            spoken = spoken_numbers(MappedText.of(part)) if to_read else MappedText.of("")
+            for m in _HAN_OR_NOT.finditer(spoken.text):
                 if m.group(1):
-                    words += [(w, _word_phonemes(w)) for w in _segmenter().lcut(m.group(1), HMM=True)]
+                    at = m.start()
+                    for w in _segmenter().lcut(m.group(1), HMM=True):
+                        words.append((w, _word_phonemes(w), *spoken.span(at, at + len(w))))
+                        at += len(w)
                 else:
-                    words.append((m.group(2), ""))
+                    words.append((m.group(2), "", *spoken.span(m.start(), m.end())))
             out.append(words)
     return out

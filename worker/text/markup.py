@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from worker.text.source_map import MappedText, Reading, plain_or_mapped
 from worker.text.vocab import vocab
 
 # Kokoro's own markup, passed through every rule untouched: pronunciation links and pause tags.
@@ -105,27 +106,32 @@ _SPEECH_TAG = re.compile(rf"<(?:voice|prosody)\b(?P<attributes>{_ATTRIBUTES})\s*
                          re.IGNORECASE)
 
 
-def read_markup(text: str) -> str:
+@plain_or_mapped
+def read_markup(text: MappedText) -> MappedText:
     """Markdown, HTML and SSML in `text` -> the text a listener should hear (see the module
-    docstring). Lines keep their breaks, so the splitter still sees paragraphs."""
+    docstring). Lines keep their breaks, so the splitter still sees paragraphs. What is read maps
+    back to where it stands in the markup (a heading's words to themselves, not to its `#`)."""
     text = _read_tags(drop_code_blocks(text))
-    text = _RULE_LINE.sub("", text)
-    text = _TABLE_DIVIDER.sub("", text)
-    text = _TABLE_ROW.sub(lambda m: _own_sentence(", ".join(c.strip() for c in m.group(1).split("|") if c.strip())),
-                          text)
-    text = _HEADING.sub(lambda m: _own_sentence(m.group(1)), text)
-    text = _QUOTE.sub("", text)
-    text = _BULLET.sub(lambda m: _own_sentence(m.group(1)), text)
-    text = _NUMBERED.sub(lambda m: f"{m.group(1)} {_own_sentence(m.group(2))}", text)
-    text = _IMAGE.sub(r"\1", text)
-    text = _LINK.sub(_link, text)
-    text = _AUTOLINK.sub(r"\1", text)
-    text = _CODE.sub(r"\2", text)
+    text = text.sub(_RULE_LINE, "")
+    text = text.sub(_TABLE_DIVIDER, "")
+    text = text.sub(_TABLE_ROW, lambda m: _own_sentence(", ".join(c.strip() for c in m.group(1).split("|")
+                                                                  if c.strip())))
+    text = text.sub(_HEADING, lambda m: _own_sentence(m.group(1)))
+    text = text.sub(_QUOTE, "")
+    text = text.sub(_BULLET, lambda m: _own_sentence(m.group(1)))
+    text = text.sub(_NUMBERED, lambda m: f"{m.group(1)} {_own_sentence(m.group(2))}")
+    text = text.sub(_IMAGE, r"\1")
+    text = text.sub(_LINK, _link)
+    text = text.sub(_AUTOLINK, r"\1")
+    text = text.sub(_CODE, r"\2")
     for pattern in (_STRONG, _STRIKE):
-        text = pattern.sub(lambda m: m.group(m.lastindex), text)
-    text = _STAR.sub(r"\1", text)
-    text = _UNDERSCORE.sub(r"\1", text)
-    return re.sub(r"[^\S\n]*\n\s*", "\n", text).strip()
+        text = text.sub(pattern, lambda m: m.group(m.lastindex))
+    text = text.sub(_STAR, r"\1")
+    text = text.sub(_UNDERSCORE, r"\1")
+    return text.sub(_LINE_END, "\n").strip()
+
+
+_LINE_END = re.compile(r"[^\S\n]*\n\s*")
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ class Delivery:
 _RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25, "x-fast": 1.5}
 
 
-def split_speech(text: str) -> list[tuple[Delivery, str]]:
+def split_speech(text: str | MappedText) -> list[tuple[Delivery, str | MappedText]]:
     """`text` cut where SSML's `<voice name="...">` or `<prosody rate="...">` changes who reads it or
     how fast: (its delivery, the text), in order, without those tags and without blank parts.
     Elements nest; one never closed runs to the end, a stray closing tag is dropped, and a `<voice>`
@@ -148,13 +154,16 @@ def split_speech(text: str) -> list[tuple[Delivery, str]]:
 
         split_speech('Hi. <voice name="am_adam">Hello, <prosody rate="slow">friend.</prosody></voice>')
         -> [(Delivery(), "Hi. "), (Delivery("am_adam"), "Hello, "), (Delivery("am_adam", 0.75), "friend.")]
+
+    Given a MappedText, the parts are pieces of it (mapped to the source as it is).
     """
-    if not _SPEECH_TAG.search(text):
+    written = text if isinstance(text, str) else text.text
+    if not _SPEECH_TAG.search(written):
         return [(Delivery(), text)]
-    parts: list[tuple[Delivery, str]] = []
+    parts: list[tuple[Delivery, str | MappedText]] = []
     open_tags: list[str] = []
     start = 0
-    for tag in _SPEECH_TAG.finditer(text):
+    for tag in _SPEECH_TAG.finditer(written):
         parts.append((delivery(open_tags), text[start:tag.start()]))
         start = tag.end()
         _follow(tag, open_tags)
@@ -212,8 +221,9 @@ _VOICE_TAG = re.compile(r"\[(voice|rate)\s*:\s*([^\[\]]*?)\s*\]", re.IGNORECASE)
 _SPEC_CHARACTERS = re.compile(r"^[A-Za-z0-9_+\-().\s]+$")
 
 
-def voice_tags_as_ssml(text: str, aliases: dict[str, tuple[str, float]] | None = None,
-                       base_rate: float = 1.0) -> str:
+@plain_or_mapped
+def voice_tags_as_ssml(text: MappedText, aliases: dict[str, tuple[str, float]] | None = None,
+                       base_rate: float = 1.0) -> MappedText:
     """`text` with Kokoro-FastAPI's `[voice:SPEC]` and `[rate:X]` tags as SSML elements for
     `split_speech`. A voice tag reads everything after it in SPEC (a voice spec, or a name of
     `aliases`: lowercase name -> (spec, its own pace)) at that voice's pace; a rate tag scales the
@@ -227,13 +237,11 @@ def voice_tags_as_ssml(text: str, aliases: dict[str, tuple[str, float]] | None =
     from worker.text.text_errors import TextError
 
     aliases = aliases or {}
-    out: list[str] = []
+    edits: list[tuple[int, int, str]] = []  # each tag and the elements it becomes
     voice_open = rate_open = False
     voice_rate = base_rate  # the pace of the voice speaking now
-    start = 0
-    for tag in _VOICE_TAG.finditer(text):
-        out.append(text[start:tag.start()])
-        start = tag.end()
+    for tag in _VOICE_TAG.finditer(text.text):
+        out: list[str] = []
         kind, value = tag.group(1).lower(), tag.group(2)
         if rate_open:
             out.append("</prosody>")
@@ -260,9 +268,11 @@ def voice_tags_as_ssml(text: str, aliases: dict[str, tuple[str, float]] | None =
         if factor != 1.0:
             out.append(f'<prosody rate="{factor:.6g}">')
             rate_open = True
-    out.append(text[start:])
-    out.append("</prosody>" * rate_open + "</voice>" * voice_open)
-    return "".join(out)
+        edits.append((tag.start(), tag.end(), "".join(out)))
+    closing = "</prosody>" * rate_open + "</voice>" * voice_open
+    if closing:
+        edits.append((len(text), len(text), closing))
+    return text.edited(edits) if edits else text
 
 
 def code_fence(line: str) -> str | None:
@@ -280,19 +290,26 @@ def closes_code(fence: str, line: str) -> bool:
     return m is not None and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip()
 
 
-def drop_code_blocks(text: str) -> str:
+@plain_or_mapped
+def drop_code_blocks(text: MappedText) -> MappedText:
     """`text` without its fenced code blocks (fences included); a line break stands for each."""
-    if "```" not in text and "~~~" not in text:
+    if "```" not in text.text and "~~~" not in text.text:
         return text
-    kept: list[str] = []
+    dropped: list[tuple[int, int, str]] = []
     fence: str | None = None
-    for line in text.split("\n"):
+    start = 0  # of the line
+    for line in text.text.split("\n"):
+        end = start + len(line)
         if fence is None:
             fence = code_fence(line)
-            kept.append(line if fence is None else "")
-        elif closes_code(fence, line):
-            fence = None
-    return "\n".join(kept)
+            if fence is not None:
+                dropped.append((start, end, ""))  # the opening fence's line; its line break stays
+        else:
+            dropped.append((start - 1, end, ""))  # a line of code, with the line break before it
+            if closes_code(fence, line):
+                fence = None
+        start = end + 1
+    return text.edited([d for d in dropped if d[1] > d[0]])
 
 
 def is_pronunciation(target: str) -> bool:
@@ -326,17 +343,17 @@ def _own_sentence(line: str) -> str:
     return line if not line or line[-1] in _ENDS_SENTENCE else line + "."
 
 
-def _read_tags(text: str) -> str:
-    if "<" not in text and "&" not in text:
+def _read_tags(text: MappedText) -> MappedText:
+    if "<" not in text.text and "&" not in text.text:
         return text
-    text = _BREAK.sub(_pause_tag, text)
-    text = _SUB.sub(_alias, text)
-    text = _SAY_AS.sub(_say_as, text)
-    text = _PHONEME.sub(_phoneme, text)
-    ssml = bool(_SPEAK.search(text))
-    text = _TAG.sub(lambda m: _tag(m, text, ssml), text)
-    if _ENTITY.search(text):
-        text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
+    text = text.sub(_BREAK, _pause_tag)
+    text = text.sub(_SUB, _alias)
+    text = text.sub(_SAY_AS, _say_as)
+    text = text.sub(_PHONEME, _phoneme)
+    ssml = bool(_SPEAK.search(text.text))
+    text = text.sub(_TAG, lambda m: _tag(m, m.string, ssml))
+    if _ENTITY.search(text.text):
+        text = text.sub(_ENTITY, lambda m: html.unescape(m.group(0)))
     return text
 
 
@@ -356,7 +373,7 @@ def _pause_tag(m: re.Match) -> str:
     return f"[pause:{time.group(1)}{time.group(2).lower()}]" if time else " "
 
 
-def _say_as(m: re.Match) -> str:
+def _say_as(m: re.Match) -> str | Reading:
     """SSML's `<say-as interpret-as="...">`: `characters` (or `spell-out`, `letters`, `verbatim`)
     spells its text letter by letter and digit by digit ("XJ4-b2" -> "X J 4, B 2"), `digits` reads
     digit by digit, `ordinal` a number as a rank ("3" -> "3rd"), `telephone` digit by digit in its
@@ -364,14 +381,14 @@ def _say_as(m: re.Match) -> str:
     kind = _attribute(m.group(1), "interpret-as").lower()
     content = m.group(2)
     if kind in ("characters", "spell-out", "letters", "verbatim"):
-        return ", ".join(" ".join(_LETTER_A if ch in "aA" else ch.upper() for ch in group)
-                         for group in re.findall(r"[^\W_]+", content))
+        return Reading(", ".join(" ".join(_LETTER_A if ch in "aA" else ch.upper() for ch in group)
+                                 for group in re.findall(r"[^\W_]+", content)), 2)
     if kind in ("digits", "telephone"):
-        return ", ".join(" ".join(group) for group in re.findall(r"\d+", content)) or content
+        return Reading(", ".join(" ".join(group) for group in re.findall(r"\d+", content)) or content, 2)
     if kind == "ordinal" and re.fullmatch(r"\s*\d+\s*", content):
         n = int(content)
         suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-        return f"{n}{suffix}"
+        return Reading(f"{n}{suffix}", 2)
     return content
 
 
@@ -400,6 +417,6 @@ def _phoneme(m: re.Match) -> str:
     return f"[{word}](/{phonemes}/)" if is_pronunciation(phonemes) else m.group(2)
 
 
-def _alias(m: re.Match) -> str:
+def _alias(m: re.Match) -> str | Reading:
     alias = _ALIAS.search(m.group(1))
-    return next(g for g in alias.groups() if g is not None) if alias else m.group(2)
+    return Reading(next(g for g in alias.groups() if g is not None), 2) if alias else m.group(2)

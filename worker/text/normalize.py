@@ -23,6 +23,7 @@ from worker.text import (localized, read_abbreviations, read_addresses, read_mon
 from worker.text.lexicon import Lexicon
 from worker.text.markup import KOKORO_MARKUP, read_markup
 from worker.text.read_rule import Rule
+from worker.text.source_map import MappedText, plain_or_mapped
 
 
 @dataclass
@@ -52,43 +53,49 @@ class NormalizationOptions:
         return cls(**known)
 
 
-def clean_text(text: str) -> str:
+@plain_or_mapped
+def clean_text(text: MappedText) -> MappedText:
     """Always applied, even with normalization off: control characters become spaces, invisible
     format characters (zero-width joiners, soft hyphens, BOM) go, every script's decimal digits
     become ASCII ones (fullwidth ３, Devanagari ३), whitespace runs collapse. Newlines survive (they
     mark paragraph ends for the splitter)."""
-    out = []
-    for ch in text:
+    edits = []
+    for i, ch in enumerate(text.text):
+        if " " <= ch <= "~" or ch == "\n":
+            continue  # printable ASCII: nothing to clean (most of most texts)
         cat = unicodedata.category(ch)
-        if ch == "\n":
-            out.append("\n")
-        elif cat == "Cc" or cat in ("Zl", "Zp") or ch in "\u2028\u2029":
-            out.append(" " if ch not in "\r\u2028\u2029" else "\n")
+        if cat == "Cc" or cat in ("Zl", "Zp") or ch in "\u2028\u2029":
+            edits.append((i, i + 1, " " if ch not in "\r\u2028\u2029" else "\n"))
         elif cat in ("Cf", "Cs", "Co", "Cn") and not ch.isspace():
-            continue
+            edits.append((i, i + 1, ""))
         elif cat == "Nd" and not ch.isascii():
-            out.append(str(unicodedata.digit(ch)))  # "３", "٣", "३": misaki's Japanese numbers died on all but ASCII
-        else:
-            out.append(ch)
-    cleaned = "".join(out)
-    cleaned = re.sub(r"[^\S\n]+", " ", cleaned)
-    cleaned = re.sub(r" *\n[\s]*", "\n", cleaned)
-    return cleaned.strip()
+            edits.append((i, i + 1, str(unicodedata.digit(ch))))  # "３", "٣", "३": misaki's Japanese numbers died on all but ASCII
+    if edits:
+        text = text.edited([(a, b, r) for a, b, r in edits if r != text.text[a:b]])
+    text = text.sub(_SPACE_RUN, " ")
+    text = text.sub(_LINE_BREAK, "\n")
+    return text.strip()
 
+
+# Whitespace to collapse to one space (a single space is left alone: matching it would cost a call each).
+_SPACE_RUN = re.compile(r"[^\S\n]{2,}|[^\S \n]")
+_LINE_BREAK = re.compile(r" *\n\s*")
 
 _JAPANESE_RANGE = re.compile(r"[〜～](?=\d)")
 
 
 
-def normalize_text(text: str, options: NormalizationOptions | None = None, lang_code: str = "a",
-                   lexicon: Lexicon | None = None) -> str:
+@plain_or_mapped
+def normalize_text(text: MappedText, options: NormalizationOptions | None = None, lang_code: str = "a",
+                   lexicon: Lexicon | None = None) -> MappedText:
     """Normalize `text` for `lang_code` (English rules for `a` and `b`; in every other language,
     dates, clock times and the signs its reader would drop in words (worker/text/localized.py), then
     Mandarin's numbers read out by cn2an, as misaki does, so "10%" becomes 百分之十, and Japanese's
     wave dash before a number read "kara"; espeak-ng and misaki's Japanese reader read their
     numbers themselves). Markdown, HTML and SSML are first read as rendered text, in every
     language (`read_markup`); then the deployment's `lexicon` (KOKORO_LEXICON) marks its words as
-    Kokoro's pronunciation links, which, like its pause tags, pass through untouched."""
+    Kokoro's pronunciation links, which, like its pause tags, pass through untouched. Given a
+    MappedText, the result maps back to it (a plain string gives a plain string)."""
     options = options or NormalizationOptions()
     text = clean_text(text)
     if options.normalize and options.markup_normalization:  # in any language: agents write Markdown in all
@@ -100,25 +107,24 @@ def normalize_text(text: str, options: NormalizationOptions | None = None, lang_
     if lang_code == "z":
         from worker.text.mandarin import digit_strings, spoken_numbers
 
-        def rules(piece: str) -> str:
+        def rules(piece: MappedText) -> MappedText:
             return spoken_numbers(localized.normalize(digit_strings(piece), lang_code))
     elif lang_code == "j":
-        def rules(piece: str) -> str:  # "10〜20人": from ten to twenty, as misaki reads it
-            return localized.normalize(_JAPANESE_RANGE.sub("から", piece), lang_code)  # before 20 is 二十
+        def rules(piece: MappedText) -> MappedText:  # "10〜20人": from ten to twenty, as misaki reads it
+            return localized.normalize(piece.sub(_JAPANESE_RANGE, "から"), lang_code)  # before 20 is 二十
     elif lang_code in localized.LANGUAGES:
-        def rules(piece: str) -> str:
+        def rules(piece: MappedText) -> MappedText:
             return localized.normalize(piece, lang_code)
     else:
-        def rules(piece: str) -> str:
+        def rules(piece: MappedText) -> MappedText:
             return _normalize_english(piece, options, lang_code == "b")
     pieces, last = [], 0
-    for m in KOKORO_MARKUP.finditer(text):
+    for m in KOKORO_MARKUP.finditer(text.text):
         pieces.append(rules(text[last:m.start()]))
-        pieces.append(m.group(0))
+        pieces.append(text[m.start():m.end()])
         last = m.end()
     pieces.append(rules(text[last:]))
-    joined = "".join(pieces)
-    return re.sub(r"[^\S\n]+", " ", joined).strip()
+    return MappedText.join(pieces).sub(_SPACE_RUN, " ").strip()
 
 
 # Every English rule in the order it is applied: the order matters (an email is read before its dots
@@ -225,13 +231,15 @@ def _spaced(m: re.Match, spoken: str) -> str:
     return spoken
 
 
-def _normalize_english(text: str, options: NormalizationOptions, british: bool) -> str:
-    if not text.strip():
+def _normalize_english(text: MappedText, options: NormalizationOptions, british: bool) -> MappedText:
+    if not text.text.strip():
         return text
     for rule in RULES:
         if rule.option is not None and not getattr(options, rule.option):
             continue
-        text = rule.pattern.sub(lambda m, say=rule.say: _spaced(m, say(m, british)), text)
-    text = re.sub(r"\b(AM|PM)\s?[-–]\s?(?=[a-z])", r"\1 to ", text)  # 9am-5pm
-    text = text.replace("...", "…")
-    return text
+        text = text.sub(rule.pattern, lambda m, say=rule.say: _spaced(m, say(m, british)))
+    text = text.sub(_AM_PM_BEFORE_WORD, r"\1 to ")  # 9am-5pm
+    return text.replace("...", "…")
+
+
+_AM_PM_BEFORE_WORD = re.compile(r"\b(AM|PM)\s?[-–]\s?(?=[a-z])")

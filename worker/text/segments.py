@@ -36,6 +36,9 @@ pauses anyway.
     segmenter.push(". Let me check.")    # ["Fine."]
     segmenter.settle()                   # ["Let me check."]: the writer paused after it
     segmenter.flush()                    # "" (a flush also starts a new turn)
+
+Each piece is a `TextPiece`, a string that also knows where its text stands in everything pushed
+(`written_at`), so the words spoken from it point into what the writer sent.
 """
 
 from __future__ import annotations
@@ -62,6 +65,24 @@ _CLOSING_TAG = re.compile(r"</(?:[\w:-]+\s*>?)?$|</[\w:-]+\s*>")  # a closing ta
 _CODE_LINE_GOES_ON = "x"  # stands for the start of a long code line: no closing fence starts so
 
 
+class TextPiece(str):
+    """A piece as it is read: the `<voice>` and `<prosody>` tags it is inside of, reopened
+    (`reopened` characters), then its text, which starts at `offset` in all the text pushed."""
+
+    offset: int
+    reopened: int
+
+    def __new__(cls, text: str, offset: int = 0, reopened: int = 0) -> "TextPiece":
+        piece = super().__new__(cls, text)
+        piece.offset, piece.reopened = offset, reopened
+        return piece
+
+    def written_at(self, i: int) -> int:
+        """Where character `i` of the piece (or the boundary before it) stands in all the text
+        pushed; a reopened tag stands where the piece's text starts."""
+        return self.offset + max(0, i - self.reopened)
+
+
 class TextSegmenter:
     def __init__(self, clause_piece_min_chars: int = CLAUSE_PIECE_MIN_CHARS, opening_chars: int = OPENING_CHARS,
                  max_piece_chars: int = MAX_PIECE_CHARS, reads_markup: bool = True):
@@ -71,23 +92,24 @@ class TextSegmenter:
         self.reads_markup = reads_markup
         self.open_tags: list[str] = []  # the <voice> and <prosody> elements open, outermost first
         self.buffer = ""
+        self.consumed = 0  # characters pushed before the buffer's first (cut, dropped or cleared)
         self.turn_chars = 0  # cut into pieces since the session's start, the last flush or pause
         self.line_start = True  # the buffer starts a line
         self.fence: str | None = None  # inside a code block: the fence that opened it
 
-    def push(self, text: str) -> list[str]:
+    def push(self, text: str) -> list[TextPiece]:
         """Add text; return the pieces it completed, in order (stripped, never blank)."""
         self.buffer += text
         return self._cut()
 
-    def settle(self) -> list[str]:
+    def settle(self) -> list[TextPiece]:
         """The writer paused: the pieces that a space after the buffered text would complete
         (stripped, never blank). What stays buffered is an unfinished sentence (or word)."""
         pieces = self._cut(settled=True)
         self.turn_chars = 0
         return pieces
 
-    def _cut(self, settled: bool = False) -> list[str]:
+    def _cut(self, settled: bool = False) -> list[TextPiece]:
         pieces = []
         while True:
             if self.reads_markup and self._skip_code():
@@ -97,38 +119,46 @@ class TextSegmenter:
             end = self._piece_end(settled)
             if end is None:
                 break
-            piece, self.buffer = self.buffer[:end], self.buffer[end:]
+            piece, start = self.buffer[:end], self.consumed
+            self._drop_to(self.buffer[end:])
             self.turn_chars += end
             self.line_start = piece.endswith("\n")
             if piece.strip():
-                pieces.append(self._as_read(piece.strip()))
+                pieces.append(self._as_read(piece, start))
         return pieces
 
-    def flush(self) -> str:
+    def flush(self) -> TextPiece:
         """Everything buffered, as one piece ("" when there is nothing to say: an unclosed code
         block ends with the turn)."""
         while self.reads_markup and self._skip_code():
             pass
         code = self.fence is not None or (self.reads_markup and self._fence_line_coming(final=True))
-        piece = "" if code or not self.buffer.strip() else self._as_read(self.buffer.strip())
+        piece = TextPiece("") if code or not self.buffer.strip() else self._as_read(self.buffer, self.consumed)
         self.clear()
         return piece
 
     def clear(self) -> None:
-        self.buffer = ""
+        self._drop_to("")
         self.turn_chars = 0
         self.line_start = True
         self.fence = None
         self.open_tags = []
 
-    def _as_read(self, piece: str) -> str:
-        """`piece`, opened with the `<voice>` and `<prosody>` tags it is inside of; those it opens
-        and closes are followed for the next piece."""
+    def _drop_to(self, rest: str) -> None:
+        """The buffer becomes `rest`, its end: what went before it is cut, dropped or cleared."""
+        self.consumed += len(self.buffer) - len(rest)
+        self.buffer = rest
+
+    def _as_read(self, cut: str, offset: int) -> TextPiece:
+        """The text `cut` from `offset` of all pushed, stripped and opened with the `<voice>` and
+        `<prosody>` tags it is inside of; those it opens and closes are followed for the next piece."""
+        piece = cut.strip()
+        offset += len(cut) - len(cut.lstrip())
         if not self.reads_markup:
-            return piece
+            return TextPiece(piece, offset)
         inside = "".join(self.open_tags)
         follow_speech_tags(piece, self.open_tags)
-        return inside + piece
+        return TextPiece(inside + piece, offset, len(inside))
 
     def _fence_line_coming(self, final: bool = False) -> bool:
         """Whether the buffer starts a line that opens a code block, or may once more comes ("``";
@@ -156,18 +186,21 @@ class TextSegmenter:
                 first = False
             if rest is None or (first and not self.line_start) or (fence := code_fence(line)) is None:
                 return False
-            self.fence, self.buffer, self.line_start = fence, rest, True
+            self._drop_to(rest)
+            self.fence, self.line_start = fence, True
             return True
         dropped = False
         while self.fence is not None:
             line, rest = _first_line(self.buffer)
             if rest is None:
                 if len(line) > self.max_piece_chars:  # too long to close the block: keep a mark of it, not it
-                    self.buffer, dropped = _CODE_LINE_GOES_ON, True
+                    self._drop_to(_CODE_LINE_GOES_ON)
+                    dropped = True
                 return dropped
             if closes_code(self.fence, line):
                 self.fence = None
-            self.buffer, dropped = rest, True
+            self._drop_to(rest)
+            dropped = True
         return dropped
 
     def _piece_end(self, settled: bool = False) -> int | None:
