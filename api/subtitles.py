@@ -102,14 +102,20 @@ def visible_text(source: str, at_line_start: bool = False) -> str:
 
 
 def _punctuation(run: str) -> str:
-    """The punctuation a reader sees in `run`, text no word was read from."""
+    """The punctuation a reader sees in `run`, text no word was read from and standing alone."""
     return "".join(c for c in run if unicodedata.category(c).startswith("P") and c not in _MARKUP_PUNCTUATION)
+
+
+def _unmarked(run: str) -> str:
+    """`run`, touching a word no space apart, as a reader sees it: part of that word ("https://"
+    before the "example.com" read), markup's own marks aside."""
+    return "".join(c for c in run if c not in _MARKUP_PUNCTUATION)
 
 
 @dataclass(frozen=True)
 class Gap:
-    """What lies between two read spans: the punctuation after the first (`closing`: what touches
-    it, and what stands alone on its line), before the second (`opening`: what touches it),
+    """What lies between two read spans: what is shown after the first (`closing`: what touches it,
+    and the punctuation that stands alone on its line), before the second (`opening`: what touches it),
     whether a space parts them, and how strong a break it is (NO_BREAK ... PARAGRAPH)."""
 
     closing: str
@@ -128,14 +134,14 @@ class Gap:
         gap = _entities(_KOKORO_TAG.sub(" ", _LINK_TARGET.sub("", gap)))
         runs = gap.split()
         if len(runs) == 1 and not gap[:1].isspace() and not gap[-1:].isspace():  # nothing parts them
-            closing, opening = _punctuation(runs[0]), ""
+            closing, opening = _unmarked(runs[0]), ""
         else:
             first = runs.pop(0) if runs and not gap[:1].isspace() else ""
             last = runs.pop() if runs and not gap[-1:].isspace() else ""
             # what stands alone between them (" — ") goes with the first; across lines (code) it is dropped
             middle = " ".join(p for p in map(_punctuation, runs) if p) if "\n" not in gap.strip() else ""
-            closing = _punctuation(first) + (" " + middle if middle else "")
-            opening = _punctuation(last)
+            closing = _unmarked(first) + (" " + middle if middle else "")
+            opening = _unmarked(last)
         if new_item or "\n\n" in re.sub(r"[ \t]+", "", gap):
             breaks = PARAGRAPH
         elif numbering:
@@ -183,19 +189,36 @@ def _joined(words: list[ShownWord]) -> str:
     return "".join((" " if w.spaced and i else "") + w.text for i, w in enumerate(words))
 
 
+# Choosing where the first line of two ends: columns of imbalance a break after a sentence or a
+# clause is worth, and what one after a word that leads into the next ("the", "of") costs.
+_LINE_END_BONUS = {NO_BREAK: 0, CLAUSE: 20, SENTENCE: 40, PARAGRAPH: 40}
+_DANGLING = frozenset("a an the of to in on at for with by from and or but his her its my your our their".split())
+_DANGLING_PENALTY = 8
+
+
+def _breakable(words: list[ShownWord], k: int) -> bool:
+    """Whether a line may end before words[k]: at a space, or between two wide (CJK) characters,
+    never inside what is written as one ("example.com/help")."""
+    return words[k].spaced or columns(words[k - 1].text[-1:]) == 2 or columns(words[k].text[:1]) == 2
+
+
 def cue_lines(words: list[ShownWord]) -> tuple[list[str], int]:
     """The best two-line layout of `words` (one line when it fits) and the columns it runs over
     the limit (0 when it fits). A line ends at a sentence or clause where it can, else the lines
     are kept even."""
     whole = _joined(words)
-    if columns(whole) <= LINE_COLUMNS or len(words) == 1:
-        return [whole], max(0, columns(whole) - LINE_COLUMNS)
-    best: tuple[float, int, list[str]] | None = None
+    over = max(0, columns(whole) - LINE_COLUMNS)
+    best: tuple[float, int, list[str]] = (1000 * over, over, [whole])
+    if not over:
+        return [whole], 0
     for k in range(1, len(words)):
+        if not _breakable(words, k):
+            continue
         top, bottom = _joined(words[:k]), _joined(words[k:])
         over = max(0, columns(top) - LINE_COLUMNS) + max(0, columns(bottom) - LINE_COLUMNS)
-        cost = 1000 * over + abs(columns(top) - columns(bottom)) - 12 * min(words[k - 1].breaks, SENTENCE)
-        if best is None or cost < best[0]:
+        cost = 1000 * over + abs(columns(top) - columns(bottom)) - _LINE_END_BONUS[words[k - 1].breaks] + \
+            (_DANGLING_PENALTY if words[k - 1].text.lower() in _DANGLING else 0)
+        if cost < best[0]:
             best = (cost, over, [top, bottom])
     return best[2], best[1]
 
@@ -212,21 +235,20 @@ class Cue:
 
 
 def _fits(words: list[ShownWord]) -> bool:
-    if len(words) == 1:
-        return True
     return cue_lines(words)[1] == 0 and words[-1].end - words[0].start <= MAX_CUE_SECONDS
 
 
 def _cut(words: list[ShownWord]) -> int:
-    """Where to end a full cue: after its last sentence, else after its last clause that leaves
-    the cue MIN_CUT_COLUMNS or more, else after all of it."""
+    """Where to end a cue that `words` overflow (k: before words[k], 0 < k < len(words)): after its
+    last sentence, else after its last clause that leaves the cue MIN_CUT_COLUMNS or more, else at
+    the last place a line may end."""
     for k in range(len(words) - 1, 0, -1):
         if words[k - 1].breaks >= SENTENCE:
             return k
     for k in range(len(words) - 1, 0, -1):
         if words[k - 1].breaks == CLAUSE and columns(_joined(words[:k])) >= MIN_CUT_COLUMNS:
             return k
-    return len(words)
+    return next((k for k in range(len(words) - 1, 0, -1) if _breakable(words, k)), len(words) - 1)
 
 
 # --- words -> cues, as they come ----------------------------------------------------------------
@@ -306,11 +328,12 @@ class CueBuilder:
                     last.breaks == SENTENCE and last.end - cue[0].start >= MIN_CUE_SECONDS):
                 done.append(self._emit(cue, word.start, None))
                 cue = []
-        while cue and not _fits(cue + [word]):
+        cue = cue + [word]
+        while len(cue) > 1 and not _fits(cue):
             k = _cut(cue)
-            done.append(self._emit(cue[:k], cue[k].start if k < len(cue) else word.start, None))
+            done.append(self._emit(cue[:k], cue[k].start, None))
             cue = cue[k:]
-        self._cue = cue + [word]
+        self._cue = cue
 
     def _emit(self, words: list[ShownWord], next_start: float | None, audio_seconds: float | None) -> Cue:
         """A cue's final times: from its first word to LINGER_SECONDS after its last, at least

@@ -236,3 +236,14 @@ def test_headings_and_list_items_are_cues_of_their_own():
     cues = both(words, text, words[-1].end)
     assert [c[2] for c in cues] == ["Shopping", "Buy these:", "1. Apples", "2. Pears and plums", "Item Price",
                                     "Tea $3"]
+
+
+def test_what_is_written_as_one_stays_one():
+    """A URL read in parts ("https://" unread, "example", "dot", "com", "slash", "help") is shown as
+    written, whole on one line, never cut inside."""
+    text = "For the full set of instructions and answers visit https://example.com/help today."
+    words = spoken(text, [*plain(text.split("https")[0]), ("example", "example"), (".", "dot"), ("com", "com"),
+                          ("/", "slash"), ("help", "help"), ("today", "today")])
+    cues = both(words, text, words[-1].end + 0.5)
+    assert flat(cues) == text
+    assert any("https://example.com/help" in line for *_, t in cues for line in t.split("\n")), cues
