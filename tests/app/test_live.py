@@ -517,6 +517,10 @@ def test_a_code_block_in_the_reply_is_not_spoken(server, service):
         session.receive_until("done")
     words = [w["word"] for e in session.of("words") for w in e["words"]]
     assert words == ["Here", "is", "the", "fix:", "Run", "it", "It", "works"] and not session.of("error")
+    # each word points at where it stands in all the text sent, messages joined, the code block included
+    sent = "".join(token + " " for token in reply.split(" "))
+    assert [sent[w["input_start"]:w["input_end"]] for e in session.of("words") for w in e["words"]] == words
+    assert sent.index("Run") == [w["input_start"] for e in session.of("words") for w in e["words"]][4]
 
 
 def test_with_markdown_off_a_code_block_is_read(server):

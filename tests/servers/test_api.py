@@ -301,6 +301,7 @@ def test_captioned_speech(tiny_server):
     seconds = decode(base64.b64decode(body["audio"]), "wav")[0]
     words = body["timestamps"]
     assert [w["word"].strip(".").lower() for w in words] == ["captions", "come", "with", "times"]
+    assert [(w["input_start"], w["input_end"]) for w in words] == [(0, 8), (9, 13), (14, 18), (19, 24)]
     assert all(0 <= w["start_time"] <= w["end_time"] <= seconds + 1e-3 for w in words)
     assert [w["start_time"] for w in words] == sorted(w["start_time"] for w in words)
 
@@ -319,6 +320,7 @@ def test_mandarin_and_japanese_voices_speak_their_language_with_word_captions(ti
     seconds = decode(base64.b64decode(body["audio"]), "wav")[0]
     assert seconds > 0.3 * len(words)
     assert [w["word"] for w in body["timestamps"]] == words
+    assert [text[w["input_start"]:w["input_end"]] for w in body["timestamps"]] == words  # each word where it is
     assert all(0 <= w["start_time"] < w["end_time"] <= seconds + 1e-3 for w in body["timestamps"])
     phonemized = httpx.post(tiny_server.url + "/dev/phonemize", json={"text": text, "language": voice[0]}, timeout=60)
     assert phonemized.status_code == 200 and phonemized.json()["phonemes"].startswith(phonemes), phonemized.text

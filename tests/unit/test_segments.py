@@ -86,6 +86,28 @@ def test_nothing_is_lost_or_doubled_however_the_text_is_cut(text, cuts, pauses):
 
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("ab .,!?\n\"')3。") + ["Mr. ", "word ", "```\n", "```py\n", '<voice name="x">',
+                                                          "</voice>", "<prosody rate=\"2\">", "</prosody>", "~~~ "]),
+                max_size=120).map("".join),
+       st.lists(st.integers(min_value=0, max_value=300), max_size=10), st.booleans(), st.booleans())
+def test_each_piece_knows_where_its_text_stands_in_all_pushed(text, cuts, pauses, clear):
+    """A live session maps the words spoken from a piece back to the text its client sent: the
+    piece's own text (after any tags it reopens) is what was pushed at its offset, however the
+    text was cut, with code blocks dropped, a clear between, or voice tags reopened."""
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    segmenter = TextSegmenter(max_piece_chars=40)
+    pieces = []
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        pieces += segmenter.push(text[a:b]) + (segmenter.settle() if pauses else [])
+        if clear and k == 1:
+            segmenter.clear()
+    pieces.append(segmenter.flush())
+    for piece in pieces:
+        own = piece[piece.reopened:]
+        assert text[piece.written_at(piece.reopened):piece.written_at(len(piece))] == own, (text, piece)
+
+
 def test_a_pause_ends_the_sentences_a_space_would_end():
     segmenter = TextSegmenter()
     assert segmenter.push("Sure. Let me check that for you.") == ["Sure."]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 
 from worker.text import Chunk, WordSpan, text_to_chunks
@@ -61,3 +65,25 @@ def test_real_chunk_words_are_ordered_and_within_audio():
     assert starts == sorted(starts)
     assert all(a.end <= b.start for a, b in zip(stamps, stamps[1:]))  # a space lies between words
     assert stamps[-1].end <= durations.sum() * FRAME_SECONDS
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "frontend_words_recorded.json"
+
+
+def test_word_times_of_plain_texts_are_those_before_spans_existed():
+    """Spans must not move a word: for the sample texts (English prose, Mandarin and Japanese lines),
+    the chunks' ids (so the audio) and each word's ids are those the text frontend gave before
+    spans existed (recorded from commit 78a4884 into tests/data/frontend_words_recorded.json: per
+    chunk a hash of its ids and its words as [text, start, end]), and the same durations time
+    every word as the recorded words time it."""
+    rng = np.random.default_rng(7)
+    for entry in json.loads(RECORDED.read_text(encoding="utf-8")):
+        text = (RECORDED.parent / entry["text"]).read_text(encoding="utf-8")
+        chunks = text_to_chunks(text, entry["lang"])
+        assert [hashlib.sha256(json.dumps(c.ids).encode()).hexdigest()[:16] for c in chunks] == \
+            [c["ids"] for c in entry["chunks"]], entry["text"]
+        for chunk, before in zip(chunks, entry["chunks"]):
+            durations = rng.integers(0, 12, size=len(chunk.ids) + 2)
+            recorded = Chunk(chunk.text, chunk.phonemes, chunk.ids, [WordSpan(*w, 0, 0) for w in before["words"]])
+            assert [(w.word, w.start, w.end) for w in word_timestamps(chunk, durations, 1.5)] == \
+                [(w.word, w.start, w.end) for w in word_timestamps(recorded, durations, 1.5)]

@@ -35,6 +35,8 @@ from typing import Callable, Iterable, NamedTuple
 # Chinese or Japanese character is a token alone (those scripts write no spaces between words).
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff66-\uff9f"
 _ALIGN_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
+# In a whole text rewritten in places, its punctuation anchors the rewrites too ("0%，0个" -> "百分之零，零个").
+_ALIGN_TOKEN_OR_SIGN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
 _WORD_CHAR = re.compile(r"\w")
 
 
@@ -116,22 +118,25 @@ class MappedText:
     # --- rewriting ------------------------------------------------------------------------------
 
     def sub(self, pattern: re.Pattern | str, repl: Callable[[re.Match], "str | MappedText | Reading"] | str,
-            count: int = 0) -> "MappedText":
+            count: int = 0, by_words: bool = False) -> "MappedText":
         """`pattern.sub(repl, text)`, mapped: `repl` may also return a `Reading` or a MappedText
-        (already mapped: pieces of this text)."""
+        (already mapped: pieces of this text). `by_words`: the words a replacement keeps of its
+        match map to themselves wherever they stand (markup unwrapping them), not only at its ends."""
         if isinstance(pattern, str):
             pattern = re.compile(pattern)
+        if not callable(repl):
+            repl = _template(repl)
         edits: list[tuple[int, int, str | MappedText | Reading]] = []
 
         def record(m: re.Match) -> str:
-            r = repl(m) if callable(repl) else m.expand(repl)
+            r = repl(m)
             said = r if isinstance(r, str) else r.text
             if said != m.group(0):
                 edits.append((m.start(), m.end(), r if not isinstance(r, Reading) else (r, m.span(r.group))))
             return said
 
         rewritten = pattern.sub(record, self.text, count)
-        return self.edited(edits, rewritten) if edits else self
+        return self.edited(edits, rewritten, by_words) if edits else self
 
     def replace(self, old: str, new: str) -> "MappedText":
         return self.sub(re.compile(re.escape(old)), lambda m: new) if old in self.text else self
@@ -143,52 +148,51 @@ class MappedText:
         start = len(self.text) - len(self.text.lstrip(chars))
         return self[start:start + len(stripped)]
 
-    def edited(self, edits: list, rewritten: str | None = None) -> "MappedText":
+    def edited(self, edits: list, rewritten: str | None = None, by_words: bool = False) -> "MappedText":
         """This text with `edits` made: (start, end, replacement) in order, not overlapping; a
-        replacement is a string, a MappedText, or (Reading, (group start, group end))."""
-        starts: list[int] = []
-        ends: list[int] = []
-        texts: list[str] = []
-        last = 0
-        for a, b, replacement in edits:
-            starts += self.starts[last:a]
-            ends += self.ends[last:a]
-            if rewritten is None:
-                texts.append(self.text[last:a])
+        replacement is a string, a MappedText, or (Reading, (group start, group end)). `rewritten`:
+        the resulting text, when the caller has it already (`sub`)."""
+        starts, ends = self.starts[:], self.ends[:]
+        for a, b, replacement in reversed(edits):  # from the end: the earlier edits' offsets hold
             if isinstance(replacement, MappedText):
-                starts += replacement.starts
-                ends += replacement.ends
-                texts.append(replacement.text)
+                starts[a:b], ends[a:b] = replacement.starts, replacement.ends
+                continue
+            if isinstance(replacement, tuple):
+                (said, _), (g0, g1) = replacement
+                if g1 <= g0:
+                    g0, g1 = a, b
             else:
-                if isinstance(replacement, tuple):
-                    (said, _), (g0, g1) = replacement
-                    if g1 <= g0:
-                        g0, g1 = a, b
-                else:
-                    said, g0, g1 = replacement, a, b
-                self._map_replacement(a, b, g0, g1, said, starts, ends)
-                texts.append(said)
-            last = b
-        starts += self.starts[last:]
-        ends += self.ends[last:]
-        text = rewritten if rewritten is not None else "".join(texts) + self.text[last:]
-        return MappedText(text, starts, ends, self._point(0) if not self.text else self.anchor)
+                said, g0, g1 = replacement, a, b
+            starts[a:b], ends[a:b] = self._replacement_ranges(g0, g1, said, by_words)
+        if rewritten is None:
+            texts, last = [], 0
+            for a, b, replacement in edits:
+                said = replacement if isinstance(replacement, str) else (
+                    replacement.text if isinstance(replacement, MappedText) else replacement[0].text)
+                texts += [self.text[last:a], said]
+                last = b
+            rewritten = "".join(texts) + self.text[last:]
+        return MappedText(rewritten, starts, ends, self._point(0) if not self.text else self.anchor)
 
-    def _map_replacement(self, a: int, b: int, g0: int, g1: int, said: str, starts: list[int], ends: list[int]) -> None:
-        """Append the ranges of `said`, which replaces characters [a, b) and reads [g0, g1) of them."""
+    def _replacement_ranges(self, g0: int, g1: int, said: str, by_words: bool) -> tuple[list[int], list[int]]:
+        """The ranges of the characters of `said`, which reads characters [g0, g1) (`_align`)."""
         if not said:
-            return
+            return [], []
         if g0 == g1:  # nothing replaced: an insertion between two characters
             if _WORD_CHAR.search(said):  # a word where there was none: the characters around it
                 lo = self.starts[g0 - 1] if g0 > 0 else self._point(g0)
                 hi = self.ends[g0] if g0 < len(self.ends) else self._point(g0)
             else:
                 lo = hi = self._point(g0)
-            starts += [lo] * len(said)
-            ends += [hi] * len(said)
-            return
-        for length, verbatim, t0, t1 in _align(self.text[g0:g1], said):
-            t0, t1 = t0 + g0, t1 + g0
+            return [lo] * len(said), [hi] * len(said)
+        return self._ranges(_align(self.text[g0:g1], said, by_words), g0)
+
+    def _ranges(self, segments: list["Segment"], offset: int = 0) -> tuple[list[int], list[int]]:
+        """The ranges of a replacement's characters from its `segments` over this text from `offset`."""
+        starts: list[int] = []
+        ends: list[int] = []
+        for length, verbatim, t0, t1 in segments:
+            t0, t1 = t0 + offset, t1 + offset
             if verbatim:
                 starts += self.starts[t0:t1]
                 ends += self.ends[t0:t1]
@@ -199,6 +203,7 @@ class MappedText:
                 point = self._point(t0)
                 starts += [point] * length
                 ends += [point] * length
+        return starts, ends
 
     def aligned(self, rewritten: str) -> "MappedText":
         """`rewritten`, the whole of this text rewritten by a reader that says not where (cn2an's
@@ -207,20 +212,7 @@ class MappedText:
             return self
         if not self.text:
             return MappedText(rewritten, [self.anchor] * len(rewritten), [self.anchor] * len(rewritten), self.anchor)
-        starts: list[int] = []
-        ends: list[int] = []
-        for length, verbatim, t0, t1 in _align(self.text, rewritten, local=True):
-            if verbatim:
-                starts += self.starts[t0:t1]
-                ends += self.ends[t0:t1]
-            elif t1 > t0:
-                starts += [self.starts[t0]] * length
-                ends += [self.ends[t1 - 1]] * length
-            else:
-                point = self._point(t0)
-                starts += [point] * length
-                ends += [point] * length
-        return MappedText(rewritten, starts, ends, self.anchor)
+        return MappedText(rewritten, *self._ranges(_align(self.text, rewritten, local=True)), self.anchor)
 
 
 # (length in the replacement, verbatim, start and end in the replaced text): verbatim segments are
@@ -228,11 +220,17 @@ class MappedText:
 Segment = tuple[int, bool, int, int]
 
 
-def _align(t: str, r: str, local: bool = False) -> list[Segment]:
+def _align(t: str, r: str, by_words: bool = False, local: bool = False) -> list[Segment]:
     """How replacement `r` maps onto the text `t` it replaces, in order (see the module docstring).
-    A word in `r` where `t` has none between the words they share maps to the whole of `t`, or,
-    `local`, to the shared words around it (a whole text rewritten in places)."""
+    What the two share at their ends counts in whole whitespace-separated tokens ("$5-10" -> "5 to
+    $10" shares no "10": the sign moved), unless `local`. With `by_words` (markup, which keeps the
+    words it unwraps) or `local` (a whole text rewritten in places), the words shared inside count
+    too. A word in `r` where `t` has none maps to the whole of `t`, or, `local`, to the words
+    around it."""
     n, m = len(t), len(r)
+    if not (by_words or local) and n and m and t[0] != r[0] and t[-1] != r[-1] and not t.isspace():
+        at = t.find(r)  # shares no end with its match (most readings): in it, or all of it
+        return [(m, True, at, at + m)] if at >= 0 and _WORD_CHAR.search(r) else [(m, False, 0, n)]
     limit = min(n, m)
     p = 0
     while p < limit and t[p] == r[p]:
@@ -240,6 +238,11 @@ def _align(t: str, r: str, local: bool = False) -> list[Segment]:
     s = 0
     while s < limit - p and t[n - 1 - s] == r[m - 1 - s]:
         s += 1
+    if not local:
+        while p and not (_token_edge(t, p) and _token_edge(r, p)):
+            p -= 1
+        while s and not (_token_edge(t, n - s) and _token_edge(r, m - s)):
+            s -= 1
     head: list[Segment] = [(p, True, 0, p)] if p else []
     tail: list[Segment] = [(s, True, n - s, n)] if s else []
     tm, rm = t[p:n - s], r[p:m - s]
@@ -253,12 +256,17 @@ def _align(t: str, r: str, local: bool = False) -> list[Segment]:
         at = tm.find(rm)
         if at >= 0:
             return head + [(len(rm), True, p + at, p + at + len(rm))] + tail
-        middle = _shared_words(tm, rm, p, local)
+        middle = _shared_words(tm, rm, p, local) if by_words or local else None
         if middle is _INSERTS_WORDS:
             return [(m, False, 0, n)]
         if middle is not None:
             return head + middle + tail
     return head + [(len(rm), False, p, n - s)] + tail
+
+
+def _token_edge(text: str, i: int) -> bool:
+    """Whether position `i` of `text` is the start or end of a whitespace-separated token."""
+    return i == 0 or i == len(text) or text[i - 1].isspace() or text[i].isspace()
 
 
 def _inserted_word(t: str, r: str, p: int, s: int, local: bool) -> list[Segment]:
@@ -288,10 +296,11 @@ def _shared_words(tm: str, rm: str, offset: int, local: bool) -> list[Segment] |
     """The middle of a replacement mapped by the words it shares with the middle of the text it
     replaces; None when they share none; `_INSERTS_WORDS` when the replacement puts a word where the
     text has none (unless `local`: then that word maps to its neighbours)."""
-    t_tokens = [(x.group(0), x.start(), x.end()) for x in _ALIGN_TOKEN.finditer(tm)]
+    tokens = _ALIGN_TOKEN_OR_SIGN if local else _ALIGN_TOKEN
+    t_tokens = [(x.group(0), x.start(), x.end()) for x in tokens.finditer(tm)]
     if not any(w in rm for w, _, _ in t_tokens):  # most rewrites: digits or signs read as words
         return None
-    r_tokens = [(x.group(0), x.start(), x.end()) for x in _ALIGN_TOKEN.finditer(rm)]
+    r_tokens = [(x.group(0), x.start(), x.end()) for x in tokens.finditer(rm)]
     if not {w for w, _, _ in t_tokens}.intersection(w for w, _, _ in r_tokens):
         return None
     matcher = SequenceMatcher(None, [w for w, _, _ in t_tokens], [w for w, _, _ in r_tokens], autojunk=False)
@@ -306,9 +315,22 @@ def _shared_words(tm: str, rm: str, offset: int, local: bool) -> list[Segment] |
         if gap_t == gap_r:
             segments.append((len(gap_r), True, offset + t_at, offset + t_end))
             return
-        if not gap_t.strip() and _WORD_CHAR.search(gap_r):
-            inserting.add(len(segments))
-        segments.append((len(gap_r), False, offset + t_at, offset + t_end))
+        # the signs and spaces both start and end with are their own ("，50%" -> "，百分之五十")
+        lead = 0
+        while lead < min(len(gap_t), len(gap_r)) and gap_t[lead] == gap_r[lead] and not _WORD_CHAR.match(gap_t[lead]):
+            lead += 1
+        trail = 0
+        while (trail < min(len(gap_t), len(gap_r)) - lead and gap_t[-1 - trail] == gap_r[-1 - trail]
+               and not _WORD_CHAR.match(gap_t[-1 - trail])):
+            trail += 1
+        if lead:
+            segments.append((lead, True, offset + t_at, offset + t_at + lead))
+        if len(gap_r) - lead - trail:
+            if not gap_t[lead:len(gap_t) - trail].strip() and _WORD_CHAR.search(gap_r):
+                inserting.add(len(segments))
+            segments.append((len(gap_r) - lead - trail, False, offset + t_at + lead, offset + t_end - trail))
+        if trail:
+            segments.append((trail, True, offset + t_end - trail, offset + t_end))
 
     for ti, ri, size in matcher.get_matching_blocks():
         for k in range(size):
@@ -342,6 +364,21 @@ def _absorb_inserted_words(segments: list[Segment], inserting: set[int]) -> list
         out.append((length, verbatim, t0, t1))
         i += 1
     return out
+
+
+_GROUP_REFERENCE = re.compile(r"\\(\d{1,2})")
+
+
+@functools.lru_cache(maxsize=64)
+def _template(template: str) -> Callable[[re.Match], str]:
+    """A replacement template as `re.sub` reads it ("\\1 to "), as a function of the match
+    (`Match.expand` would parse the template again at every match)."""
+    if "\\" not in template:
+        return lambda m: template
+    pieces = _GROUP_REFERENCE.split(template)  # literal, group number, literal, ...
+    if any("\\" in literal for literal in pieces[::2]):  # another escape: re's own reading
+        return lambda m: m.expand(template)
+    return lambda m: "".join(piece if i % 2 == 0 else (m.group(int(piece)) or "") for i, piece in enumerate(pieces))
 
 
 def plain_or_mapped(read: Callable) -> Callable:
