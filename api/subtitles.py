@@ -4,8 +4,10 @@ Every spoken word carries the span of the input it was read from (`input_start`,
 code-point offsets), so a cue shows what the user wrote, not the reading: the five words "twelve
 dollars and ninety-nine cents" are the one "$12.99" on screen. Markup is for the eye of another
 reader: tags, Markdown's emphasis, link targets, list markers and Kokoro's own tags are left out,
-entities decoded, whitespace collapsed. Punctuation the words do not cover is kept beside them
-(the full stop after "dog", the quote before "Hello"), as a reader expects to see it.
+entities decoded, whitespace collapsed. What the words do not cover but touches them is shown with
+them (the full stop after "dog", the quote before "Hello", the "https://" unread before
+"example.com"), and punctuation standing alone between them (" — ") too; other text nobody reads
+(a code block) is not.
 
 Cues are grouped the way subtitles are read: at most two lines of about 42 columns (a wide CJK
 character counts two), one sentence per cue where it fits, a longer one cut at its clauses; on
@@ -16,10 +18,10 @@ not captioned. Cue times rise, the last ends within the audio.
     cues = build_cues(words, text, audio_seconds)     # pure: words + input + duration -> cues
     srt_text(cues), webvtt_text(cues)                 # -> the file
 
-Streamed, `CaptionFile(fmt, text)` takes the words piece by piece (`add`) and returns each time
-the file's next part, the cues that became final (a cue waits for the first word of the next, which
-fixes where it may end); `finish(audio_seconds)` returns the rest. Joined they are exactly the file
-`build_cues` makes from all the words at once.
+Streamed, `CaptionFile(fmt, text)` takes the audio piece by piece (`add(words, seconds)`) and
+returns each time the file's next part, the cues that became final (a cue waits for the first word
+of the next, which fixes where it may end); `finish()` returns the rest. Joined they are exactly
+the file `build_cues` makes from all the words at once.
 
 Words without a span (a phoneme request) are shown as spoken.
 """
