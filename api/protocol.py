@@ -29,6 +29,7 @@ DEFAULT_LIVE_PAUSE_MS = 300
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "mulaw", "alaw"]
 StreamFormat = Literal["audio", "sse"]
+CaptionFormat = Literal["json", "srt", "vtt"]
 
 
 def _normalization_model() -> type[BaseModel]:
@@ -241,6 +242,10 @@ class CaptionedSpeechRequest(SpeechRequestBody):
 
     return_timestamps: bool = Field(True, description="Kokoro-FastAPI's switch: false sends the audio with an "
                                                       "empty `timestamps` list.")
+    caption_format: CaptionFormat = Field(
+        "json", description="`json`: the words in `timestamps` only. `srt` or `vtt`: also `captions`, a subtitle "
+                            "file of the input's own text in cues of at most two lines. Streamed, each line's "
+                            "`captions` holds the cues that became final; joined they are the file.")
 
 
 # --- phonemes (Kokoro-FastAPI's /dev endpoints) ----------------------------------------------
@@ -437,6 +442,8 @@ class CaptionedSpeechResponse(BaseModel):
     audio: str  # base64
     audio_format: ResponseFormat
     timestamps: list[WordTimestampModel]
+    # With `caption_format` srt or vtt: the subtitle file (streamed: its next part); absent otherwise.
+    captions: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 # --- live speech: WS /v1/audio/speech/live (api/live.py) -------------------------------------

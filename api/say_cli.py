@@ -6,11 +6,14 @@ at the model's 24 kHz or `--sample-rate`. There is no input limit here: `@book.t
 Each piece is encoded and written as it is made, so memory stays flat however long the text, and
 stderr shows the progress (chunk k of n, audio so far, speed against real time, time left). The
 file appears under its name only once complete: until then it is written beside it, as `.NAME.part`.
+`--captions FILE.srt` (or `.vtt`) writes subtitles of the text beside it (api/subtitles.py), cue by
+cue as the audio is made, and the same way: under its name only once the audio is complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from api.encoders import FORMATS, default_sample_rate, make_encoder, wav_header
 from api.settings import get_settings
+from api.subtitles import CaptionFile, caption_format_of
 
 # A file name's suffix -> the format written.
 FORMAT_OF_SUFFIX = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac",
@@ -38,6 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25 to 4.0")
     parser.add_argument("--lang", default=None, help="language code (a, b, e, f, h, i, j, p, z); default: the voice's")
     parser.add_argument("--weights", default=None, help="weight source (offline, official, tiny or a directory); default: KOKORO_WEIGHTS")
+    parser.add_argument("--captions", default=None, metavar="FILE",
+                        help="also write subtitles of the text to FILE, SubRip (.srt) or WebVTT (.vtt) by its suffix")
     parser.add_argument("--phonemes", action="store_true",
                         help="TEXT is phonemes in Kokoro's alphabet (as `kokoro-fleet phonemize` prints), spoken as given")
 
@@ -97,14 +103,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         fmt = output_format(args.output, args.format)
+        caption_format = caption_format_of(args.captions) if args.captions else None
         encoder = make_encoder(fmt, streamed=True, sample_rate=args.sample_rate)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         service = build_local_service(settings)
-        plan = service.plan(SpeechRequest(read_text(args.text), args.voice, args.speed, args.lang,
-                                          phonemes=args.phonemes))
+        text = read_text(args.text)
+        plan = service.plan(SpeechRequest(text, args.voice, args.speed, args.lang, phonemes=args.phonemes))
     except (TextError, VoiceError, WeightsError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -113,15 +120,21 @@ def run(args: argparse.Namespace) -> int:
 
     final = Path(args.output)
     partial = final.with_name(f".{final.name}.part")
+    captions = CaptionFile(caption_format, text) if caption_format else None
+    captions_final = Path(args.captions) if captions else None
+    captions_partial = captions_final.with_name(f".{captions_final.name}.part") if captions_final else None
     total = len(plan.chunks)
 
     terminal = sys.stderr.isatty()
 
-    async def synthesize(out) -> float:
-        """Write every piece as it comes; the audio's length in seconds."""
+    async def synthesize(out, cues) -> float:
+        """Write every piece as it comes (its audio to `out`, its final cues to `cues`); the audio's
+        length in seconds."""
         audio_s, started, shown = 0.0, time.perf_counter(), -PROGRESS_EVERY_S
         async for piece in service.stream(plan):
             out.write(encoder.encode(piece.pcm))
+            if cues is not None:
+                cues.write(captions.add(piece.words, piece.seconds))
             audio_s += piece.seconds
             now = time.perf_counter()
             if total > 1 and (terminal or piece.is_last or now - shown >= PROGRESS_EVERY_S):  # long work
@@ -131,23 +144,32 @@ def run(args: argparse.Namespace) -> int:
                       flush=True)
                 shown = now
         out.write(encoder.finish())
+        if cues is not None:
+            cues.write(captions.finish())
         if total > 1 and terminal:
             print(file=sys.stderr)
         return audio_s
 
     try:
-        with open(partial, "wb") as out:
-            audio_s = asyncio.run(synthesize(out))
+        with open(partial, "wb") as out, \
+                (open(captions_partial, "w", encoding="utf-8") if captions else contextlib.nullcontext()) as cues:
+            audio_s = asyncio.run(synthesize(out, cues))
             if fmt == "wav":  # streamed with an open size; a file can say it exactly
                 size = out.tell()
                 out.seek(0)
                 out.write(wav_header(size - 44, args.sample_rate or default_sample_rate(fmt)))
         os.replace(partial, final)
+        if captions:
+            os.replace(captions_partial, captions_final)
     except BaseException:
         partial.unlink(missing_ok=True)
+        if captions:
+            captions_partial.unlink(missing_ok=True)
         raise
     finally:
         encoder.close()
     print(f"wrote {final} ({fmt}): {audio_s:.2f} s of audio, voice {plan.voice.name}, "
           f"{total} chunk(s), {plan.phoneme_count} phonemes")
+    if captions:
+        print(f"wrote {captions_final} ({caption_format}): {captions.count} cue(s)")
     return 0

@@ -43,6 +43,7 @@ from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, Dialo
                           SpeechRequestBody, SpeechUsage, StreamError, WordTimestampModel)
 from api.speech.contract import AudioPiece, SpeechBackend, SpeechPlan, SpeechRequest
 from api.state import AppState
+from api.subtitles import CaptionFile
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
 from worker.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 
@@ -89,15 +90,18 @@ async def captioned_response(state: AppState, request: Request) -> Response:
                                                 headers=job.headers())
     audio = bytearray()
     words: list[WordTimestampModel] = []
+    captions, parts = _caption_file(req), []
     try:
         async for data, piece in _encoded(state, job, request, streamed=False):
             audio += data
+            parts.append(_next_captions(captions, piece))
             if piece is not None:
                 words += _word_models(job, piece)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(CaptionedSpeechResponse(
         audio=base64.b64encode(bytes(audio)).decode(), audio_format=req.response_format, timestamps=words,
+        captions="".join(parts) if captions is not None else None,
     ).model_dump(), headers=job.headers())
 
 
@@ -399,15 +403,19 @@ def _sse(event) -> bytes:
 
 async def _caption_lines(state: AppState, job: AdmittedRequest) -> AsyncIterator[bytes]:
     """NDJSON: one CaptionedSpeechResponse per piece (its bytes of the one encoded file and its
-    words, in absolute seconds); the last line carries the encoder's tail."""
+    words, in absolute seconds, and with `caption_format` srt or vtt the cues that became final);
+    the last line carries the encoder's tail and the last cues."""
+    captions = _caption_file(job.req)
     try:
         async with contextlib.aclosing(_encoded(state, job, None)) as pieces:
             async for data, piece in pieces:
-                if not data and piece is None:
+                cues = _next_captions(captions, piece)
+                if not data and piece is None and not cues:
                     continue
                 words = _word_models(job, piece) if piece is not None else []
                 line = CaptionedSpeechResponse(audio=base64.b64encode(data).decode(),
-                                               audio_format=job.req.response_format, timestamps=words)
+                                               audio_format=job.req.response_format, timestamps=words,
+                                               captions=cues)
                 yield line.model_dump_json().encode() + b"\n"
     except Exception:
         log.exception("synthesis failed midway through request %s", job.info.id)
@@ -420,3 +428,16 @@ def _word_models(job: AdmittedRequest, piece: AudioPiece) -> list[WordTimestampM
     voice = job.plan.voice_spec_of(job.plan.chunks[piece.index]) if job.req.allow_voice_tags else None
     return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3),
                                input_start=w.input_start, input_end=w.input_end, voice=voice) for w in piece.words]
+
+
+def _caption_file(req: SpeechRequestBody) -> CaptionFile | None:
+    """The subtitle file a captioned request asks for (`caption_format` srt or vtt), else None."""
+    fmt = getattr(req, "caption_format", "json")
+    return CaptionFile(fmt, req.input) if fmt != "json" else None
+
+
+def _next_captions(captions: CaptionFile | None, piece: AudioPiece | None) -> str | None:
+    """The subtitle file's next part: the cues `piece` made final, or (None: the audio has ended) the rest."""
+    if captions is None:
+        return None
+    return captions.add(piece.words, piece.seconds) if piece is not None else captions.finish()

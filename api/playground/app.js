@@ -1,7 +1,8 @@
 // The playground: plain browser APIs only (fetch streams, Web Audio), nothing loaded from outside.
 //
 // Play asks POST /v1/audio/speech/captioned for streamed NDJSON: one line per synthesized piece,
-// carrying that piece's 24 kHz s16le PCM (base64) and its words with absolute start/end times.
+// carrying that piece's 24 kHz s16le PCM (base64) and its words with absolute start/end times and
+// the slice of the typed text each was read from, which the transcript highlights.
 // Each piece is scheduled on one AudioContext the moment it arrives, so audio starts with the
 // first piece; a piece that arrives after the previous one finished starts a little later, and
 // the segment table maps the context's clock back to audio time, so word highlighting stays
@@ -350,9 +351,12 @@
     return played;
   }
 
-  // Each timed word is found in the text as typed (Live: as written so far), so the transcript keeps
-  // its punctuation and spacing; a word the text does not show nearby (a spelled-out number) is
-  // shown as spoken. Live keeps the text written but not yet voiced in `s.tail`, after the words.
+  // Each timed word shows the text as typed (Live: as written so far), so the transcript keeps its
+  // punctuation, spacing and markup. A word that says where it was read from (`input_start`,
+  // `input_end`) marks that slice: the five words "twelve dollars and ninety-nine cents" all light
+  // up the "$12.99" typed. Without it (an older server), a word is searched for in the text, and one
+  // the text does not show nearby (a spelled-out number) is shown as spoken. Live keeps the text
+  // written but not yet voiced in `s.tail`, after the words.
   const WORD_SEARCH_CHARS = 40;
 
   function put(s, ...nodes) {
@@ -360,52 +364,85 @@
     else els.transcript.append(...nodes);
   }
 
-  // The words added, each with where it was found in the text (`offset`, `length`).
+  // The slice of the text `w` was read from, if the server said and it lies in the text written.
+  function spanOf(s, w) {
+    const [start, end] = [w.input_start, w.input_end];
+    if (!Number.isInteger(start) || !Number.isInteger(end) || start < 0 || end > s.text.length || end < start) return null;
+    return [start, end];
+  }
+
+  // The words added, each with its element and where it stands in the text (`offset`, `length`).
   function addWords(s, words) {
     const added = [];
     for (const w of words) {
-      const span = document.createElement('span');
-      span.className = 'word';
-      span.dataset.start = String(w.start_time);
-      span.dataset.end = String(w.end_time);
-      const at = s.text.indexOf(w.word, s.cursor);
-      let offset = s.cursor;
-      let length = 0;
-      if (w.word && at >= 0 && at - s.cursor <= WORD_SEARCH_CHARS) {
-        put(s, s.text.slice(s.cursor, at));
-        [offset, length] = [at, w.word.length];
-        s.cursor = at + w.word.length;
-      } else if (s.words.length) {
-        put(s, ' ');
+      const word = { start: w.start_time, end: w.end_time, offset: s.cursor, length: 0 };
+      const span = spanOf(s, w);
+      const last = s.words[s.words.length - 1];
+      if (span && last && last.spanned && span[0] < last.offset + last.length) {
+        // read from the same slice as the word before: the same mark, which speaks it too
+        word.el = last.el;
+        [word.offset, word.length, word.spanned] = [last.offset, last.length, true];
+        word.el.title += ` ${w.word}`;
+      } else if (span && span[1] >= s.cursor) {
+        const start = Math.max(span[0], s.cursor);
+        put(s, s.text.slice(s.cursor, start));
+        word.el = mark(w, s.text.slice(start, span[1]));
+        word.el.title = w.word;
+        Object.assign(word.el.dataset, { inputStart: String(start), inputEnd: String(span[1]) });
+        [word.offset, word.length, word.spanned] = [start, span[1] - start, true];
+        s.cursor = span[1];
+        put(s, word.el);
+      } else {
+        const at = s.text.indexOf(w.word, s.cursor);
+        if (w.word && at >= 0 && at - s.cursor <= WORD_SEARCH_CHARS) {
+          put(s, s.text.slice(s.cursor, at));
+          [word.offset, word.length] = [at, w.word.length];
+          s.cursor = at + w.word.length;
+        } else if (s.words.length) {
+          put(s, ' ');
+        }
+        word.el = mark(w, w.word);
+        put(s, word.el);
       }
-      span.textContent = w.word;
-      put(s, span);
-      const word = { start: w.start_time, end: w.end_time, el: span, offset, length };
       s.words.push(word);
       added.push(word);
     }
+    els.transcript.dataset.words = String(s.words.length);
     return added;
   }
 
+  function mark(w, text) {
+    const span = document.createElement('span');
+    span.className = 'word';
+    span.dataset.start = String(w.start_time);
+    span.dataset.end = String(w.end_time);
+    span.textContent = text;
+    return span;
+  }
+
+  // The text after the last word (its full stop), all of it when the words marked slices of it.
   function addTextTail(s) {
     const tail = s.text.slice(s.cursor);
-    if (s.words.length && tail.length <= WORD_SEARCH_CHARS) els.transcript.append(tail);
+    const spanned = s.words.length && s.words[s.words.length - 1].spanned;
+    if (s.words.length && (spanned || tail.length <= WORD_SEARCH_CHARS)) els.transcript.append(tail);
   }
 
   function highlight(s, played) {
     let index = -1;
     for (let i = 0; i < s.words.length && s.words[i].start <= played; i++) index = i;
     if (index === s.current) return;
-    if (s.current >= 0) {
+    const el = index >= 0 ? s.words[index].el : null;  // words read from one slice share it
+    if (s.current >= 0 && s.words[s.current].el !== el) {
       const previous = s.words[s.current].el;
       previous.classList.remove('current');
       previous.classList.add('spoken');
     }
-    for (let i = Math.max(0, s.current); i < index; i++) s.words[i].el.classList.add('spoken');
+    for (let i = Math.max(0, s.current); i < index; i++) {
+      if (s.words[i].el !== el) s.words[i].el.classList.add('spoken');
+    }
     s.current = index;
     els.transcript.dataset.currentWord = String(index);
     if (index < 0) return;
-    const el = s.words[index].el;
     el.classList.add('current');
     // keep the spoken word in view inside the transcript box (not by scrolling the page)
     const box = els.transcript;
@@ -438,6 +475,7 @@
     session = s;
     els.transcript.replaceChildren();
     els.transcript.dataset.currentWord = '-1';
+    els.transcript.dataset.words = '0';
     els.ttfa.textContent = '…';
     delete els.ttfa.dataset.seconds;
     setRunning(kind);
@@ -719,6 +757,7 @@
   function drop(s, words) {
     for (const w of words) w.el.classList.add('dropped');
     s.words = s.words.filter((w) => !words.includes(w));
+    els.transcript.dataset.words = String(s.words.length);
   }
 
   // Barge-in: `clear`, and the audio not yet heard stops now rather than when the server answers.

@@ -8,10 +8,11 @@ console errors and every URL it requested. Screenshots land in test-artifacts/ (
 
 The page's own figures are what the tests read: the playback position it derives from its
 AudioContext's clock (`#position[data-seconds]`), the index of the highlighted word
-(`#transcript[data-current-word]`), the measured first audio (`#ttfa[data-seconds]`); in Live mode
-also the sentence latency (`#latency[data-last][data-max][data-count]`) and the words written but not
-yet heard (`#ahead[data-words]`). For Live, a script the page loads first (LIVE_PROBES) records what
-the page's WebSocket sent, when its first audio frame came, and which AudioBufferSourceNodes are
+(`#transcript[data-current-word]`, of `data-words` timed words), the measured first audio
+(`#ttfa[data-seconds]`); in Live mode also the sentence latency
+(`#latency[data-last][data-max][data-count]`) and the words written but not yet heard
+(`#ahead[data-words]`). For Live, a script the page loads first (LIVE_PROBES) records what the
+page's WebSocket sent, when its first audio frame came, and which AudioBufferSourceNodes are
 still to play, so a test can tell audio stopped from audio merely no longer counted.
 """
 
@@ -49,6 +50,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--autoplay-policy=no-user-gesture-required"]
 TEXT = "The quick brown fox jumps over the lazy dog. Then it sleeps in the warm afternoon sun."
+# Read otherwise than written: "twelve dollars and ninety-nine cents" for "$12.99", "doctor" for "Dr."
+TYPED = "Your total is $12.99, Dr. Smith said. Then it sleeps in the warm afternoon sun."
 PLAY_TIMEOUT_S = 180  # real weights on one thread of a shared 2-core CPU
 
 
@@ -125,7 +128,7 @@ class Tab:
         return self.page.evaluate("""() => ({
             position: Number(document.querySelector('#position').dataset.seconds),
             word: Number(document.querySelector('#transcript').dataset.currentWord ?? -1),
-            words: document.querySelectorAll('#transcript .word').length,
+            words: Number(document.querySelector('#transcript').dataset.words ?? 0),
             status: document.querySelector('#status').textContent,
             streaming: document.querySelector('#rtf').dataset.value === undefined,
             ahead: Number(document.querySelector('#ahead').dataset.words ?? -1),
@@ -257,10 +260,43 @@ def test_page_loads_offline_with_labels_and_no_console_errors(tab, server):
     expect(tab.page.locator("#char-count")).to_have_text(f"{len(text)} / {limit} characters")
 
 
-def test_play_streams_and_highlights_the_spoken_words(tab, server, request):
+def marks(words: list[dict], text: str) -> list[str]:
+    """What the transcript's marks show for `words` (timestamps of `text`): the typed slice each was
+    read from, one mark for the words read from one slice; a word without a slice as spoken."""
+    shown, last_end = [], None
+    for w in words:
+        start, end = w.get("input_start"), w.get("input_end")
+        if start is None:
+            shown.append(w["word"])
+        elif last_end is None or start >= last_end:
+            shown.append(text[start:end])
+            last_end = end
+    return shown
+
+
+# Loaded before the page's script: every time a mark lights up, which word is current and the mark's
+# text and place in the typed text.
+HIGHLIGHT_PROBE = """
+window.__lit = [];
+new MutationObserver((records) => {
+  for (const r of records) {
+    const el = r.target;
+    if (!el.classList || !el.classList.contains('current') || (r.oldValue || '').includes('current')) continue;
+    window.__lit.push({ word: Number(document.querySelector('#transcript').dataset.currentWord), text: el.textContent,
+                        start: Number(el.dataset.inputStart), end: Number(el.dataset.inputEnd) });
+  }
+}).observe(document, { subtree: true, attributes: true, attributeFilter: ['class'], attributeOldValue: true });
+"""
+
+
+def test_play_streams_and_highlights_the_text_as_typed(tab, server, request):
+    """Play streams the captioned endpoint; while "twelve dollars and ninety-nine cents" plays, the
+    "$12.99" typed is what lights up: every highlight is the slice of the typed text its word was
+    read from."""
     page = tab.page
+    page.add_init_script(HIGHLIGHT_PROBE)
     open_playground(tab)
-    page.fill("#text", TEXT)
+    page.fill("#text", TYPED)
     # the mixer: af_bella weighted 2, af_sky 1
     page.select_option("#mix-voice-1", "af_bella")
     page.click("#add-voice")
@@ -289,8 +325,16 @@ def test_play_streams_and_highlights_the_spoken_words(tab, server, request):
     assert len(set(words) - {-1}) >= 3 and words[-1] == samples[-1]["words"] - 1, words
     shown = page.locator("#transcript .word").all_inner_texts()
     captioned = httpx.post(server.url + "/v1/audio/speech/captioned", timeout=PLAY_TIMEOUT_S, json={
-        "input": TEXT, "voice": "af_bella(2)+af_sky(1)", "response_format": "pcm", "stream": False}).json()
-    assert shown == [w["word"] for w in captioned["timestamps"]]
+        "input": TYPED, "voice": "af_bella(2)+af_sky(1)", "response_format": "pcm", "stream": False}).json()
+    timed = captioned["timestamps"]
+    assert shown == marks(timed, TYPED) and "$12.99" in shown and "Dr." in shown
+    assert page.locator("#transcript").inner_text() == TYPED  # the text as typed, every word of it marked
+    assert [w["word"] for w in timed][3:8] == ["twelve", "dollars", "and", "ninety-nine", "cents"]
+    lit = page.evaluate("() => window.__lit")
+    for light in lit:
+        word = timed[light["word"]]
+        assert light["text"] == TYPED[light["start"]:light["end"]] == TYPED[word["input_start"]:word["input_end"]]
+    assert "$12.99" in [light["text"] for light in lit if 3 <= light["word"] <= 7], lit
 
     rtf = float(page.locator("#rtf").get_attribute("data-value"))
     assert rtf > 0
@@ -523,8 +567,8 @@ def test_live_speaks_text_written_word_by_word(tab, server):
     assert socket.events()[0]["type"] == "started" and socket.events()[0]["sample_rate"] == 24000
     assert socket.events()[-1]["type"] == "done" and socket.closed
     assert sum(1 for f in socket.received if isinstance(f, int)) >= 2, "audio came as binary frames"
-    spoken = [w["word"] for e in socket.events("words") for w in e["words"]]
-    assert page.locator("#transcript .word").all_inner_texts() == spoken and len(spoken) >= 10
+    spoken = [w for e in socket.events("words") for w in e["words"]]
+    assert page.locator("#transcript .word").all_inner_texts() == marks(spoken, TEXT) and len(spoken) >= 10
 
     positions = [f["position"] for f in samples]
     total = float(re.search(r"/ ([\d.]+) s", page.locator("#position").inner_text()).group(1))
