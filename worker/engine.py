@@ -316,9 +316,7 @@ class Engine:
 
         view = self.view()
         view._kernels_compiled = True
-        directory = inductor_cache_dir()
-        key = (f"fused-kernels-{self.dtype}-{self.model.hidden_dim}x{self.model.style_dim}-"
-               f"{len(WARMUP_IDS)}-{len(LONG_WARMUP_IDS)}")  # the chunk lengths it compiles for
+        directory, key = inductor_cache_dir(), self._kernels_key()
         record = CompileRecord(directory, "fused CPU kernels")
         start, tally = time.perf_counter(), self._new_tally()
         try:
@@ -335,6 +333,19 @@ class Engine:
             log.warning("pid %d: %s", os.getpid(), record.describe())
         self.compile_record = record
         return record
+
+    def _kernels_key(self) -> str:
+        """The fused kernels' name in the host's compile cache: what they are compiled for."""
+        return (f"fused-kernels-{self.dtype}-{self.model.hidden_dim}x{self.model.style_dim}-"
+                f"{len(WARMUP_IDS)}-{len(LONG_WARMUP_IDS)}")  # the chunk lengths its compile runs
+
+    @property
+    def kernels_cached(self) -> bool:
+        """The host's compile cache holds this engine's fused CPU kernels: `compile_kernels` loads
+        them (seconds) instead of compiling (a minute or more on a small CPU)."""
+        from worker.compile_cache import compile_marker, inductor_cache_dir
+
+        return compile_marker(inductor_cache_dir(), self._kernels_key()).exists()
 
     def switch_to_compiled_kernels(self) -> bool:
         """Put the fused kernels `compile_kernels` made in service (call between passes: a pass

@@ -145,5 +145,19 @@ def test_progress_says_how_far_how_fast_and_how_long_is_left():
 
     assert progress_line(3, 40, 42.0, 10.0, 600.0) == "chunk 3/40  0:42 of audio  4.2x real time  about 2:13 left"
     assert progress_line(40, 40, 3725.0, 500.0, 3700.0) == "chunk 40/40  1:02:05 of audio  7.5x real time"
+
+
+def test_progress_measures_the_pace_after_the_first_chunk_which_holds_the_start_up():
+    """A first chunk that took 30 s (the engine's first passes) for 5 s of audio must not predict
+    the rest at 0.2x real time (issue 48: "0.0x real time, about 2:56 left")."""
+    from api.say_cli import progress_line
+
+    first = progress_line(1, 40, 5.0, 30.0, 200.0, first_piece=None, kernels="eager kernels")
+    assert first == "chunk 1/40  0:05 of audio  0.2x real time  about 19:30 left  (eager kernels)"  # the old guess
+    first = progress_line(1, 40, 5.0, 30.0, 200.0, first_piece=(5.0, 30.0), kernels="eager kernels")
+    assert first == "chunk 1/40  0:05 of audio  0.2x real time  time left: measured from the next chunk on  (eager kernels)"
+    # then 10 s more audio in 5 s more: 2x real time for the 185 s still to come
+    later = progress_line(3, 40, 15.0, 35.0, 200.0, first_piece=(5.0, 30.0), kernels="fused kernels")
+    assert later == "chunk 3/40  0:15 of audio  0.4x real time  about 1:32 left  (fused kernels)"
     assert output_format("book.MP3", None) == "mp3" and output_format("x.ogg", None) == "opus"
     assert output_format("x.bin", "flac") == "flac"
