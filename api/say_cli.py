@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
                 cues.write(captions.add(piece.words, piece.seconds))
             audio_s += piece.seconds
             now = time.perf_counter()
+            if first_piece is None:  # its time holds the start-up: the pace is measured after it
+                first_piece = (audio_s, now - started)
             if total > 1 and (terminal or piece.is_last or now - shown >= PROGRESS_EVERY_S):  # long work
                 line = progress_line(piece.index + 1, total, audio_s, now - started, plan.estimated_seconds,
                                      first_piece, kernels_in_use(service.replica))
@@ -183,8 +185,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"\r{line}\033[K" if terminal else line, end="" if terminal else "\n", file=sys.stderr,
                       flush=True)
                 shown = now
-            if first_piece is None:
-                first_piece = (audio_s, now - started)
         out.write(encoder.finish())
         if cues is not None:
             cues.write(captions.finish())
