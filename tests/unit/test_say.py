@@ -145,6 +145,8 @@ def test_progress_says_how_far_how_fast_and_how_long_is_left():
 
     assert progress_line(3, 40, 42.0, 10.0, 600.0) == "chunk 3/40  0:42 of audio  4.2x real time  about 2:13 left"
     assert progress_line(40, 40, 3725.0, 500.0, 3700.0) == "chunk 40/40  1:02:05 of audio  7.5x real time"
+    assert output_format("book.MP3", None) == "mp3" and output_format("x.ogg", None) == "opus"
+    assert output_format("x.bin", "flac") == "flac"
 
 
 def test_progress_measures_the_pace_after_the_first_chunk_which_holds_the_start_up():
@@ -159,5 +161,37 @@ def test_progress_measures_the_pace_after_the_first_chunk_which_holds_the_start_
     # then 10 s more audio in 5 s more: 2x real time for the 185 s still to come
     later = progress_line(3, 40, 15.0, 35.0, 200.0, first_piece=(5.0, 30.0), kernels="fused kernels")
     assert later == "chunk 3/40  0:15 of audio  0.4x real time  about 1:32 left  (fused kernels)"
-    assert output_format("book.MP3", None) == "mp3" and output_format("x.ogg", None) == "opus"
-    assert output_format("x.bin", "flac") == "flac"
+
+
+def test_say_compiles_the_fused_kernels_only_where_that_pays():
+    """Loaded from the host's cache: always worth it (seconds); compiled: only for a text long
+    enough to win the compile back; a single chunk: never (nothing to switch to)."""
+    import asyncio
+    import types
+
+    from api.say_cli import SAY_COMPILE_FROM_AUDIO_S, start_fused_kernels
+
+    def started(chunks: int, audio_s: float, cached: bool, pending: bool = True) -> bool:
+        compiled = []
+
+        async def compile_kernels_in_background():
+            compiled.append(True)
+
+        replica = types.SimpleNamespace(kernels_pending=pending, engine=types.SimpleNamespace(kernels_cached=cached),
+                                        compile_kernels_in_background=compile_kernels_in_background)
+
+        async def main():
+            task = start_fused_kernels(replica, chunks, audio_s)
+            if task is not None:
+                await task
+            return task is not None
+
+        began = asyncio.run(main())
+        assert began == bool(compiled)
+        return began
+
+    assert started(5, 20.0, cached=True)
+    assert not started(5, 20.0, cached=False)
+    assert started(50, SAY_COMPILE_FROM_AUDIO_S, cached=False)
+    assert not started(1, 1000.0, cached=True)
+    assert not started(50, 1000.0, cached=True, pending=False)
