@@ -29,9 +29,11 @@ FORMAT_OF_SUFFIX = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus
                     ".alaw": "alaw"}
 # How often progress is written when stderr is a log rather than a terminal.
 PROGRESS_EVERY_S = 5.0
-# The audio a text must make before `say` compiles the fused kernels it lacks: where the compile
-# has paid for itself on a 2-core CPU (measured by loadtest/bench/kernel_bench.py, docs/performance.md).
+# The audio a text must make before `say` compiles the fused kernels it lacks, or loads them from
+# the host's cache: about twice what pays the compile (or load) back on a 2-core CPU run alone, as
+# the eager passes share the cores meanwhile (loadtest/bench/kernel_bench.py, docs/performance.md).
 SAY_COMPILE_FROM_AUDIO_S = 300.0
+SAY_LOAD_FROM_AUDIO_S = 60.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -98,15 +100,15 @@ def progress_line(done: int, total: int, audio_s: float, elapsed_s: float, expec
 
 
 def start_fused_kernels(replica, chunks: int, audio_s: float):
-    """`say` speaks at once with the eager kernels. The fused ones are compiled in the background
-    (then switched to between two chunks) only where that pays for a one-shot command: loaded from
-    the host's cache (seconds), or compiled for a text long enough to win back the compile (about a
-    minute of cores taken from the eager passes: docs/performance.md). The task, or None."""
+    """`say` speaks at once with the eager kernels. The fused ones are compiled (or loaded from the
+    host's cache) in the background, then switched to between two chunks, only for a text long
+    enough to win that back: a one-shot command that ended first would wait for them. The task,
+    or None."""
     import asyncio
 
     if chunks < 2 or not replica.kernels_pending:
         return None
-    if not (replica.engine.kernels_cached or audio_s >= SAY_COMPILE_FROM_AUDIO_S):
+    if audio_s < (SAY_LOAD_FROM_AUDIO_S if replica.engine.kernels_cached else SAY_COMPILE_FROM_AUDIO_S):
         return None
     return asyncio.create_task(replica.compile_kernels_in_background())
 

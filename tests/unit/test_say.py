@@ -164,12 +164,12 @@ def test_progress_measures_the_pace_after_the_first_chunk_which_holds_the_start_
 
 
 def test_say_compiles_the_fused_kernels_only_where_that_pays():
-    """Loaded from the host's cache: always worth it (seconds); compiled: only for a text long
-    enough to win the compile back; a single chunk: never (nothing to switch to)."""
+    """Compiled, or loaded from the host's cache (cheaper): only for a text long enough to win that
+    back; a single chunk: never (nothing to switch to)."""
     import asyncio
     import types
 
-    from api.say_cli import SAY_COMPILE_FROM_AUDIO_S, start_fused_kernels
+    from api.say_cli import SAY_COMPILE_FROM_AUDIO_S, SAY_LOAD_FROM_AUDIO_S, start_fused_kernels
 
     def started(chunks: int, audio_s: float, cached: bool, pending: bool = True) -> bool:
         compiled = []
@@ -190,8 +190,9 @@ def test_say_compiles_the_fused_kernels_only_where_that_pays():
         assert began == bool(compiled)
         return began
 
-    assert started(5, 20.0, cached=True)
-    assert not started(5, 20.0, cached=False)
+    assert SAY_LOAD_FROM_AUDIO_S < SAY_COMPILE_FROM_AUDIO_S
+    assert not started(5, 20.0, cached=True) and not started(5, 20.0, cached=False)
+    assert started(10, SAY_LOAD_FROM_AUDIO_S, cached=True) and not started(10, SAY_LOAD_FROM_AUDIO_S, cached=False)
     assert started(50, SAY_COMPILE_FROM_AUDIO_S, cached=False)
     assert not started(1, 1000.0, cached=True)
     assert not started(50, 1000.0, cached=True, pending=False)
