@@ -29,6 +29,11 @@ FORMAT_OF_SUFFIX = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus
                     ".alaw": "alaw"}
 # How often progress is written when stderr is a log rather than a terminal.
 PROGRESS_EVERY_S = 5.0
+# The audio a text must make before `say` compiles the fused kernels it lacks, or loads them from
+# the host's cache: about twice what pays the compile (or load) back on a 2-core CPU run alone, as
+# the eager passes share the cores meanwhile (loadtest/bench/kernel_bench.py, docs/performance.md).
+SAY_COMPILE_FROM_AUDIO_S = 300.0
+SAY_LOAD_FROM_AUDIO_S = 60.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,19 +78,52 @@ def _clock(seconds: float) -> str:
         f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def progress_line(done: int, total: int, audio_s: float, elapsed_s: float, expected_audio_s: float) -> str:
+def progress_line(done: int, total: int, audio_s: float, elapsed_s: float, expected_audio_s: float,
+                  first_piece: tuple[float, float] | None = None, kernels: str | None = None) -> str:
     """`chunk 3/40  0:42 of audio  5.1x real time  about 2:10 left`: the time left assumes the rest
-    speaks at the pace measured so far, and lasts as long as the plan's estimate says."""
+    speaks at the pace measured so far, and lasts as long as the plan's estimate says. first_piece:
+    the audio and seconds at the first piece, whose time holds the engine's start-up (first passes,
+    the kernels chosen): the pace is measured after it, and not guessed before a second piece.
+    kernels: which kernels the passes run (eager, fused, or fused ones still compiling)."""
     speed = audio_s / elapsed_s if elapsed_s > 0 else 0.0
     line = f"chunk {done}/{total}  {_clock(audio_s)} of audio  {speed:.1f}x real time"
-    if done < total and speed > 0:
-        line += f"  about {_clock(max(0.0, expected_audio_s - audio_s) / speed)} left"
+    pace_audio, pace_s = audio_s, elapsed_s
+    if first_piece is not None:
+        pace_audio, pace_s = audio_s - first_piece[0], elapsed_s - first_piece[1]
+    if done < total and pace_audio > 0 and pace_s > 0:
+        line += f"  about {_clock(max(0.0, expected_audio_s - audio_s) * pace_s / pace_audio)} left"
+    elif done < total:
+        line += "  time left: measured from the next chunk on"
+    if kernels:
+        line += f"  ({kernels})"
     return line
+
+
+def start_fused_kernels(replica, chunks: int, audio_s: float):
+    """`say` speaks at once with the eager kernels. The fused ones are compiled (or loaded from the
+    host's cache) in the background, then switched to between two chunks, only for a text long
+    enough to win that back: a one-shot command that ended first would wait for them. The task,
+    or None."""
+    import asyncio
+
+    if chunks < 2 or not replica.kernels_pending:
+        return None
+    if audio_s < (SAY_LOAD_FROM_AUDIO_S if replica.engine.kernels_cached else SAY_COMPILE_FROM_AUDIO_S):
+        return None
+    return asyncio.create_task(replica.compile_kernels_in_background())
+
+
+def kernels_in_use(replica) -> str:
+    """Which kernels the chunks run now, as the progress line says it."""
+    if replica.engine.kernels == "compiled":
+        return "fused kernels"
+    return "eager kernels, fused ones compiling" if replica.kernels_compiling else "eager kernels"
 
 
 def run(args: argparse.Namespace) -> int:
     from api.speech.build import build_local_service
     from api.speech.contract import SpeechRequest
+    from worker.cpu_runtime import use_compile_cache
     from worker.text import TextError
     from worker.voices import VoiceError
     from worker.weights import WeightsError
@@ -109,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
+        use_compile_cache(settings.cache_dir)  # the fused kernels a server's workers compiled, if any
         service = build_local_service(settings)
         text = read_text(args.text)
         plan = service.plan(SpeechRequest(text, args.voice, args.speed, args.lang, phonemes=args.phonemes))
@@ -131,14 +170,19 @@ def run(args: argparse.Namespace) -> int:
         """Write every piece as it comes (its audio to `out`, its final cues to `cues`); the audio's
         length in seconds."""
         audio_s, started, shown = 0.0, time.perf_counter(), -PROGRESS_EVERY_S
+        first_piece = None
+        kernels = start_fused_kernels(service.replica, total, plan.estimated_seconds)
         async for piece in service.stream(plan):
             out.write(encoder.encode(piece.pcm))
             if cues is not None:
                 cues.write(captions.add(piece.words, piece.seconds))
             audio_s += piece.seconds
             now = time.perf_counter()
+            if first_piece is None:  # its time holds the start-up: the pace is measured after it
+                first_piece = (audio_s, now - started)
             if total > 1 and (terminal or piece.is_last or now - shown >= PROGRESS_EVERY_S):  # long work
-                line = progress_line(piece.index + 1, total, audio_s, now - started, plan.estimated_seconds)
+                line = progress_line(piece.index + 1, total, audio_s, now - started, plan.estimated_seconds,
+                                     first_piece, kernels_in_use(service.replica))
                 # on a terminal one line redrawn in place; in a log a line every PROGRESS_EVERY_S
                 print(f"\r{line}\033[K" if terminal else line, end="" if terminal else "\n", file=sys.stderr,
                       flush=True)
@@ -148,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
             cues.write(captions.finish())
         if total > 1 and terminal:
             print(file=sys.stderr)
+        if kernels is not None and not kernels.done():  # it fills the host's cache for the next run
+            print("finishing the fused kernels' compile for the next run", file=sys.stderr, flush=True)
+            await kernels
         return audio_s
 
     try:

@@ -52,22 +52,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="time the Makefile's apt-get lists in a Debian container (docker/build-local.sh bases)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--skip-install", action="store_true",
+                        help="no clone, no install: this checkout's code on the running interpreter (its venv)")
+    parser.add_argument("--weights-from", default=None, metavar="DIR",
+                        help="copy the prepared weights (a KOKORO_CACHE_DIR's converted bundle and serving files) "
+                             "into each fresh cache first, not counted: compiles and start-up only")
     args = parser.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="kokoro-bare-start-"))
     work.mkdir(parents=True, exist_ok=True)
     figures: dict = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
-        clone = work / "clone"
-        figures["clone_s"] = timed(["git", "clone", "-q", "--no-local", args.repo, str(clone)])
+        if args.skip_install:
+            clone, program = REPO, [sys.executable, "-m", "api.cli"]
+        else:
+            clone = work / "clone"
+            figures["clone_s"] = timed(["git", "clone", "-q", "--no-local", args.repo, str(clone)])
+            program = [str(clone / ".venv/bin/kokoro-fleet")]
         figures["commit"] = run_text(["git", "-C", str(clone), "log", "-1", "--format=%h %s"])[:100]
-        env = fresh_env(work / "home-serve")
-        figures["install"] = install(clone, env)
+        env = fresh_env(work / "home-serve", clone if args.skip_install else None, args.weights_from)
+        if not args.skip_install:
+            figures["install"] = install(clone, env)
         if args.apt == "docker":
             figures["apt"] = apt_in_container(clone)
-        figures["serve"] = serve(clone, env, args.workers, work / "serve.log")
-        say_env = fresh_env(work / "home-say")
-        figures["say_cold"] = say(clone, say_env, work / "say-cold.wav")
-        figures["say_warm"] = say(clone, say_env, work / "say-warm.wav")
+        figures["serve"] = serve(clone, env, args.workers, work / "serve.log", program)
+        say_env = fresh_env(work / "home-say", clone if args.skip_install else None, args.weights_from)
+        figures["say_cold"] = say(clone, say_env, work / "say-cold.wav", program)
+        figures["say_warm"] = say(clone, say_env, work / "say-warm.wav", program)
     finally:
         figures["machine"]["load_after"] = load_average()
         if not args.keep:
@@ -107,12 +117,12 @@ def recipe_lines(dry_run: str) -> list[str]:
     return lines
 
 
-def serve(clone: Path, env: dict[str, str], workers: int, log_path: Path) -> dict:
+def serve(clone: Path, env: dict[str, str], workers: int, log_path: Path, program: list[str]) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [str(clone / ".venv/bin/kokoro-fleet"), "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--workers", str(workers)]
-    out: dict = {"command": " ".join(["kokoro-fleet", *command[1:]]), "workers": workers}
+    arguments = ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    command = [*program, *arguments]
+    out: dict = {"command": " ".join(["kokoro-fleet", *arguments]), "workers": workers}
     with open(log_path, "wb") as log:
         start = time.monotonic()
         proc = subprocess.Popen(command, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -142,7 +152,7 @@ def serve(clone: Path, env: dict[str, str], workers: int, log_path: Path) -> dic
                 proc.wait()
     text = log_path.read_text(errors="replace")
     out["log"] = [line for line in text.splitlines()
-                  if re.search(r"warm-up|warming|convert|compil|ready|weights", line, re.IGNORECASE)][:30]
+                  if re.search(r"warm-up|warming|convert|compil|ready|weights|kernels", line, re.IGNORECASE)][:30]
     return out
 
 
@@ -189,8 +199,8 @@ def all_ready(url: str, workers: int, start: float) -> float:
     return time.monotonic()
 
 
-def say(clone: Path, env: dict[str, str], wav: Path) -> dict:
-    command = [str(clone / ".venv/bin/kokoro-fleet"), "say", SENTENCE, "-o", str(wav)]
+def say(clone: Path, env: dict[str, str], wav: Path, program: list[str]) -> dict:
+    command = [*program, "say", SENTENCE, "-o", str(wav)]
     start = time.monotonic()
     done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - start
@@ -218,10 +228,19 @@ def apt_in_container(clone: Path) -> dict:
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def fresh_env(home: Path) -> dict[str, str]:
+def fresh_env(home: Path, code: Path | None = None, weights_from: str | None = None) -> dict[str, str]:
+    """A fresh HOME (so empty caches); code: the checkout whose packages win on the interpreter's
+    path; weights_from: a cache directory whose prepared weights are copied in (not timed)."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KOKORO_") and k not in CLEARED}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    if weights_from is not None:
+        cache = home / ".cache" / "kokoro-fleet"
+        for part in ("downloads", "offline-v1", "serving"):  # what `make weights` prepares; no compiles
+            if (Path(weights_from) / part).is_dir():
+                shutil.copytree(Path(weights_from) / part, cache / part)
     return env
 
 

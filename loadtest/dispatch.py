@@ -136,21 +136,22 @@ class FleetProcess:
     def warm_up(self, texts: list[str], timeout: float = 900.0) -> float:
         """Pay a fresh fleet's first-time work before anything is measured on it; the seconds it took.
 
-        First every worker's compiled kernels: a worker that answers while it compiles (issue 48)
-        says `"kernels": "eager"` in /health until it switches. Then each of `texts` spoken once,
+        First every worker's compiled kernels: a worker that answers while it compiles its fused
+        CPU kernels (issue 48) says `"kernels_compiling": true` in /health until it switches to them
+        (or serves on eagerly after a failed compile, which it says too: `kernels_error`). Then each of `texts` spoken once,
         `workers` at a time, so every worker has run chunks of the sizes a test sends: a fused
         kernel met at a new size class compiles again, tens of seconds on a small CPU whose compile
         cache is empty, and a load step that pays for it measures the compile, not the fleet."""
         start = time.monotonic()
         deadline = start + timeout
-        eager: dict[str, bool] = {}
-        while len(eager) < self.workers or any(eager.values()):
+        compiling: dict[str, bool] = {}
+        while len(compiling) < self.workers or any(compiling.values()):
             if time.monotonic() > deadline:
-                print(f"{self.name}: workers still eager after {timeout:.0f} s: {eager}", file=sys.stderr)
+                print(f"{self.name}: workers still compiling after {timeout:.0f} s: {compiling}", file=sys.stderr)
                 break
             try:
                 health = httpx.get(self.url + "/health", timeout=5, headers={"Connection": "close"}).json()
-                eager[health.get("worker", "single")] = health.get("kernels") == "eager"
+                compiling[health.get("worker", "single")] = bool(health.get("kernels_compiling"))
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.2)

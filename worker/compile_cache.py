@@ -147,6 +147,11 @@ def inductor_cache_dir() -> Path:
     return Path(cache_dir())
 
 
+def compile_marker(directory: Path, key: str) -> Path:
+    """The file that says the compile named `key` is done and cached in `directory`."""
+    return Path(directory) / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', key)}.done"
+
+
 @contextlib.contextmanager
 def shared_compile(directory: Path, key: str, what: str = "compiled passes", tally: CompileTally | None = None):
     """The first compile of this process's passes named `key` (what they compile: dtype, families,
@@ -157,7 +162,7 @@ def shared_compile(directory: Path, key: str, what: str = "compiled passes", tal
     block's start). A block that raises marks nothing: the next process compiles again."""
     use_compile_dir(directory)
     record = CompileRecord(directory, what)
-    marker = directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', key)}.done"
+    marker = compile_marker(directory, key)
     start = time.perf_counter()
     with open(directory / "compile.lock", "a+", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -66,6 +66,10 @@ __all__ = ["BatchItem", "DTYPES", "Engine", "Synthesis", "resolve_device", "reso
            "use_exact_cuda_arithmetic"]
 # The short chunk every warm-up and compile runs (phoneme ids of ordinary English).
 WARMUP_IDS = [16, 43, 54, 16, 56, 57] * 5
+# A long chunk the fused-kernel compile runs too: beyond one int8 quantization window (600 steps)
+# the kernels meet sizes dynamo specializes apart from a short chunk's, and would otherwise
+# compile those variants while serving.
+LONG_WARMUP_IDS = WARMUP_IDS * 10
 # Each mode's decoder dtype. int8 (CPU only) serves the float32 parameters and quantizes the
 # generator's convolutions at start-up (KokoroModel.use_int8).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
@@ -312,15 +316,16 @@ class Engine:
 
         view = self.view()
         view._kernels_compiled = True
-        directory = inductor_cache_dir()
-        key = f"fused-kernels-{self.dtype}-{self.model.hidden_dim}x{self.model.style_dim}"
+        directory, key = inductor_cache_dir(), self._kernels_key()
         record = CompileRecord(directory, "fused CPU kernels")
         start, tally = time.perf_counter(), self._new_tally()
         try:
             with shared_compile(directory, key, "fused CPU kernels", tally) as record:
-                view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
-                tally.planned_compiles_done()  # a variant per channel count and dtype: all planned
-                view.synthesize(WARMUP_IDS, torch.zeros(2 * self.model.style_dim))
+                style = torch.zeros(2 * self.model.style_dim)
+                view.synthesize(WARMUP_IDS, style)
+                view.synthesize(LONG_WARMUP_IDS, style)
+                tally.planned_compiles_done()  # a variant per channel count, dtype and size class: all planned
+                view.synthesize(WARMUP_IDS, style)
                 if kernels.broken:
                     raise RuntimeError("torch.compile failed (see the warning above)")
         except Exception as error:  # noqa: BLE001 - a failed compile serves eagerly, and says so
@@ -328,6 +333,19 @@ class Engine:
             log.warning("pid %d: %s", os.getpid(), record.describe())
         self.compile_record = record
         return record
+
+    def _kernels_key(self) -> str:
+        """The fused kernels' name in the host's compile cache: what they are compiled for."""
+        return (f"fused-kernels-{self.dtype}-{self.model.hidden_dim}x{self.model.style_dim}-"
+                f"{len(WARMUP_IDS)}-{len(LONG_WARMUP_IDS)}")  # the chunk lengths its compile runs
+
+    @property
+    def kernels_cached(self) -> bool:
+        """The host's compile cache holds this engine's fused CPU kernels: `compile_kernels` loads
+        them (seconds) instead of compiling (a minute or more on a small CPU)."""
+        from worker.compile_cache import compile_marker, inductor_cache_dir
+
+        return compile_marker(inductor_cache_dir(), self._kernels_key()).exists()
 
     def switch_to_compiled_kernels(self) -> bool:
         """Put the fused kernels `compile_kernels` made in service (call between passes: a pass

@@ -11,6 +11,11 @@ A replica keeps its recent syntheses (`SynthesisCache`, KOKORO_SYNTHESIS_CACHE_M
 says "Please hold." and an agent "Let me check that for you." thousands of times a day, and the
 engine is deterministic (its noise is seeded), so a chunk it has made before comes back at once,
 bit for bit, without waiting for the replica or costing it anything.
+
+A CPU replica serves as soon as its weights are loaded, with the eager elementwise kernels: the
+fused ones compile (or load from the host's cache, worker/compile_cache.py) in a thread of their
+own, outside the one-at-a-time lock, and go into service between two passes
+(`compile_kernels_in_background`).
 """
 
 from __future__ import annotations
@@ -90,6 +95,8 @@ class Replica:
         self.engine = engine
         self.cache = SynthesisCache(cache_bytes) if cache_bytes > 0 else None
         self._executor = inference_executor(niceness)
+        self._niceness = niceness
+        self.kernels_compiling = False  # the fused CPU kernels compile in the background, not in service yet
         self._one_at_a_time = asyncio.Semaphore(1)
         # Only a CPU engine's activations live in the process heap; a GPU's live in its own pool.
         on_cpu = getattr(getattr(engine, "device", None), "type", None) == "cpu"
@@ -129,8 +136,35 @@ class Replica:
                     self.cache.put(keys[k], result)
         return results  # type: ignore[return-value]
 
-    async def warmup(self) -> None:
-        await self._exclusive(self.engine.warmup)
+    async def warmup(self, compile_kernels: bool = True) -> None:
+        """The engine's warm-up in the inference thread; compile_kernels=False leaves the fused CPU
+        kernels to `compile_kernels_in_background` (the replica then serves eagerly meanwhile)."""
+        await (self._exclusive(self.engine.warmup) if compile_kernels else
+               self._exclusive(self.engine.warmup, False))
+
+    @property
+    def kernels_pending(self) -> bool:
+        """Fused CPU kernels wanted and neither compiled nor compiling yet."""
+        return bool(getattr(self.engine, "kernels_pending", False)) and not self.kernels_compiling
+
+    async def compile_kernels_in_background(self):
+        """Compile the fused CPU kernels in a thread of their own (at the inference thread's
+        niceness; passes go on meanwhile with the eager kernels), then put them in service through
+        the one-at-a-time lock, so between two passes. Returns the CompileRecord (its `error` set
+        when the compile failed: the replica then keeps the eager kernels), None when nothing was
+        pending."""
+        if not self.kernels_pending:
+            return None
+        self.kernels_compiling = True
+        compiler = inference_executor(self._niceness)  # its own thread: minutes of work, not a pass
+        try:
+            record = await asyncio.get_running_loop().run_in_executor(compiler, self.engine.compile_kernels)
+            if record.error is None:
+                await self._exclusive(self.engine.switch_to_compiled_kernels)
+            return record
+        finally:
+            compiler.shutdown(wait=False)
+            self.kernels_compiling = False
 
     async def _exclusive(self, fn, *args):
         async with self._one_at_a_time:
@@ -220,7 +254,14 @@ class BaselineReplica:
             return result
 
     async def warmup(self) -> None:
+        """The engine's warm-up, fused kernels compiled before serving; then fresh views, which copy
+        the engine's kernel choice."""
         await asyncio.to_thread(self.engine.warmup)
+        views = [self.engine.view() for _ in range(self.concurrency)]
+        while not self._views.empty():
+            self._views.get_nowait()
+        for view in views:
+            self._views.put_nowait(view)
 
     def _enter(self) -> None:
         if self.running == 0:

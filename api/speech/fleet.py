@@ -212,7 +212,8 @@ class FleetSpeechService:
         """The fleet's part of /health."""
         self._note_degraded()  # the counters agree with the mode this reports, even between requests
         s = self.snapshot.stats
-        return {"mode": "degraded" if self.degraded else "fleet", "dispatch": self.dispatch, "worker": self.name,
+        return {**self.local.health(),  # which kernels this worker's replica serves with
+                "mode": "degraded" if self.degraded else "fleet", "dispatch": self.dispatch, "worker": self.name,
                 **({"fleet_admitted": int(s["admitted"]), "live_replicas": s.live_replicas} if s and not self.degraded
                    else {})}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,8 @@ from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, l
 from worker.text.markup import Delivery, split_speech, voice_tags_as_ssml
 from worker.text.source_map import MappedText
 from worker.voices import Voice, VoiceBank, VoiceError
+
+log = logging.getLogger("kokoro_fleet.api")
 
 # Texts up to this long are planned on the event loop: their text frontend takes about 0.2 ms (a
 # 40-character sentence on a 2-core AMD EPYC), less than the hop to the text-frontend thread and
@@ -41,13 +44,22 @@ class SpeechService:
         # request's admission, 503 and audio behind it. One thread: the frontend's caches and
         # espeak-ng are then never entered by two requests at once.
         self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-frontend")
+        self.kernel_compile: asyncio.Task | None = None  # the fused CPU kernels, compiled while serving
+        self.kernel_error: str | None = None
 
     async def warmup(self) -> None:
-        """Warm the replica, and load the text readers of KOKORO_PRELOAD_LANGUAGES (English by
-        default) before serving: a language's first request would otherwise wait for its reader
-        (English lexicons over half a second, Mandarin's dictionary about as long), and loading holds
-        the GIL while every request in flight waits for it."""
-        await self.replica.warmup()
+        """Warm the replica with the kernels it can run at once, and load the text readers of
+        KOKORO_PRELOAD_LANGUAGES (English by default) before serving: a language's first request
+        would otherwise wait for its reader (English lexicons over half a second, Mandarin's
+        dictionary about as long), and loading holds the GIL while every request in flight waits
+        for it. A CPU replica's fused kernels compile afterwards, in the background: the server
+        speaks (eagerly) in the minutes a cold compile takes on a small CPU."""
+        if getattr(self.replica, "kernels_pending", False):
+            await self.replica.warmup(compile_kernels=False)
+            self.kernel_compile = asyncio.create_task(self._switch_kernels_when_compiled(),
+                                                      name="fused-kernel-compile")
+        else:
+            await self.replica.warmup()
         await asyncio.to_thread(load_lexicon, self.settings.lexicon)  # read now: /health shows it from the start
         for lang_code in self.settings.preload_language_codes():
             await asyncio.to_thread(load_language, lang_code)
@@ -141,15 +153,43 @@ class SpeechService:
         also holds each API key (`key`) to its share."""
         return await self.plan_off_loop(request)
 
+    async def _switch_kernels_when_compiled(self) -> None:
+        """The replica's background compile, and one log line saying how it ended."""
+        from api.speech.redis_link import worker_id
+
+        try:
+            record = await self.replica.compile_kernels_in_background()
+        except Exception as error:  # noqa: BLE001 - whatever broke, the replica serves on eagerly
+            self.kernel_error = f"{type(error).__name__}: {error}"
+            log.exception("worker %s: fused CPU kernels failed; serving with the eager kernels", worker_id())
+            return
+        if record is None:
+            return
+        if record.error is not None:
+            self.kernel_error = record.error
+            log.warning("worker %s: fused CPU kernels failed after %.1f s (%s); serving with the eager kernels",
+                        worker_id(), record.seconds, record.error)
+        else:
+            log.info("worker %s: fused CPU kernels %s in %.1f s, serving with them", worker_id(),
+                     "loaded" if record.loaded else "compiled", record.seconds)
+
     def health(self) -> dict[str, object]:
-        """This service's part of /health: nothing beyond what the HTTP layer reports."""
-        return {}
+        """This service's part of /health: which kernels the replica serves with (`eager` while its
+        fused CPU kernels compile, `kernels_compiling` true until they are in service)."""
+        kernels = getattr(getattr(self.replica, "engine", None), "kernels", None)
+        if kernels is None:  # the simulated engine, or no replica in this worker
+            return {}
+        return {"kernels": kernels, "kernels_compiling": bool(getattr(self.replica, "kernels_compiling", False)),
+                **({"kernels_error": self.kernel_error} if self.kernel_error else {})}
 
     def stats(self) -> ReplicaStats:
         return ReplicaStats.of(self.replica)
 
     async def aclose(self) -> None:
-        """Stop the text-frontend thread; the replica's threads end with the process."""
+        """Stop the text-frontend thread (and a kernel compile's wait); the replica's threads end
+        with the process."""
+        if self.kernel_compile is not None:
+            self.kernel_compile.cancel()
         self._text_thread.shutdown(wait=False)
 
     async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:

@@ -283,3 +283,76 @@ def test_the_engine_is_deterministic_so_its_cached_audio_is_what_it_would_make(t
     assert cached.cache.hits == 1 and cached.jobs_done == 1
     np.testing.assert_array_equal(from_cache.audio, made_again.audio)
     np.testing.assert_array_equal(first.durations, made_again.durations)
+
+
+class CompilingEngine(SlowEngine):
+    """A SlowEngine with fused kernels to compile: the compile blocks its own thread for a while,
+    and the switch records whether a synthesis was running when it happened."""
+
+    def __init__(self, seconds: float, compile_s: float, error: str | None = None):
+        super().__init__(seconds)
+        self.compile_s, self.error = compile_s, error
+        self.compile_record = None
+        self.kernels = "eager"
+        self.compile_thread: str | None = None
+        self.running_at_switch: int | None = None
+
+    @property
+    def kernels_pending(self) -> bool:
+        return self.compile_record is None
+
+    def warmup(self, compile_kernels: bool = True) -> None:
+        assert compile_kernels is False, "the replica's server warms up eagerly and compiles in the background"
+        super().warmup()
+
+    def compile_kernels(self):
+        from worker.compile_cache import CompileRecord
+
+        self.compile_thread = threading.current_thread().name
+        time.sleep(self.compile_s)
+        self.compile_record = CompileRecord(".", "fused CPU kernels", seconds=self.compile_s, error=self.error)
+        return self.compile_record
+
+    def switch_to_compiled_kernels(self) -> bool:
+        with self.lock:
+            self.running_at_switch = self.running
+        self.kernels = "compiled"
+        return True
+
+
+def test_the_replica_serves_eagerly_while_its_kernels_compile_then_switches_between_passes():
+    engine = CompilingEngine(0.05, compile_s=0.6)
+    replica = Replica(engine)
+
+    async def main():
+        await replica.warmup(compile_kernels=False)
+        assert replica.kernels_pending and not replica.kernels_compiling
+        compile_task = asyncio.create_task(replica.compile_kernels_in_background())
+        await asyncio.sleep(0.05)
+        assert replica.kernels_compiling and not replica.kernels_pending
+        seen = []  # the kernels each pass ran with
+        while not compile_task.done():  # passes go on, one at a time, while the compile runs
+            seen.append(engine.kernels)
+            await replica.synthesize([len(seen)], torch.zeros(256))
+        return seen, await compile_task
+
+    seen, record = asyncio.run(main())
+    assert len(seen) >= 5 and seen[:5] == ["eager"] * 5
+    assert record.error is None and engine.kernels == "compiled" and not replica.kernels_compiling
+    assert engine.compile_thread and not engine.compile_thread.startswith("asyncio")  # a thread of its own
+    assert engine.running_at_switch == 0  # switched between two passes, never during one
+    assert engine.most_at_once == 1
+
+
+def test_a_failed_kernel_compile_keeps_the_eager_kernels():
+    engine = CompilingEngine(0.01, compile_s=0.05, error="RuntimeError: no compiler")
+    replica = Replica(engine)
+
+    async def main():
+        await replica.warmup(compile_kernels=False)
+        return await replica.compile_kernels_in_background()
+
+    record = asyncio.run(main())
+    assert record.error == "RuntimeError: no compiler" and engine.kernels == "eager"
+    assert engine.running_at_switch is None and not replica.kernels_compiling
+    assert asyncio.run(replica.compile_kernels_in_background()) is None  # nothing pending: nothing to do

@@ -147,3 +147,52 @@ def test_progress_says_how_far_how_fast_and_how_long_is_left():
     assert progress_line(40, 40, 3725.0, 500.0, 3700.0) == "chunk 40/40  1:02:05 of audio  7.5x real time"
     assert output_format("book.MP3", None) == "mp3" and output_format("x.ogg", None) == "opus"
     assert output_format("x.bin", "flac") == "flac"
+
+
+def test_progress_measures_the_pace_after_the_first_chunk_which_holds_the_start_up():
+    """A first chunk that took 30 s (the engine's first passes) for 5 s of audio must not predict
+    the rest at 0.2x real time (issue 48: "0.0x real time, about 2:56 left")."""
+    from api.say_cli import progress_line
+
+    first = progress_line(1, 40, 5.0, 30.0, 200.0, first_piece=None, kernels="eager kernels")
+    assert first == "chunk 1/40  0:05 of audio  0.2x real time  about 19:30 left  (eager kernels)"  # the old guess
+    first = progress_line(1, 40, 5.0, 30.0, 200.0, first_piece=(5.0, 30.0), kernels="eager kernels")
+    assert first == "chunk 1/40  0:05 of audio  0.2x real time  time left: measured from the next chunk on  (eager kernels)"
+    # then 10 s more audio in 5 s more: 2x real time for the 185 s still to come
+    later = progress_line(3, 40, 15.0, 35.0, 200.0, first_piece=(5.0, 30.0), kernels="fused kernels")
+    assert later == "chunk 3/40  0:15 of audio  0.4x real time  about 1:32 left  (fused kernels)"
+
+
+def test_say_compiles_the_fused_kernels_only_where_that_pays():
+    """Compiled, or loaded from the host's cache (cheaper): only for a text long enough to win that
+    back; a single chunk: never (nothing to switch to)."""
+    import asyncio
+    import types
+
+    from api.say_cli import SAY_COMPILE_FROM_AUDIO_S, SAY_LOAD_FROM_AUDIO_S, start_fused_kernels
+
+    def started(chunks: int, audio_s: float, cached: bool, pending: bool = True) -> bool:
+        compiled = []
+
+        async def compile_kernels_in_background():
+            compiled.append(True)
+
+        replica = types.SimpleNamespace(kernels_pending=pending, engine=types.SimpleNamespace(kernels_cached=cached),
+                                        compile_kernels_in_background=compile_kernels_in_background)
+
+        async def main():
+            task = start_fused_kernels(replica, chunks, audio_s)
+            if task is not None:
+                await task
+            return task is not None
+
+        began = asyncio.run(main())
+        assert began == bool(compiled)
+        return began
+
+    assert SAY_LOAD_FROM_AUDIO_S < SAY_COMPILE_FROM_AUDIO_S
+    assert not started(5, 20.0, cached=True) and not started(5, 20.0, cached=False)
+    assert started(10, SAY_LOAD_FROM_AUDIO_S, cached=True) and not started(10, SAY_LOAD_FROM_AUDIO_S, cached=False)
+    assert started(50, SAY_COMPILE_FROM_AUDIO_S, cached=False)
+    assert not started(1, 1000.0, cached=True)
+    assert not started(50, 1000.0, cached=True, pending=False)
