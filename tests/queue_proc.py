@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_batch, fake_run_job  # noqa: E402
 
-from api.speech.owner import (  # noqa: E402
+from api.speech.admission_client import (  # noqa: E402
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -33,7 +33,7 @@ from api.speech.owner import (  # noqa: E402
     ResultTimeout,
 )
 from api.speech.redis_link import connect  # noqa: E402
-from api.speech.lease_loop import Dispatcher  # noqa: E402
+from api.speech.dispatcher import Dispatcher  # noqa: E402
 
 
 async def main(args) -> None:

@@ -42,9 +42,9 @@ from prometheus_client import Histogram
 from api.metrics import Metrics
 from api.speech.contract import (AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest,
                                  chunk_piece)
-from api.speech.lease_loop import Dispatcher, NoReplica, ReplicaJobRunner
+from api.speech.dispatcher import Dispatcher, NoReplica, ReplicaJobRunner
 from api.speech.local import SpeechService
-from api.speech.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
+from api.speech.admission_client import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
                               RequestLost, Ticket)
 from api.speech.redis_link import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
                                    read_replicas, read_stats, stop_if_cancelled, worker_id)

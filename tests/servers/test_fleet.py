@@ -184,7 +184,7 @@ def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, 
     """Two fleets on one Redis (two containers) share one `admitted` counter: each one's derived
     bound must count the other's replicas too, or the second container's replicas idle behind 503s
     at the first one's size; and it shrinks back when the other fleet leaves."""
-    from api.speech.owner import AdmissionBounds
+    from api.speech.admission_client import AdmissionBounds
 
     async def until(predicate, timeout_s: float = 15.0) -> bool:
         deadline = asyncio.get_running_loop().time() + timeout_s

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from api.speech.owner import AdmissionBounds, AdmissionClient, ChunkJob
+from api.speech.admission_client import AdmissionBounds, AdmissionClient, ChunkJob
 from api.speech.redis_link import connect, encode_job
-from api.speech.lease_loop import Dispatcher, ReplicaJobRunner
+from api.speech.dispatcher import Dispatcher, ReplicaJobRunner
 from worker.sim_engine import SimCost, SimReplica, sim_voices
 from worker.audio import SECONDS_PER_PHONEME
 from worker.voices import VoiceBank

@@ -18,9 +18,9 @@ from test_queue import assert_idle, collect, owner
 from api.app import create_app
 from api.settings import Settings
 from api.speech.local import SpeechService
-from api.speech.owner import ChunkJob, RequestFailed
+from api.speech.admission_client import ChunkJob, RequestFailed
 from api.speech.redis_link import connect, encode_job
-from api.speech.lease_loop import DELIVERED, Dispatcher, ReplicaJobRunner
+from api.speech.dispatcher import DELIVERED, Dispatcher, ReplicaJobRunner
 from worker import engine as engine_module
 from worker.engine import Engine
 from worker.replica import Replica

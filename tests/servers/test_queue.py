@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.speech.owner import (
+from api.speech.admission_client import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -30,7 +30,7 @@ from api.speech.owner import (
     retry_headers,
 )
 from api.speech.redis_link import GAUGES, connect, read_replicas
-from api.speech.lease_loop import DELIVERED, DROPPED, STALE, Dispatcher
+from api.speech.dispatcher import DELIVERED, DROPPED, STALE, Dispatcher
 
 
 def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:
@@ -972,7 +972,7 @@ def test_the_request_bound_follows_the_measured_rate_and_the_first_audio_target(
 def test_a_crowd_is_spread_over_at_most_thirty_seconds(redis_server):
     """Under an open-loop overload new arrivals take the places that free, so the crowd's line would
     grow as long as the overload lasts: past RETRY_CROWD_MAX_MS every refused client is told that."""
-    from api.speech.owner import RETRY_CROWD_MAX_MS
+    from api.speech.admission_client import RETRY_CROWD_MAX_MS
 
     async def go():
         client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))

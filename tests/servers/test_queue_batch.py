@@ -16,8 +16,8 @@ import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_batch
 from test_queue import assert_idle, collect, jobs, owner, replica
 
-from api.speech.owner import ChunkJob, RequestFailed, RequestLost
-from api.speech.lease_loop import DELIVERED, DROPPED, STALE
+from api.speech.admission_client import ChunkJob, RequestFailed, RequestLost
+from api.speech.dispatcher import DELIVERED, DROPPED, STALE
 
 
 def keys(batch) -> list[tuple[str, int]]:

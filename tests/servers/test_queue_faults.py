@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.speech.owner import (
+from api.speech.admission_client import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -32,7 +32,7 @@ from api.speech.owner import (
     ResultTimeout,
 )
 from api.speech.redis_link import GAUGES, QueueStats, connect, read_stats
-from api.speech.lease_loop import Dispatcher
+from api.speech.dispatcher import Dispatcher
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"

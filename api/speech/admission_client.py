@@ -222,7 +222,7 @@ class AdmissionClient(TracksAvailability):
                  local_results: dict[str, bytes] | None = None,
                  local_delivered: dict[str, tuple[np.ndarray, bool]] | None = None):
         self.client = client
-        # PCM that this process's own replica made for this owner's requests (api.speech.lease_loop's
+        # PCM that this process's own replica made for this owner's requests (api.speech.dispatcher's
         # Dispatcher fills it; fetch.lua answers "local" for those chunks).
         self.local_results = local_results if local_results is not None else {}
         # job id -> (durations, request released) of those chunks once Redis accepted their completion:
