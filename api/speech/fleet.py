@@ -94,6 +94,16 @@ class FleetCounters:
     finished_locally: int = 0     # lost Redis mid-stream: remaining chunks ran on this replica
     failed: int = 0               # the queue ended the request with an error
     cancelled: int = 0            # client gone (or response never started): jobs cancelled
+    # degraded mode is the worker queue owner's state: read here, changed there
+    worker_queue: WorkerQueueOwner | None = field(default=None, repr=False)
+
+    @property
+    def degraded_since(self) -> float | None:
+        return self.worker_queue.degraded_since if self.worker_queue else None
+
+    @property
+    def degraded_seconds(self) -> float:
+        return self.worker_queue.degraded_seconds if self.worker_queue else 0.0
 
 
 @dataclass
@@ -145,7 +155,7 @@ class FleetSpeechService:
                                      engine=self.replica.engine.label, leases=not isinstance(self.replica, NoReplica))
         self.worker_queue.watch_availability(lambda: self.admission.degraded, lambda: self.dispatcher.degraded)
         self._stats_client = connect(redis_url)
-        self.counters = FleetCounters()
+        self.counters = FleetCounters(worker_queue=self.worker_queue)
         self.snapshot = FleetSnapshot()
         # When a short text may skip the reservation (see `_plans_inline`): while fewer of this
         # worker's requests are being admitted than its share of the fleet's request bound, and no

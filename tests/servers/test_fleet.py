@@ -152,7 +152,8 @@ def test_a_burst_beyond_the_bound_is_refused_without_planning_its_texts(local_se
     event loop first (issue 14: every 503 of a burst within 100 ms)."""
     planned = []
     plan = local_service.plan
-    monkeypatch.setattr(local_service, "plan", lambda request: planned.append(request.text) or plan(request))
+    monkeypatch.setattr(local_service, "plan",
+                        lambda request, *voice: planned.append(request.text) or plan(request, *voice))
 
     async def burst(fleet, n: int):
         return await asyncio.gather(*(fleet.admit(SpeechRequest(f"Hello number {i}.", "af_heart")) for i in range(n)),
