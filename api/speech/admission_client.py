@@ -354,7 +354,9 @@ class AdmissionClient(TracksAvailability):
             if local_run is not None and job_id in leased and not local_run.done():
                 with contextlib.suppress(Exception):  # its failure shows in Redis: read from there
                     await asyncio.shield(local_run)
-            accepted = await self.worker_queue.take_accepted(job_id)
+            accepted = None
+            if self.worker_queue.holds_accepted(job_id):
+                accepted = await self.worker_queue.take_accepted(job_id)
             if accepted is not None:
                 pcm, durations, released = accepted
                 if released:

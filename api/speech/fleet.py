@@ -1,27 +1,29 @@
 """The fleet's speech service: every Uvicorn worker is an HTTP front and one model replica; the
 work is shared through Redis.
 
-`FleetSpeechService` implements the speech-service contract (api/speech/contract.py) when REDIS_URL is set
-(the launcher sets it to its embedded Redis server when it runs several workers). `admit(request)`
-reserves a slot in the fleet (or refuses: `Overloaded`, a 503 with Retry-After), plans the text off the event
-loop, turns the plan's chunks into jobs in the shared, deadline-ordered queue, and returns a
-`FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from the in-order results,
-whichever replica ran them. Beside it this worker's `Dispatcher` leases the fleet's
-earliest-deadline job whenever its replica is free. When Redis is unreachable (at start or
-mid-run) the service serves its own requests on its own replica instead (still bounded by the
+`FleetSpeechService` adapts the speech-service contract (api/speech/contract.py) to the shared queue
+when REDIS_URL is set (the launcher sets it to its embedded Redis server when it runs several
+workers). `admit(request)` reserves a slot in the fleet (or refuses: `Overloaded`, a 503 with
+Retry-After), plans the text off the event loop, turns the plan's chunks into jobs in the shared,
+deadline-ordered queue, and returns a `FleetPlan` carrying the ticket; `stream(plan)` runs the local
+service's one streaming loop with `QueuedAudio` as the chunks' source: the in-order results, whichever
+replica ran them. Beside it this worker's `Dispatcher` leases the fleet's earliest-deadline job
+whenever its replica is free. What the two sides share (the audio this worker's replica made for its
+own requests, the replica's claim, the requests not streaming yet, degraded mode) belongs to one
+`WorkerQueueOwner` (api/speech/worker_queue.py). When Redis is unreachable (at start or mid-run) the
+owner is degraded and the service serves its own requests on its own replica (still bounded by the
 HTTP layer's per-process `ProcessAdmission`), says so in /health and /metrics, and goes back to the
 queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining chunks
 locally.
 
-Keep the bytes cheap: the owner and replica halves of one worker share a dict.
-A job of a request this worker accepted leaves its PCM there (the completion stores only durations
-and a marker in Redis), and a free replica prefers such a job when it is due within
-KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. When this worker's replica is waiting for work as
-a request is admitted, the admission leases for it in the same Redis call (`Dispatcher.claim`) and
-the replica runs the job in this process at once: a one-chunk request then costs two Redis round
-trips (admit-and-lease, complete-and-release) instead of about eight. Only audio another worker's replica made crosses
-Redis (48 kB per audio second as 16-bit PCM); `kokoro_fleet_local_total` and
-`kokoro_fleet_result_bytes_total` in /metrics show the split.
+Keep the bytes cheap: a job of a request this worker accepted hands its PCM to the worker's queue
+owner (the completion stores only durations and a marker in Redis), and a free replica prefers such
+a job when it is due within KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. When this worker's
+replica is waiting for work as a request is admitted, the admission claims it and leases for it in
+the same Redis call, and the replica runs the job in this process at once: a one-chunk request then
+costs two Redis round trips (admit-and-lease, complete-and-release) instead of about eight. Only
+audio another worker's replica made crosses Redis (48 kB per audio second as 16-bit PCM);
+`kokoro_fleet_local_total` and `kokoro_fleet_result_bytes_total` in /metrics show the split.
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ import numpy as np
 from prometheus_client import Histogram
 
 from api.metrics import Metrics
-from api.speech.contract import (AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest,
-                                 chunk_piece)
+from api.speech.contract import AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest
 from api.speech.admission_client import (AdmissionBounds, AdmissionClient, ChunkJob, ChunkResult, QueueUnavailable,
                                          Refused, RequestFailed, RequestLost, Ticket)
 from api.speech.dispatcher import Dispatcher, DispatcherConfig, NoReplica, ReplicaJobRunner

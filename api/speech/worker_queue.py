@@ -113,6 +113,11 @@ class WorkerQueueOwner:
         out of memory; None when there is none (the owner side then asks Redis)."""
         return await self._ask(self._take_accepted, job_id)
 
+    def holds_accepted(self, job_id: str) -> bool:
+        """Whether an own chunk's accepted audio is held now: a read, so a chunk read from Redis
+        costs no command. One accepted later is still found: fetch.lua then answers "local"."""
+        return job_id in self._accepted
+
     async def take_made(self, job_id: str) -> bytes | None:
         """The PCM of an own chunk that Redis says was made here ("local"), taken out of memory."""
         return await self._ask(self._take_made, job_id)

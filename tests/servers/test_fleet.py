@@ -491,3 +491,29 @@ def test_a_repeated_prompt_is_answered_from_the_cache_without_the_queue(tiny_eng
         np.testing.assert_array_equal(a.pcm, b.pcm)
     assert counters.from_cache == 1 and counters.served_locally == 0 and not counters.degraded_since
     assert stats["admitted_total"] == 2 and all(stats[g] == 0 for g in GAUGES)  # the repeat never queued
+
+
+def test_the_admission_side_and_the_lease_side_share_no_mutable_container(local_service, redis_server):
+    """What the two sides of a worker have in common belongs to its queue owner alone: after a request
+    has run through the queue (so each side has filled what it holds), no object the admission client
+    holds is also held by the dispatcher, except the owner itself, and the owner hands out read-only views."""
+    from api.speech.worker_queue import WorkerQueueOwner
+
+    def held(obj) -> dict[int, object]:
+        return {id(v): v for v in vars(obj).values()
+                if not isinstance(v, (str, bytes, int, float, bool, type(None), tuple, frozenset))}
+
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            admitted = await fleet.admit(SpeechRequest("Hello there.", "af_heart"))
+            await collect(fleet, admitted)
+            admission, dispatcher = held(fleet.admission), held(fleet.dispatcher)
+            return [admission[k] for k in admission.keys() & dispatcher.keys()], fleet.admission.local_results
+        finally:
+            await fleet.aclose()
+
+    shared, view = asyncio.run(go())
+    assert [type(v) for v in shared] == [WorkerQueueOwner], shared
+    with pytest.raises(TypeError):
+        view["job"] = b""  # type: ignore[index]
