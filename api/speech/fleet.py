@@ -76,8 +76,6 @@ class FleetPlan(SpeechPlan):
     own replica, because Redis was unreachable when it was admitted)."""
 
     ticket: Ticket | None = None
-    admitted_at: float = field(default_factory=time.monotonic)
-    claimed: bool = False
     # This worker's replica running the jobs the admission leased for it (`ticket.leased`).
     local_run: asyncio.Task | None = None
 
@@ -382,7 +380,6 @@ class FleetSpeechService:
                 async for piece in pieces:
                     yield piece
             return
-        plan.claimed = True
         await self.worker_queue.stream_started(plan.ticket.request_id)
         results = self.admission.results(plan.ticket, timeout_s=self.chunk_timeout_s, local_run=plan.local_run)
         audio = QueuedAudio(self, plan, results)
