@@ -2,7 +2,7 @@
 
 Two bounds admit a request, each with its own name. `ProcessAdmission` (this module,
 KOKORO_MAX_REQUESTS) counts the requests this process is streaming or holding, whatever service
-makes their audio; the fleet's bound (`api.speech.owner.AdmissionBounds`, KOKORO_QUEUE_MAX_*) counts
+makes their audio; the fleet's bound (`api.speech.admission_client.AdmissionBounds`, KOKORO_QUEUE_MAX_*) counts
 the whole fleet's in Redis and is the speech service's own `admit` step. The HTTP layer takes a
 `ProcessSlot` before planning and gives it back through one call, `slot.release(...)`, however the
 response ends (refused, done, failed, client gone); releasing twice is harmless.

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_batch, fake_run_job  # noqa: E402
 
-from api.speech.owner import (  # noqa: E402
+from api.speech.admission_client import (  # noqa: E402
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -33,7 +33,7 @@ from api.speech.owner import (  # noqa: E402
     ResultTimeout,
 )
 from api.speech.redis_link import connect  # noqa: E402
-from api.speech.lease_loop import Dispatcher  # noqa: E402
+from api.speech.dispatcher import Dispatcher, DispatcherConfig  # noqa: E402
 
 
 async def main(args) -> None:
@@ -41,10 +41,9 @@ async def main(args) -> None:
     admission = AdmissionClient(connect(args.url), args.worker, AdmissionBounds(args.max_requests, 0),
                                 owner_ttl_s=args.owner_ttl_s, ms_per_phoneme=MS_PER_PHONEME, poll_s=0.5)
     await admission.start()
-    dispatcher = Dispatcher(connect(args.url), args.worker, fake_run_job, lease_s=args.lease_s,
-                            heartbeat_s=args.lease_s / 4, replica_ttl_s=args.owner_ttl_s,
-                            reap_interval_s=0.2, idle_wait_s=0.5, batch_max=args.batch_max,
-                            run_batch=fake_run_batch)
+    config = DispatcherConfig(lease_s=args.lease_s, heartbeat_s=args.lease_s / 4, replica_ttl_s=args.owner_ttl_s,
+                              reap_interval_s=0.2, idle_wait_s=0.5, batch_max=args.batch_max)
+    dispatcher = Dispatcher(connect(args.url), args.worker, fake_run_job, config, run_batch=fake_run_batch)
     dispatcher.start()
     stop_clients, stop_replica = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()

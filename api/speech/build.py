@@ -69,7 +69,7 @@ def build_engine(weights, settings: Settings):
 
 def build_front_service(settings: Settings) -> SpeechService:
     """A worker without a replica (KOKORO_REPLICAS): the voices and the text frontend, no engine."""
-    from api.speech.lease_loop import NoReplica
+    from api.speech.dispatcher import NoReplica
     from worker.text.mandarin import use_segmenter_cache
 
     use_segmenter_cache(settings.cache_dir)

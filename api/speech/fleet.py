@@ -1,27 +1,29 @@
 """The fleet's speech service: every Uvicorn worker is an HTTP front and one model replica; the
 work is shared through Redis.
 
-`FleetSpeechService` implements the speech-service contract (api/speech/contract.py) when REDIS_URL is set
-(the launcher sets it to its embedded Redis server when it runs several workers). `admit(request)`
-reserves a slot in the fleet (or refuses: `Overloaded`, a 503 with Retry-After), plans the text off the event
-loop, turns the plan's chunks into jobs in the shared, deadline-ordered queue, and returns a
-`FleetPlan` carrying the ticket; `stream(plan)` yields the pieces from the in-order results,
-whichever replica ran them. Beside it this worker's `Dispatcher` leases the fleet's
-earliest-deadline job whenever its replica is free. When Redis is unreachable (at start or
-mid-run) the service serves its own requests on its own replica instead (still bounded by the
+`FleetSpeechService` adapts the speech-service contract (api/speech/contract.py) to the shared queue
+when REDIS_URL is set (the launcher sets it to its embedded Redis server when it runs several
+workers). `admit(request)` reserves a slot in the fleet (or refuses: `Overloaded`, a 503 with
+Retry-After), plans the text off the event loop, turns the plan's chunks into jobs in the shared,
+deadline-ordered queue, and returns a `FleetPlan` carrying the ticket; `stream(plan)` runs the local
+service's one streaming loop with `QueuedAudio` as the chunks' source: the in-order results, whichever
+replica ran them. Beside it this worker's `Dispatcher` leases the fleet's earliest-deadline job
+whenever its replica is free. What the two sides share (the audio this worker's replica made for its
+own requests, the replica's claim, the requests not streaming yet, degraded mode) belongs to one
+`WorkerQueueOwner` (api/speech/worker_queue.py). When Redis is unreachable (at start or mid-run) the
+owner is degraded and the service serves its own requests on its own replica (still bounded by the
 HTTP layer's per-process `ProcessAdmission`), says so in /health and /metrics, and goes back to the
 queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining chunks
 locally.
 
-Keep the bytes cheap: the owner and replica halves of one worker share a dict.
-A job of a request this worker accepted leaves its PCM there (the completion stores only durations
-and a marker in Redis), and a free replica prefers such a job when it is due within
-KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. When this worker's replica is waiting for work as
-a request is admitted, the admission leases for it in the same Redis call (`Dispatcher.claim`) and
-the replica runs the job in this process at once: a one-chunk request then costs two Redis round
-trips (admit-and-lease, complete-and-release) instead of about eight. Only audio another worker's replica made crosses
-Redis (48 kB per audio second as 16-bit PCM); `kokoro_fleet_local_total` and
-`kokoro_fleet_result_bytes_total` in /metrics show the split.
+Keep the bytes cheap: a job of a request this worker accepted hands its PCM to the worker's queue
+owner (the completion stores only durations and a marker in Redis), and a free replica prefers such
+a job when it is due within KOKORO_OWN_JOB_SLACK_MS of the fleet's earliest. When this worker's
+replica is waiting for work as a request is admitted, the admission claims it and leases for it in
+the same Redis call, and the replica runs the job in this process at once: a one-chunk request then
+costs two Redis round trips (admit-and-lease, complete-and-release) instead of about eight. Only
+audio another worker's replica made crosses Redis (48 kB per audio second as 16-bit PCM);
+`kokoro_fleet_local_total` and `kokoro_fleet_result_bytes_total` in /metrics show the split.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ import numpy as np
 from prometheus_client import Histogram
 
 from api.metrics import Metrics
-from api.speech.contract import (AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest,
-                                 chunk_piece)
-from api.speech.lease_loop import Dispatcher, NoReplica, ReplicaJobRunner
+from api.speech.contract import AudioPiece, KeyShareFull, Overloaded, ReplicaStats, SpeechPlan, SpeechRequest
+from api.speech.admission_client import (AdmissionBounds, AdmissionClient, ChunkJob, ChunkResult, QueueUnavailable,
+                                         Refused, RequestFailed, RequestLost, Ticket)
+from api.speech.dispatcher import Dispatcher, DispatcherConfig, NoReplica, ReplicaJobRunner
 from api.speech.local import SpeechService
-from api.speech.owner import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused, RequestFailed,
-                              RequestLost, Ticket)
+from api.speech.worker_queue import WorkerQueueOwner
+from worker.text import Chunk
 from api.speech.redis_link import (DEFAULT_PREFIX, QueueStats, ReplicaStatus, connect, encode_job, open_connections,
                                    read_replicas, read_stats, stop_if_cancelled, worker_id)
 from worker.audio import SECONDS_PER_PHONEME, from_pcm16
@@ -73,8 +76,6 @@ class FleetPlan(SpeechPlan):
     own replica, because Redis was unreachable when it was admitted)."""
 
     ticket: Ticket | None = None
-    admitted_at: float = field(default_factory=time.monotonic)
-    claimed: bool = False
     # This worker's replica running the jobs the admission leased for it (`ticket.leased`).
     local_run: asyncio.Task | None = None
 
@@ -92,8 +93,16 @@ class FleetCounters:
     finished_locally: int = 0     # lost Redis mid-stream: remaining chunks ran on this replica
     failed: int = 0               # the queue ended the request with an error
     cancelled: int = 0            # client gone (or response never started): jobs cancelled
-    degraded_since: float | None = None
-    degraded_seconds: float = 0.0
+    # degraded mode is the worker queue owner's state: read here, changed there
+    worker_queue: WorkerQueueOwner | None = field(default=None, repr=False)
+
+    @property
+    def degraded_since(self) -> float | None:
+        return self.worker_queue.degraded_since if self.worker_queue else None
+
+    @property
+    def degraded_seconds(self) -> float:
+        return self.worker_queue.degraded_seconds if self.worker_queue else 0.0
 
 
 @dataclass
@@ -130,33 +139,29 @@ class FleetSpeechService:
         self.wait_histogram = Histogram("kokoro_fleet_first_chunk_wait_seconds", "Wait of requests' first chunks "
                                         "in the queue before this replica leased them.", buckets=WAIT_BUCKETS,
                                         registry=None)
-        local_results: dict[str, bytes] = {}  # job id -> PCM this worker's replica made for its own requests
-        local_delivered: dict[str, tuple[np.ndarray, bool]] = {}  # ... that Redis has accepted
+        # The one owner of this worker's queue state; the admission side and the lease side each
+        # hold it, and neither holds the other's state.
+        self.worker_queue = WorkerQueueOwner(self.name)
         self.admission = AdmissionClient(connect(redis_url), self.name, self.bounds, prefix=self.prefix,
                                          owner_ttl_s=owner_ttl_s, ms_per_phoneme=SECONDS_PER_PHONEME * 1000,
-                                         local_results=local_results, local_delivered=local_delivered)
+                                         worker_queue=self.worker_queue)
         runner = ReplicaJobRunner(self.replica, self.voices, self.wait_histogram)
         self.dispatcher = Dispatcher(connect(redis_url), self.name, runner,
-                                     batch_max=settings.batch_max, run_batch=runner.run_batch,
-                                     prefix=self.prefix, lease_s=settings.lease_seconds,
-                                     replica_ttl_s=owner_ttl_s, reap_interval_s=reap_interval_s,
-                                     # an idle replica refreshes its liveness once per wait: well within
-                                     # the TTL, or a reaper would drop its row (and its counters)
-                                     idle_wait_s=min(1.0, owner_ttl_s / 3),
-                                     local_results=local_results, local_delivered=local_delivered,
-                                     own_slack_ms=settings.own_job_slack_ms, engine=self.replica.engine.label,
-                                     leases=not isinstance(self.replica, NoReplica))
+                                     DispatcherConfig.from_settings(settings, prefix=self.prefix,
+                                                                    replica_ttl_s=owner_ttl_s,
+                                                                    reap_interval_s=reap_interval_s),
+                                     run_batch=runner.run_batch, worker_queue=self.worker_queue,
+                                     engine=self.replica.engine.label, leases=not isinstance(self.replica, NoReplica))
+        self.worker_queue.watch_availability(lambda: self.admission.degraded, lambda: self.dispatcher.degraded)
         self._stats_client = connect(redis_url)
-        self.counters = FleetCounters()
+        self.counters = FleetCounters(worker_queue=self.worker_queue)
         self.snapshot = FleetSnapshot()
-        self._unclaimed: dict[str, FleetPlan] = {}
         # When a short text may skip the reservation (see `_plans_inline`): while fewer of this
         # worker's requests are being admitted than its share of the fleet's request bound, and no
         # refusal came back in the last REFUSAL_MEMORY_S.
         self._admitting = 0
         self._refused_at = -math.inf
         self._tasks: list[asyncio.Task] = []
-        self._abandoned: set[asyncio.Task] = set()  # admissions whose client left during the call
         self._started = time.monotonic()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -180,12 +185,11 @@ class FleetSpeechService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self._abandoned:
-            await asyncio.gather(*self._abandoned, return_exceptions=True)
         await self.dispatcher.close()
         await self.admission.close()
-        for plan in list(self._unclaimed.values()):
+        for plan in await self.worker_queue.unstarted_since(None):
             await self._end(plan, finished=False)
+        await self.worker_queue.close()
         for client in (self.admission.client, self.dispatcher.client, self._stats_client):
             with contextlib.suppress(Exception):
                 await client.aclose()
@@ -194,23 +198,11 @@ class FleetSpeechService:
     @property
     def degraded(self) -> bool:
         """Redis did not answer the last call of this worker's owner or replica side."""
-        return self.admission.degraded or self.dispatcher.degraded
-
-    def _note_degraded(self) -> None:
-        now = time.monotonic()
-        if self.degraded and self.counters.degraded_since is None:
-            self.counters.degraded_since = now
-            log.warning("fleet worker %s: Redis unavailable: serving this worker's requests on its own replica",
-                        self.name)
-        elif not self.degraded and self.counters.degraded_since is not None:
-            self.counters.degraded_seconds += now - self.counters.degraded_since
-            self.counters.degraded_since = None
-            log.warning("fleet worker %s: Redis is back: dispatching through the %s queue again", self.name,
-                        self.dispatch)
+        return self.worker_queue.degraded
 
     def health(self) -> dict[str, Any]:
         """The fleet's part of /health."""
-        self._note_degraded()  # the counters agree with the mode this reports, even between requests
+        self.worker_queue.note_mode()  # the counters agree with the mode this reports, even between requests
         s = self.snapshot.stats
         return {**self.local.health(),  # which kernels this worker's replica serves with
                 "mode": "degraded" if self.degraded else "fleet", "dispatch": self.dispatch, "worker": self.name,
@@ -235,16 +227,21 @@ class FleetSpeechService:
         against that key's share of the fleet (KOKORO_KEY_MAX_SHARE; KeyShareFull beyond it)."""
         self._admitting += 1
         try:
-            return await self._admit(request, key)
+            voice = self.local.voice_for(request)  # resolved once for this request
+            inline = self._plans_inline(request, voice)
+            if self.worker_queue.note_mode():  # degraded: this replica serves this worker's requests
+                plan = await self.local.plan_off_loop(request, voice, inline)
+                return self._from_cache(plan) or self._served_here(plan)
+            return await self._admit_to_queue(request, voice, inline, key)
         finally:
             self._admitting -= 1
 
-    def _plans_inline(self, request: SpeechRequest) -> bool:
+    def _plans_inline(self, request: SpeechRequest, voice) -> bool:
         """Whether to plan a short text before its one admission call. In a burst beyond the
         fleet's bound, planning every text before learning it is refused would put each refusal
         behind all the planning before it on this loop: once this worker is admitting more than its
         share of the bound at once, or the fleet refused lately, texts are reserved first."""
-        return (self.local.plans_inline(request) and self._admitting <= self._share_of_bound()
+        return (self.local.plans_inline(request, voice) and self._admitting <= self._share_of_bound()
                 and time.monotonic() - self._refused_at > REFUSAL_MEMORY_S)
 
     def _share_of_bound(self) -> float:
@@ -260,13 +257,21 @@ class FleetSpeechService:
         self._refused_at = time.monotonic()
         return Overloaded(e.retry_after_ms / 1000, str(e))
 
-    async def _admit(self, request: SpeechRequest, key: str | None = None) -> FleetPlan:
-        rid = None
-        reserved = False
-        inline = self._plans_inline(request)
-        if inline and not self.degraded:
+    def _served_here(self, plan: SpeechPlan) -> FleetPlan:
+        """A plan this worker's replica serves because Redis cannot be reached."""
+        self.worker_queue.note_mode()
+        if isinstance(self.replica, NoReplica):  # an HTTP front only: nothing to serve it on here
+            raise Overloaded(1.0, "The server cannot reach its queue and this worker holds no replica; "
+                                 "retry in about 1 s.")
+        self.counters.served_locally += 1
+        return FleetPlan.admitted(plan, None)
+
+    async def _admit_to_queue(self, request: SpeechRequest, voice, inline: bool, key: str | None) -> FleetPlan:
+        """Reserve (a longer text), plan, enqueue; falls back to this replica when Redis stops answering."""
+        rid, reserved = None, False
+        if inline:
             rid = uuid.uuid4().hex
-        elif not self.degraded:
+        else:
             try:
                 rid = await self.admission.reserve(key=key)
                 reserved = True
@@ -275,63 +280,62 @@ class FleetSpeechService:
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
         try:
-            plan = self.local.plan(request) if inline else await self.local.plan_off_loop(request)
+            plan = self.local.plan(request, voice) if inline else await self.local.plan_off_loop(request, voice,
+                                                                                                  inline=False)
         except BaseException:  # a 400, or the client left: the slot goes back at once
             if reserved:
                 await self._drop_quietly(rid)
             raise
-        if self._all_cached(plan):  # nothing to compute: no place in the queue, no wait for a replica
+        cached = self._from_cache(plan)
+        if cached is not None:
             if reserved:
                 await self._drop_quietly(rid)
-            self.counters.from_cache += 1
-            return FleetPlan.admitted(plan, None)
-        if rid is not None:
-            speed = plan.request.speed
-            jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), plan.speed_of(c)), len(c.ids))
-                    for c in plan.chunks if c.ids]
-            # This worker's replica waiting for work: the admission leases for it in the same call
-            # (the earliest deadline first, as ever; usually this request's first chunk, which then
-            # never crosses processes or waits for a wake-up).
-            claimed = self.dispatcher.claim()
-            try:
-                if claimed:
-                    ticket = await self._admit_and_lease(jobs, speed, rid, key)
-                else:
-                    ticket = await self.admission.admit(jobs, speed, rid, key=key)
-            except Refused as e:  # a bound: admit.lua has given any reservation back
-                raise self._refused(e) from None
-            except QueueUnavailable as e:
-                log.warning("fleet worker %s: %s", self.name, e)
-                await self._drop_quietly(rid)
-            except asyncio.CancelledError:  # client gone while the jobs were being enqueued
-                if not claimed:  # (a claimed admission drops the request itself: _admit_and_lease)
-                    await self._drop_quietly(rid)
-                raise
-            except BaseException:
-                await self._drop_quietly(rid)
-                raise
+            return cached
+        if rid is None:  # Redis went away at the reservation
+            return self._served_here(plan)
+        jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), plan.speed_of(c)), len(c.ids))
+                for c in plan.chunks if c.ids]
+        # This worker's replica waiting for work: the admission leases for it in the same call
+        # (the earliest deadline first, as ever; usually this request's first chunk, which then
+        # never crosses processes or waits for a wake-up).
+        claimed = self.dispatcher.claim()
+        try:
+            if claimed:
+                ticket = await self._admit_and_lease(jobs, plan.request.speed, rid, key)
             else:
-                self.counters.admitted += 1
-                fleet_plan = FleetPlan.admitted(plan, ticket)
-                if claimed:
-                    fleet_plan.local_run = self.dispatcher.run_claimed(ticket.leased, ticket.request_id)
-                self._unclaimed[ticket.request_id] = fleet_plan
-                return fleet_plan
-        self._note_degraded()
-        if isinstance(self.replica, NoReplica):  # an HTTP front only: nothing to serve it on here
-            raise Overloaded(1.0, "The server cannot reach its queue and this worker holds no replica; "
-                                 "retry in about 1 s.")
-        self.counters.served_locally += 1
-        return FleetPlan.admitted(plan, None)
+                ticket = await self.admission.admit(jobs, plan.request.speed, rid, key=key)
+        except Refused as e:  # a bound: admit.lua has given any reservation back
+            raise self._refused(e) from None
+        except QueueUnavailable as e:
+            log.warning("fleet worker %s: %s", self.name, e)
+            await self._drop_quietly(rid)
+            return self._served_here(plan)
+        except asyncio.CancelledError:  # client gone while the jobs were being enqueued
+            if not claimed:  # (a claimed admission drops the request itself: _admit_and_lease)
+                await self._drop_quietly(rid)
+            raise
+        except BaseException:
+            await self._drop_quietly(rid)
+            raise
+        self.counters.admitted += 1
+        fleet_plan = FleetPlan.admitted(plan, ticket)
+        if claimed:
+            fleet_plan.local_run = self.dispatcher.run_claimed(ticket.leased, ticket.request_id)
+        await asyncio.shield(self.worker_queue.admitted(ticket.request_id, fleet_plan))
+        return fleet_plan
 
-    def _all_cached(self, plan: SpeechPlan) -> bool:
-        """Whether this worker's replica holds every chunk of `plan` in its synthesis cache (a
-        repeated prompt): then it answers at once, wherever the queue stands."""
+    def _from_cache(self, plan: SpeechPlan) -> FleetPlan | None:
+        """The plan, to be served here, when this worker's replica holds every chunk of it in its
+        synthesis cache (a repeated prompt): then it answers at once, wherever the queue stands;
+        nothing to compute, no place in the queue, no wait for a replica. Else None."""
         cache = getattr(self.replica, "cache", None)
         if cache is None or not any(c.ids for c in plan.chunks):
-            return False
-        return all(cache.key(c.ids, self.voices.style(plan.voice_of(c), len(c.ids)), plan.speed_of(c)) in cache
-                   for c in plan.chunks if c.ids)
+            return None
+        if not all(cache.key(c.ids, self.voices.style(plan.voice_of(c), len(c.ids)), plan.speed_of(c)) in cache
+                   for c in plan.chunks if c.ids):
+            return None
+        self.counters.from_cache += 1
+        return FleetPlan.admitted(plan, None)
 
     async def _admit_and_lease(self, jobs: list[ChunkJob], speed: float, rid: str, key: str | None) -> Ticket:
         """`admit` with a lease for this worker's claimed replica. The call runs in a task of its
@@ -353,16 +357,11 @@ class FleetSpeechService:
                 with contextlib.suppress(QueueUnavailable):
                     await self.admission.cancel(ticket.request_id)
 
-            self._background(abandon())
+            self.worker_queue.clean_up_later(abandon())
             raise
         except BaseException:
             self.dispatcher.unclaim()
             raise
-
-    def _background(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._abandoned.add(task)
-        task.add_done_callback(self._abandoned.discard)
 
     async def _drop_quietly(self, request_id: str) -> None:
         """Give back a request that never reached its stream, reserved or already enqueued;
@@ -375,57 +374,32 @@ class FleetSpeechService:
             await asyncio.shield(drop())
 
     async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
-        """The plan's pieces in order, from the shared queue's results (or this replica's)."""
+        """The plan's pieces in order, from the shared queue's results (or this replica's), through
+        the local service's one streaming loop."""
         if not isinstance(plan, FleetPlan) or plan.ticket is None:
             async with contextlib.aclosing(self.local.stream(plan)) as pieces:
                 async for piece in pieces:
                     yield piece
             return
-        plan.claimed = True
-        self._unclaimed.pop(plan.ticket.request_id, None)
+        await self.worker_queue.stream_started(plan.ticket.request_id)
         results = self.admission.results(plan.ticket, timeout_s=self.chunk_timeout_s, local_run=plan.local_run)
-        remote = True
-        finished = failed = False
-        offset_s = 0.0
-        chunks = plan.chunks
+        audio = QueuedAudio(self, plan, results)
+        finished = False
         try:
-            for index, chunk in enumerate(chunks):
-                audio = durations = None
-                if chunk.ids:
-                    if remote:
-                        try:
-                            result = await anext(results)
-                            audio = from_pcm16(np.frombuffer(result.pcm, dtype="<i2"))
-                            durations = result.durations
-                        except (QueueUnavailable, RequestLost) as e:
-                            # Redis went away (or restarted empty) under this stream: finish it here.
-                            log.warning("request %s: %s; finishing its chunks %d.. on this replica",
-                                        plan.ticket.request_id, e, index)
-                            remote = False
-                            self.counters.finished_locally += 1
-                            self._note_degraded()
-                        except RequestFailed:
-                            self.counters.failed += 1
-                            failed = True  # the owner has read the error: release, not cancel
-                            raise
-                    if audio is None:
-                        style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
-                        synthesis = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
-                        audio, durations = synthesis.audio, synthesis.durations
-                piece = chunk_piece(chunk, index, index == len(chunks) - 1, offset_s, audio, durations)
-                offset_s += piece.seconds
-                yield piece
+            async with contextlib.aclosing(self.local.stream(plan, audio)) as pieces:
+                async for piece in pieces:
+                    yield piece
             finished = True
         finally:
             await results.aclose()
-            await self._end(plan, finished or failed, cancelled=not (finished or failed))
+            done = finished or audio.failed  # a failure the owner has read: release, not cancel
+            await self._end(plan, done, cancelled=not done)
 
     async def _end(self, plan: FleetPlan, finished: bool, cancelled: bool | None = None) -> None:
         """Free the request's slot: release when streamed whole, else cancel its queued jobs.
         Shielded, so a cancelled response (client gone) still frees it; a Redis that cannot be
         reached leaves it to the reaper (the owner's heartbeat stops covering it only when this
         worker dies) or to the Redis restart that already dropped it."""
-        self._unclaimed.pop(plan.ticket.request_id, None)
         if not finished if cancelled is None else cancelled:
             self.counters.cancelled += 1
         call = self.admission.release if finished else self.admission.cancel
@@ -441,12 +415,12 @@ class FleetSpeechService:
         while True:
             await asyncio.sleep(delay)
             delay = STATS_REFRESH_S
-            self._note_degraded()
+            self.worker_queue.note_mode()
             now = time.monotonic()
-            for rid, plan in list(self._unclaimed.items()):
-                if not plan.claimed and now - plan.admitted_at > UNCLAIMED_TICKET_S:
-                    log.warning("request %s was admitted but its response never started: cancelling it", rid)
-                    await self._end(plan, finished=False)
+            for plan in await self.worker_queue.unstarted_since(UNCLAIMED_TICKET_S):
+                log.warning("request %s was admitted but its response never started: cancelling it",
+                            plan.ticket.request_id)
+                await self._end(plan, finished=False)
             try:
                 stats = await read_stats(self._stats_client, self.prefix)
                 replicas = await read_replicas(self._stats_client, self.prefix)
@@ -497,7 +471,7 @@ class FleetSpeechService:
         m.gauge("kokoro_fleet_degraded", "1 while this worker cannot reach Redis and serves its own requests locally.",
                 lambda: float(self.degraded))
         m.counter("kokoro_fleet_degraded_seconds_total", "Seconds this worker spent degraded (Redis unreachable).",
-                  lambda: c.degraded_seconds + (time.monotonic() - c.degraded_since if c.degraded_since else 0.0))
+                  self.worker_queue.seconds_degraded)
         m.counter("kokoro_fleet_worker_admitted_total", "Requests this worker admitted into the shared queue.",
                   lambda: c.admitted)
         m.counter("kokoro_fleet_worker_refused_total", "Requests this worker refused (503) because the fleet was full.",
@@ -586,6 +560,36 @@ class FleetSpeechService:
             values = {(r.replica,): figure(r) for r in self.snapshot.replicas}
             return {key: value for key, value in values.items() if value is not None}
         return read
+
+
+class QueuedAudio:
+    """Where a queued plan's chunk audio comes from, for the local service's streaming loop: the
+    request's in-order results from the shared queue, until Redis goes away (or restarts empty)
+    under the stream; its remaining chunks then run on this worker's replica."""
+
+    def __init__(self, fleet: FleetSpeechService, plan: FleetPlan, results: AsyncIterator[ChunkResult]):
+        self.fleet = fleet
+        self.plan = plan
+        self.results = results
+        self.remote = True
+        self.failed = False  # the queue ended the request with an error, which the owner has read
+
+    async def __call__(self, plan: SpeechPlan, index: int, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        if self.remote:
+            try:
+                result = await anext(self.results)
+                return from_pcm16(np.frombuffer(result.pcm, dtype="<i2")), result.durations
+            except (QueueUnavailable, RequestLost) as e:
+                log.warning("request %s: %s; finishing its chunks %d.. on this replica",
+                            self.plan.ticket.request_id, e, index)
+                self.remote = False
+                self.fleet.counters.finished_locally += 1
+                self.fleet.worker_queue.note_mode()
+            except RequestFailed:
+                self.fleet.counters.failed += 1
+                self.failed = True
+                raise
+        return await self.fleet.local.synthesize_chunk(plan, index, chunk)
 
 
 def _missing() -> float:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, chunk_piece
 from api.settings import Settings, get_settings
@@ -30,6 +32,9 @@ log = logging.getLogger("kokoro_fleet.api")
 # 40-character sentence on a 2-core AMD EPYC), less than the hop to the text-frontend thread and
 # back costs the loop. Longer texts (a 4,096-character input takes tens of ms) go to the thread.
 INLINE_PLAN_CHARS = 200
+
+# Where a chunk's audio comes from: (plan, chunk index, chunk) -> (audio, durations).
+ChunkAudio = Callable[[SpeechPlan, int, Chunk], Awaitable[tuple[np.ndarray, np.ndarray]]]
 
 
 class SpeechService:
@@ -64,14 +69,28 @@ class SpeechService:
         for lang_code in self.settings.preload_language_codes():
             await asyncio.to_thread(load_language, lang_code)
 
-    def plan(self, request: SpeechRequest) -> SpeechPlan:
-        """Validate and prepare a request; raises VoiceError or TextError with a user-facing message."""
-        base_rate = 1.0
+    @staticmethod
+    def _through_alias(request: SpeechRequest) -> tuple[SpeechRequest, float]:
+        """The request with its voice alias replaced by what it stands for, and the alias's rate."""
         alias = request.voice_aliases.get(request.voice.strip().lower())
-        if alias is not None:  # the plan (and a fleet's jobs) carry what the alias stands for
-            request = dataclasses.replace(request, voice=alias[0], speed=request.speed * alias[1])
-            base_rate = alias[1]
-        voice = self.voices.resolve(request.voice)
+        if alias is None:
+            return request, 1.0
+        return dataclasses.replace(request, voice=alias[0], speed=request.speed * alias[1]), alias[1]
+
+    def voice_for(self, request: SpeechRequest) -> Voice | None:
+        """The request's voice (through its aliases), resolved once per request for `plans_inline`
+        and `plan`; None when the spec names no voice (`plan` then refuses it with its message)."""
+        try:
+            return self.voices.resolve(self._through_alias(request)[0].voice)
+        except ValueError:
+            return None
+
+    def plan(self, request: SpeechRequest, voice: Voice | None = None) -> SpeechPlan:
+        """Validate and prepare a request; raises VoiceError or TextError with a user-facing message.
+        `voice`: the request's voice if `voice_for` resolved it already."""
+        # the plan (and a fleet's jobs) carry what an alias stands for
+        request, base_rate = self._through_alias(request)
+        voice = voice or self.voices.resolve(request.voice)
         lang_code = request.lang_code or voice.lang_code
         sizes = {"first_chunk_phonemes": self.settings.first_chunk_phonemes,
                  "chunk_phonemes": self.settings.chunk_phonemes}
@@ -127,26 +146,30 @@ class SpeechService:
             chunks += [dataclasses.replace(c, voice=spec, rate=how.rate) for c in part] if how != Delivery() else part
         return chunks
 
-    def plans_inline(self, request: SpeechRequest) -> bool:
+    def plans_inline(self, request: SpeechRequest, voice: Voice | None = None) -> bool:
         """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread,
-        once its language's reader is loaded: loading one (up to 0.7 s) would stall the event loop."""
+        once its language's reader is loaded: loading one (up to 0.7 s) would stall the event loop.
+        `voice`: the request's voice if `voice_for` resolved it already."""
         lowered = request.text.lower()
         if len(request.text) > INLINE_PLAN_CHARS or "<voice" in lowered or "[voice" in lowered:  # other readers
             return False
         if request.phonemes:
             return True
         try:
-            lang_code = request.lang_code or self.voices.resolve(request.voice).lang_code
+            lang_code = request.lang_code or (voice or self.voices.resolve(request.voice)).lang_code
         except ValueError:  # a bad voice: plan() refuses it at once
             return True
         return language_loaded(lang_code)
 
-    async def plan_off_loop(self, request: SpeechRequest) -> SpeechPlan:
+    async def plan_off_loop(self, request: SpeechRequest, voice: Voice | None = None,
+                            inline: bool | None = None) -> SpeechPlan:
         """`plan` in the text-frontend thread, so the event loop keeps answering meanwhile (a short
-        text, cheaper to plan than to hand over, is planned at once)."""
-        if self.plans_inline(request):
-            return self.plan(request)
-        return await asyncio.get_running_loop().run_in_executor(self._text_thread, self.plan, request)
+        text, cheaper to plan than to hand over, is planned at once). `voice` and `inline`: the
+        caller's `voice_for` and `plans_inline` answers, when it has them."""
+        voice = voice or self.voice_for(request)
+        if inline if inline is not None else self.plans_inline(request, voice):
+            return self.plan(request, voice)
+        return await asyncio.get_running_loop().run_in_executor(self._text_thread, self.plan, request, voice)
 
     async def admit(self, request: SpeechRequest, key: str | None = None) -> SpeechPlan:
         """The request's plan: nothing to reserve beyond the HTTP layer's per-process bound, which
@@ -192,20 +215,27 @@ class SpeechService:
             self.kernel_compile.cancel()
         self._text_thread.shutdown(wait=False)
 
-    async def stream(self, plan: SpeechPlan) -> AsyncIterator[AudioPiece]:
-        """Synthesize the plan chunk by chunk; each piece leaves as soon as it exists.
+    async def synthesize_chunk(self, plan: SpeechPlan, index: int, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        """(audio, durations) of one of the plan's chunks, made on this process's replica."""
+        style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
+        result = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
+        return result.audio, result.durations
+
+    async def stream(self, plan: SpeechPlan, chunk_audio: ChunkAudio | None = None) -> AsyncIterator[AudioPiece]:
+        """Synthesize the plan chunk by chunk; each piece leaves as soon as it exists. `chunk_audio`
+        (default: `synthesize_chunk`) is where a chunk's audio comes from: the fleet's service reads
+        it from the shared queue's results through this same loop.
 
         Cancelling the consumer (a client that disconnects) stops after the chunk in flight: the
         replica finishes that one inference and takes no more of this request.
         """
+        chunk_audio = chunk_audio or self.synthesize_chunk
         offset_s = 0.0
         last = len(plan.chunks) - 1
         for index, chunk in enumerate(plan.chunks):
             audio = durations = None
             if chunk.ids:
-                style = self.voices.style(plan.voice_of(chunk), len(chunk.ids))
-                result = await self.replica.synthesize(chunk.ids, style, plan.speed_of(chunk))
-                audio, durations = result.audio, result.durations
+                audio, durations = await chunk_audio(plan, index, chunk)
             piece = chunk_piece(chunk, index, index == last, offset_s, audio, durations)
             offset_s += piece.seconds
             yield piece

@@ -2,8 +2,8 @@
 figures, and the chunk job's payload.
 
 The protocol itself (keys, scripts, their atomic steps) lives in `queue/` as Lua plus
-`queue/PROTOCOL.md`; `api/speech/owner.py` (the side holding the HTTP connection) and
-`api/speech/lease_loop.py` (the side running the model) are its two Python clients. This module loads
+`queue/PROTOCOL.md`; `api/speech/admission_client.py` (the side holding the HTTP connection) and
+`api/speech/dispatcher.py` (the side running the model) are its two Python clients. This module loads
 the scripts (each is `queue/lib.lua` followed by its body, registered with EVALSHA and re-loaded
 transparently after a Redis restart), opens connections that fail fast, and turns every way Redis
 can be unreachable into one exception, `QueueUnavailable`, so callers can fall back to local

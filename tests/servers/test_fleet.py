@@ -152,7 +152,8 @@ def test_a_burst_beyond_the_bound_is_refused_without_planning_its_texts(local_se
     event loop first (issue 14: every 503 of a burst within 100 ms)."""
     planned = []
     plan = local_service.plan
-    monkeypatch.setattr(local_service, "plan", lambda request: planned.append(request.text) or plan(request))
+    monkeypatch.setattr(local_service, "plan",
+                        lambda request, *voice: planned.append(request.text) or plan(request, *voice))
 
     async def burst(fleet, n: int):
         return await asyncio.gather(*(fleet.admit(SpeechRequest(f"Hello number {i}.", "af_heart")) for i in range(n)),
@@ -184,7 +185,7 @@ def test_admission_bounds_follow_the_replicas_alive_on_the_queue(local_service, 
     """Two fleets on one Redis (two containers) share one `admitted` counter: each one's derived
     bound must count the other's replicas too, or the second container's replicas idle behind 503s
     at the first one's size; and it shrinks back when the other fleet leaves."""
-    from api.speech.owner import AdmissionBounds
+    from api.speech.admission_client import AdmissionBounds
 
     async def until(predicate, timeout_s: float = 15.0) -> bool:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -490,3 +491,29 @@ def test_a_repeated_prompt_is_answered_from_the_cache_without_the_queue(tiny_eng
         np.testing.assert_array_equal(a.pcm, b.pcm)
     assert counters.from_cache == 1 and counters.served_locally == 0 and not counters.degraded_since
     assert stats["admitted_total"] == 2 and all(stats[g] == 0 for g in GAUGES)  # the repeat never queued
+
+
+def test_the_admission_side_and_the_lease_side_share_no_mutable_container(local_service, redis_server):
+    """What the two sides of a worker have in common belongs to its queue owner alone: after a request
+    has run through the queue (so each side has filled what it holds), no object the admission client
+    holds is also held by the dispatcher, except the owner itself, and the owner hands out read-only views."""
+    from api.speech.worker_queue import WorkerQueueOwner
+
+    def held(obj) -> dict[int, object]:
+        return {id(v): v for v in vars(obj).values()
+                if not isinstance(v, (str, bytes, int, float, bool, type(None), tuple, frozenset))}
+
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            admitted = await fleet.admit(SpeechRequest("Hello there.", "af_heart"))
+            await collect(fleet, admitted)
+            admission, dispatcher = held(fleet.admission), held(fleet.dispatcher)
+            return [admission[k] for k in admission.keys() & dispatcher.keys()], fleet.admission.local_results
+        finally:
+            await fleet.aclose()
+
+    shared, view = asyncio.run(go())
+    assert [type(v) for v in shared] == [WorkerQueueOwner], shared
+    with pytest.raises(TypeError):
+        view["job"] = b""  # type: ignore[index]

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from api.speech.owner import AdmissionBounds, AdmissionClient, ChunkJob, RequestLost
+from api.speech.admission_client import AdmissionBounds, AdmissionClient, ChunkJob, RequestLost
 from api.speech.redis_link import GAUGES, connect, encode_job, read_stats
 from loadtest.dispatch import FleetProcess
 from loadtest.texts import load_texts

@@ -18,9 +18,9 @@ from test_queue import assert_idle, collect, owner
 from api.app import create_app
 from api.settings import Settings
 from api.speech.local import SpeechService
-from api.speech.owner import ChunkJob, RequestFailed
+from api.speech.admission_client import ChunkJob, RequestFailed
 from api.speech.redis_link import connect, encode_job
-from api.speech.lease_loop import DELIVERED, Dispatcher, ReplicaJobRunner
+from api.speech.dispatcher import DELIVERED, Dispatcher, DispatcherConfig, ReplicaJobRunner
 from worker import engine as engine_module
 from worker.engine import Engine
 from worker.replica import Replica
@@ -92,7 +92,8 @@ def test_an_out_of_memory_batch_runs_again_job_by_job_and_only_the_chunk_too_big
     async def go():
         replica = Replica(faulty_engine)
         runner = ReplicaJobRunner(replica, VoiceBank(tiny_weights.voices))
-        rep = Dispatcher(connect(redis_server.url), "r0", runner, batch_max=4, run_batch=runner.run_batch)
+        rep = Dispatcher(connect(redis_server.url), "r0", runner, DispatcherConfig(batch_max=4),
+                         run_batch=runner.run_batch)
         client = owner(redis_server.url)
 
         def request(phonemes: int) -> list[ChunkJob]:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.speech.owner import (
+from api.speech.admission_client import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -30,7 +30,8 @@ from api.speech.owner import (
     retry_headers,
 )
 from api.speech.redis_link import GAUGES, connect, read_replicas
-from api.speech.lease_loop import DELIVERED, DROPPED, STALE, Dispatcher
+from api.speech.dispatcher import DELIVERED, DROPPED, STALE, Dispatcher, DispatcherConfig
+from api.speech.worker_queue import WorkerQueueOwner
 
 
 def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:
@@ -42,8 +43,10 @@ def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None
                            ms_per_phoneme=MS_PER_PHONEME, **kw)
 
 
-def replica(url: str, name: str, run_job=fake_run_job, **kw) -> Dispatcher:
-    return Dispatcher(connect(url), name, run_job, **kw)
+def replica(url: str, name: str, run_job=fake_run_job, *, run_batch=None, worker_queue=None, engine: str = "",
+            **config) -> Dispatcher:
+    return Dispatcher(connect(url), name, run_job, DispatcherConfig(**config), run_batch=run_batch,
+                      worker_queue=worker_queue, engine=engine)
 
 
 async def assert_idle(client: AdmissionClient) -> None:
@@ -416,10 +419,11 @@ def test_own_jobs_due_within_the_slack_are_leased_first_and_their_audio_skips_re
     slack of the earliest, hands its PCM over in memory (nothing stored in Redis but durations),
     and still takes another worker's job through Redis when that one is due first."""
     async def go():
-        shared: dict[str, bytes] = {}
-        w1 = owner(redis_server.url, "w1", local_results=shared)
+        state = WorkerQueueOwner("w1")
+        shared = state.results_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
         w2 = owner(redis_server.url, "w2")
-        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=5_000)
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=5_000)
         theirs = await w2.admit(jobs(30))
         await asyncio.sleep(0.02)
         mine = await w1.admit(jobs(30))                 # due 20 ms after theirs: within the slack
@@ -448,10 +452,11 @@ def test_own_jobs_due_within_the_slack_are_leased_first_and_their_audio_skips_re
 @pytest.mark.parametrize("slack_ms", [0, 1])
 def test_without_slack_the_earliest_deadline_wins_over_an_own_job(redis_server, slack_ms):
     async def go():
-        shared: dict[str, bytes] = {}
-        w1 = owner(redis_server.url, "w1", local_results=shared)
+        state = WorkerQueueOwner("w1")
+        shared = state.results_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
         w2 = owner(redis_server.url, "w2")
-        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=slack_ms)
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=slack_ms)
         theirs = await w2.admit(jobs(30))
         await asyncio.sleep(0.05)                       # mine is due 50 ms later: beyond the slack
         mine = await w1.admit(jobs(30))
@@ -467,9 +472,10 @@ def test_without_slack_the_earliest_deadline_wins_over_an_own_job(redis_server, 
 
 def test_an_own_result_refused_as_stale_is_not_kept_in_memory(redis_server):
     async def go():
-        shared: dict[str, bytes] = {}
-        w1 = owner(redis_server.url, "w1", local_results=shared)
-        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=20)
+        state = WorkerQueueOwner("w1")
+        shared = state.results_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=20)
         ticket = await w1.admit(jobs(30))
         job = await rep.lease()
         await w1.cancel(ticket.request_id)              # the request goes while its job runs
@@ -493,9 +499,10 @@ def test_an_admission_leases_for_the_idle_own_replica_and_its_audio_never_crosse
     the owner reads the chunk from memory: two round trips in all (admit, complete), no fetch, no
     wake-up, no release, no PCM in Redis."""
     async def go():
-        shared, delivered = {}, {}
-        w1 = owner(redis_server.url, "w1", local_results=shared, local_delivered=delivered)
-        rep = replica(redis_server.url, "w1", local_results=shared, local_delivered=delivered, own_slack_ms=20)
+        state = WorkerQueueOwner("w1")
+        shared, delivered = state.results_view(), state.accepted_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=20)
         ticket = await w1.admit(jobs(30), lease_for=rep.lease_arguments())
         assert [entry[0].decode() for entry in ticket.leased] == [f"{ticket.request_id}#0"]
         assert await rep.client.llen("{kf}:ready") == 0     # nothing left to wake another replica for
@@ -516,10 +523,11 @@ def test_an_admission_that_leases_still_takes_the_earliest_deadline_first(redis_
     """The lease in admit.lua is lease.lua's: another worker's job due first (beyond the slack)
     goes to the idle replica, and this request's job waits in the queue with its wake-up token."""
     async def go():
-        shared, delivered = {}, {}
-        w1 = owner(redis_server.url, "w1", local_results=shared, local_delivered=delivered)
+        state = WorkerQueueOwner("w1")
+        shared, delivered = state.results_view(), state.accepted_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
         w2 = owner(redis_server.url, "w2")
-        rep = replica(redis_server.url, "w1", local_results=shared, local_delivered=delivered, own_slack_ms=5)
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=5)
         theirs = await w2.admit(jobs(30))
         await asyncio.sleep(0.05)
         mine = await w1.admit(jobs(30), lease_for=rep.lease_arguments())
@@ -559,10 +567,11 @@ def test_a_claimed_replica_leases_nothing_else_until_its_claimed_run_ends(redis_
     """The replica's loop and the owner side never run two leases at once on one replica: a claim
     is granted only while the loop waits for work, and the loop leases again only after the run."""
     async def go():
-        shared, delivered = {}, {}
-        w1 = owner(redis_server.url, "w1", local_results=shared, local_delivered=delivered)
+        state = WorkerQueueOwner("w1")
+        shared, delivered = state.results_view(), state.accepted_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
         w2 = owner(redis_server.url, "w2")
-        rep = replica(redis_server.url, "w1", local_results=shared, local_delivered=delivered, own_slack_ms=20,
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=20,
                       idle_wait_s=0.2)
         rep.start()
         while not rep._idle:
@@ -972,7 +981,7 @@ def test_the_request_bound_follows_the_measured_rate_and_the_first_audio_target(
 def test_a_crowd_is_spread_over_at_most_thirty_seconds(redis_server):
     """Under an open-loop overload new arrivals take the places that free, so the crowd's line would
     grow as long as the overload lasts: past RETRY_CROWD_MAX_MS every refused client is told that."""
-    from api.speech.owner import RETRY_CROWD_MAX_MS
+    from api.speech.admission_client import RETRY_CROWD_MAX_MS
 
     async def go():
         client = owner(redis_server.url, bounds=AdmissionBounds(max_requests=1, max_queued_seconds=0))

@@ -16,8 +16,9 @@ import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_batch
 from test_queue import assert_idle, collect, jobs, owner, replica
 
-from api.speech.owner import ChunkJob, RequestFailed, RequestLost
-from api.speech.lease_loop import DELIVERED, DROPPED, STALE
+from api.speech.admission_client import ChunkJob, RequestFailed, RequestLost
+from api.speech.dispatcher import DELIVERED, DROPPED, STALE
+from api.speech.worker_queue import WorkerQueueOwner
 
 
 def keys(batch) -> list[tuple[str, int]]:
@@ -81,10 +82,11 @@ def test_an_overdue_job_joins_the_batch_but_a_job_due_later_than_the_window_wait
 
 def test_the_first_job_of_a_batch_is_still_an_own_job_within_the_slack(redis_server):
     async def go():
-        shared: dict[str, bytes] = {}
-        w1 = owner(redis_server.url, "w1", local_results=shared)
+        state = WorkerQueueOwner("w1")
+        shared = state.results_view()
+        w1 = owner(redis_server.url, "w1", worker_queue=state)
         w2 = owner(redis_server.url, "w2")
-        rep = replica(redis_server.url, "w1", local_results=shared, own_slack_ms=5_000, batch_max=4,
+        rep = replica(redis_server.url, "w1", worker_queue=state, own_slack_ms=5_000, batch_max=4,
                       run_batch=fake_run_batch)
         theirs = await w2.admit(jobs(30))
         await asyncio.sleep(0.02)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from queue_fakes import MS_PER_PHONEME, fake_payload, fake_run_job
 
-from api.speech.owner import (
+from api.speech.admission_client import (
     AdmissionBounds,
     AdmissionClient,
     ChunkJob,
@@ -32,7 +32,7 @@ from api.speech.owner import (
     ResultTimeout,
 )
 from api.speech.redis_link import GAUGES, QueueStats, connect, read_stats
-from api.speech.lease_loop import Dispatcher
+from api.speech.dispatcher import Dispatcher, DispatcherConfig
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"
@@ -119,8 +119,8 @@ def test_redis_crash_and_restart_mid_run_fails_fast_recovers_and_stays_consisten
         admission = AdmissionClient(connect(redis_server.url), "w0", AdmissionBounds(8, 0),
                                     owner_ttl_s=2.0, ms_per_phoneme=MS_PER_PHONEME, poll_s=0.3)
         await admission.start()
-        replicas = [Dispatcher(connect(redis_server.url), f"r{i}", fake_run_job, lease_s=1.0,
-                               reap_interval_s=0.2, idle_wait_s=0.3, retry_backoff_s=0.1) for i in range(3)]
+        config = DispatcherConfig(lease_s=1.0, reap_interval_s=0.2, idle_wait_s=0.3, retry_backoff_s=0.1)
+        replicas = [Dispatcher(connect(redis_server.url), f"r{i}", fake_run_job, config) for i in range(3)]
         for r in replicas:
             r.start()
         phase = "before"

@@ -26,7 +26,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +43,7 @@ from api.speech.redis_link import (
     stop_if_cancelled,
     unavailable_as_error,
 )
+from api.speech.worker_queue import WorkerQueueOwner
 
 __all__ = [
     "AdmissionBounds", "AdmissionClient", "ChunkJob", "first_audio_places", "ChunkResult", "QueueUnavailable", "Refused",
@@ -219,15 +220,12 @@ class AdmissionClient(TracksAvailability):
 
     def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
                  ms_per_phoneme: float, prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0, poll_s: float = 1.0,
-                 local_results: dict[str, bytes] | None = None,
-                 local_delivered: dict[str, tuple[np.ndarray, bool]] | None = None):
+                 worker_queue: WorkerQueueOwner | None = None):
         self.client = client
-        # PCM that this process's own replica made for this owner's requests (api.speech.lease_loop's
-        # Dispatcher fills it; fetch.lua answers "local" for those chunks).
-        self.local_results = local_results if local_results is not None else {}
-        # job id -> (durations, request released) of those chunks once Redis accepted their completion:
-        # such a chunk is read from memory with no Redis call at all.
-        self.local_delivered = local_delivered if local_delivered is not None else {}
+        # The worker's queue owner holds the PCM this process's own replica made for this owner's
+        # requests (fetch.lua answers "local" for those chunks; once Redis accepted a completion, the
+        # chunk is read from memory with no Redis call at all).
+        self.worker_queue = worker_queue if worker_queue is not None else WorkerQueueOwner(worker_id)
         # Requests already released by the call that handed over their last chunk (fetch.lua or
         # complete.lua); `release` and `cancel` then have nothing left to do in Redis.
         self._released: set[str] = set()
@@ -356,9 +354,14 @@ class AdmissionClient(TracksAvailability):
             if local_run is not None and job_id in leased and not local_run.done():
                 with contextlib.suppress(Exception):  # its failure shows in Redis: read from there
                     await asyncio.shield(local_run)
-            local = self._delivered_here(job_id)
-            if local is not None:
-                yield ChunkResult(index, *local)
+            accepted = None
+            if self.worker_queue.holds_accepted(job_id):
+                accepted = await self.worker_queue.take_accepted(job_id)
+            if accepted is not None:
+                pcm, durations, released = accepted
+                if released:
+                    self._released.add(ticket.request_id)
+                yield ChunkResult(index, pcm, durations)
                 continue
             last = index == ticket.chunks - 1
             give_up = None if timeout_s is None else time.monotonic() + timeout_s
@@ -372,8 +375,7 @@ class AdmissionClient(TracksAvailability):
                     yield ChunkResult(index, reply[1], np.frombuffer(reply[2], dtype="<i8").astype(np.int64))
                     break
                 if status == b"local":
-                    pcm = self.local_results.pop(job_id, None)
-                    self.local_delivered.pop(job_id, None)
+                    pcm = await self.worker_queue.take_made(job_id)
                     if pcm is None:  # only if another process shares this worker id: a bug
                         raise RequestLost(f"chunk {index} of request {ticket.request_id} was made by this "
                                           "worker's replica but its audio is not in this process")
@@ -393,29 +395,14 @@ class AdmissionClient(TracksAvailability):
                 # Completions push to the wake list, so nothing is missed between fetch and wait.
                 await self._call("result wait", self.client.blpop, [wake], max(0.01, wait))
 
-    def _delivered_here(self, job_id: str) -> tuple[bytes, np.ndarray] | None:
-        """(pcm, durations) of a chunk this process's replica made and Redis accepted, or None."""
-        delivered = self.local_delivered.pop(job_id, None)
-        if delivered is None:
-            return None
-        pcm = self.local_results.pop(job_id, None)
-        if pcm is None:  # already read through fetch.lua
-            return None
-        durations, released = delivered
-        if released:
-            self._released.add(job_id.rsplit("#", 1)[0])
-        return pcm, np.asarray(durations, dtype=np.int64)
-
-    def forget_local(self, request_id: str) -> None:
-        """Drop in-memory results of a request that ended before its owner read them."""
-        prefix = request_id + "#"
-        for held in (self.local_results, self.local_delivered):
-            for key in [k for k in held if k.startswith(prefix)]:
-                del held[key]
+    @property
+    def local_results(self) -> Mapping[str, bytes]:
+        """A read-only view of the audio this worker's replica made and holds for these requests."""
+        return self.worker_queue.results_view()
 
     async def cancel(self, request_id: str) -> bool:
         """The client went away: drop the request's queued jobs and free its slot."""
-        self.forget_local(request_id)
+        await self.worker_queue.forget_request(request_id)
         if request_id in self._released:  # its last chunk was read: nothing left to cancel
             self._released.discard(request_id)
             return False
@@ -424,7 +411,7 @@ class AdmissionClient(TracksAvailability):
     async def release(self, request_id: str) -> bool:
         """The last chunk has been streamed (or the error read): free the slot (already done when
         the last chunk's read released it)."""
-        self.forget_local(request_id)
+        await self.worker_queue.forget_request(request_id)
         if request_id in self._released:
             self._released.discard(request_id)
             return True

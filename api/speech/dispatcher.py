@@ -36,7 +36,8 @@ import redis.asyncio as aioredis
 
 from api.metrics import ReadableHistogram
 from api.speech.redis_link import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
-                                unavailable_as_error)
+                                   unavailable_as_error)
+from api.speech.worker_queue import WorkerQueueOwner
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
 
 log = logging.getLogger("kokoro_fleet.dispatch")
@@ -89,48 +90,70 @@ class ReapReport:
 DELIVERED, STALE, DROPPED, RELEASED = 1, 0, 2, 3
 
 
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """How a replica leases, heartbeats, batches and reaps (`from_settings` builds it from the settings)."""
+
+    prefix: str = DEFAULT_PREFIX
+    lease_s: float = 10.0
+    heartbeat_s: float | None = None        # default: a third of lease_s
+    own_slack_ms: int = 0                   # prefer an own request's job due within this of the earliest
+    replica_ttl_s: float = 5.0
+    reap_interval_s: float = 1.0
+    max_attempts: int = 2
+    max_request_age_s: float = 3600.0
+    idle_wait_s: float = 1.0                # longest BLPOP on the ready list; below the socket timeout
+    ewma_alpha: float = 0.2
+    retry_backoff_s: float = 0.5
+    batch_max: int = 1
+    batch_window_ms: int = BATCH_WINDOW_MS
+    batch_size_ratio: float = BATCH_SIZE_RATIO
+
+    def __post_init__(self):
+        if self.batch_max < 1:
+            raise ValueError(f"batch_max must be at least 1, got {self.batch_max}")
+
+    @classmethod
+    def from_settings(cls, settings, *, prefix: str = DEFAULT_PREFIX, replica_ttl_s: float = 5.0,
+                      reap_interval_s: float = 1.0) -> "DispatcherConfig":
+        """KOKORO_BATCH_MAX, KOKORO_LEASE_SECONDS and KOKORO_OWN_JOB_SLACK_MS; the liveness TTL and
+        reaper tick of the fleet service."""
+        # an idle replica refreshes its liveness once per wait: well within the TTL, or a reaper
+        # would drop its row (and its counters)
+        return cls(prefix=prefix, lease_s=settings.lease_seconds, own_slack_ms=settings.own_job_slack_ms,
+                   replica_ttl_s=replica_ttl_s, reap_interval_s=reap_interval_s,
+                   idle_wait_s=min(1.0, replica_ttl_s / 3), batch_max=settings.batch_max)
+
+
 class Dispatcher(TracksAvailability):
-    def __init__(self, client: aioredis.Redis, replica_id: str, run_job: RunJob, *,
-                 prefix: str = DEFAULT_PREFIX, lease_s: float = 10.0, heartbeat_s: float | None = None,
-                 local_results: dict[str, bytes] | None = None, own_slack_ms: int = 0,
-                 local_delivered: dict[str, tuple[np.ndarray, bool]] | None = None,
-                 replica_ttl_s: float = 5.0, reap_interval_s: float = 1.0, max_attempts: int = 2,
-                 max_request_age_s: float = 3600.0, idle_wait_s: float = 1.0, ewma_alpha: float = 0.2,
-                 retry_backoff_s: float = 0.5, batch_max: int = 1, run_batch: RunBatch | None = None,
-                 batch_window_ms: int = BATCH_WINDOW_MS, batch_size_ratio: float = BATCH_SIZE_RATIO,
-                 engine: str = "", leases: bool = True):
-        if batch_max < 1:
-            raise ValueError(f"batch_max must be at least 1, got {batch_max}")
+    """One replica's lease loop. With `worker_queue` (its worker's `WorkerQueueOwner`), a job of a
+    request this worker owns hands its PCM over in memory and the owner side may claim the replica."""
+
+    def __init__(self, client: aioredis.Redis, replica_id: str, run_job: RunJob,
+                 config: DispatcherConfig = DispatcherConfig(), *, run_batch: RunBatch | None = None,
+                 worker_queue: WorkerQueueOwner | None = None, engine: str = "", leases: bool = True):
         self.client = client
         self.replica_id = replica_id
+        self.config = config
         self.engine = engine  # shown in the replica table ("torch cuda bf16", "sim"); "" writes none
         self.run_job = run_job
         self.run_batch = run_batch
         # False in a worker that holds no replica (KOKORO_REPLICAS below the workers): its loop
         # only reaps, it is never claimed, and it never joins the replica table.
         self.leases = leases
-        self.batch_max = int(batch_max)
-        self.batch_window_ms = int(batch_window_ms)
-        self.batch_size_ratio = float(batch_size_ratio)
-        self.prefix = prefix
-        self.lease_ms = int(lease_s * 1000)
-        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
-        self.replica_ttl_ms = int(replica_ttl_s * 1000)
-        self.reap_interval_s = reap_interval_s
-        self.max_attempts = max_attempts
-        self.max_request_age_ms = int(max_request_age_s * 1000)
-        self.idle_wait_s = idle_wait_s  # longest BLPOP on the ready list; below the socket timeout
-        self.ewma_alpha = ewma_alpha
-        self.retry_backoff_s = retry_backoff_s
+        self.batch_max = config.batch_max
+        self.prefix = config.prefix
+        self.lease_ms = int(config.lease_s * 1000)
+        self.heartbeat_s = config.heartbeat_s if config.heartbeat_s is not None else config.lease_s / 3
+        self.replica_ttl_ms = int(config.replica_ttl_s * 1000)
         self.scripts = Scripts(client)
-        # "Keep the bytes cheap": given the owner side's dict, a job of a request this process owns
-        # (job.owner == replica_id) leaves its PCM there instead of in Redis, and leasing prefers
-        # such jobs when they are due within own_slack_ms of the fleet's earliest.
-        self.local_results = local_results
-        self.own_slack_ms = int(own_slack_ms) if local_results is not None else 0
-        # ... and, once Redis has accepted such a result, its durations (and whether the completion
-        # released the request), so the owner reads the chunk with no Redis call.
-        self.local_delivered = local_delivered
+        # "Keep the bytes cheap": a job of a request this worker owns (job.owner == replica_id)
+        # leaves its PCM with the worker's queue owner instead of in Redis, and leasing prefers such
+        # jobs when they are due within own_slack_ms of the fleet's earliest. Without one, this
+        # replica keeps its own claim state and hands nothing over.
+        self.hands_over = worker_queue is not None
+        self.worker_queue = worker_queue if worker_queue is not None else WorkerQueueOwner(replica_id)
+        self.own_slack_ms = int(config.own_slack_ms) if self.hands_over else 0
         # Figures for /metrics, named as worker/replica.py's Replica names them.
         self.busy = False
         self.jobs_done = 0
@@ -142,14 +165,13 @@ class Dispatcher(TracksAvailability):
                                              registry=None)
         self.batch_fallbacks = 0    # batches whose pass failed and ran again one job at a time
         self.degraded = False       # the last Redis call failed
-        self._idle = False          # in the ready-list wait (safe to cancel: holds no lease)
-        # Cleared while this process's owner side runs jobs on the replica (`claim`): the loop
-        # leases nothing until it is set again, so the replica still runs one lease at a time.
-        self._unclaimed = asyncio.Event()
-        self._unclaimed.set()
-        self._claimed_runs: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+
+    @property
+    def _idle(self) -> bool:
+        """In the ready-list wait (safe to cancel: holds no lease)."""
+        return self.worker_queue.idle
 
     # --- one step at a time (the loop below, and tests) ------------------------------------
     async def lease(self) -> Job | None:
@@ -199,18 +221,15 @@ class Dispatcher(TracksAvailability):
         """Take the replica for this process's owner side if it is waiting for work: the owner's
         next admission then leases for it (`lease_arguments()` to admit.lua) and `run_claimed`
         runs what that leased. False when the replica is busy (or already claimed, or stopping)."""
-        if not self.leases or not self._idle or not self._unclaimed.is_set() or self._stopping.is_set():
-            return False
-        self._unclaimed.clear()
-        return True
+        return self.worker_queue.claim(self.leases)
 
     def unclaim(self) -> None:
-        self._unclaimed.set()
+        self.worker_queue.unclaim()
 
     def lease_arguments(self) -> list:
         """lease.lua's arguments after the prefix (also admit.lua's optional tail)."""
         return [self.replica_id, self.lease_ms, self.replica_ttl_ms, self.replica_id, self.own_slack_ms,
-                self.batch_max, self.batch_window_ms, self.batch_size_ratio]
+                self.batch_max, self.config.batch_window_ms, self.config.batch_size_ratio]
 
     def run_claimed(self, leased: Sequence, request_id: str) -> asyncio.Task | None:
         """Run the jobs admit.lua leased for the claimed replica (lease.lua's reply) when it
@@ -227,13 +246,8 @@ class Dispatcher(TracksAvailability):
                 await self.run_jobs(jobs, release_request=request_id)
             except QueueUnavailable as e:  # leases are left to expire and be re-queued
                 log.warning("replica %s: %s", self.replica_id, e)
-            finally:
-                self.unclaim()
 
-        task = asyncio.create_task(run(), name=f"claimed-{jobs[0].job_id}")
-        self._claimed_runs.add(task)
-        task.add_done_callback(self._claimed_runs.discard)
-        return task
+        return self.worker_queue.run_claimed(run(), name=f"claimed-{jobs[0].job_id}")
 
     async def step(self) -> bool:
         """Lease and run one job or one batch; False when there was none."""
@@ -245,8 +259,8 @@ class Dispatcher(TracksAvailability):
 
     async def reap(self) -> ReapReport:
         """One reaper pass (any worker may run it at any time; the script is atomic)."""
-        reply = await self._call("reap", self.scripts.reap, self.prefix, self.max_attempts,
-                                 self.max_request_age_ms, 100)
+        reply = await self._call("reap", self.scripts.reap, self.prefix, self.config.max_attempts,
+                                 int(self.config.max_request_age_s * 1000), 100)
         return ReapReport(*(int(x) for x in reply))
 
     # --- the replica's loop ----------------------------------------------------------------
@@ -261,19 +275,17 @@ class Dispatcher(TracksAvailability):
                 await self._stopping.wait()
             while not self._stopping.is_set():
                 try:
-                    if not self._unclaimed.is_set():  # the owner side is running jobs on the replica
-                        await self._unclaimed.wait()
+                    if self.worker_queue.claimed:  # the owner side is running jobs on the replica
+                        await self.worker_queue.lease_turn()
                         continue
                     if not await self.step():
                         # Admissions and re-queues push one token per job onto the ready list.
-                        self._idle = True
-                        try:
-                            await self._call("idle wait", self.client.blpop, [f"{self.prefix}:ready"], self.idle_wait_s)
-                        finally:
-                            self._idle = False
+                        with self.worker_queue.waiting_for_work():
+                            await self._call("idle wait", self.client.blpop, [f"{self.prefix}:ready"],
+                                             self.config.idle_wait_s)
                 except QueueUnavailable as e:
-                    log.warning("replica %s: %s; retrying in %.1f s", self.replica_id, e, self.retry_backoff_s)
-                    await self._sleep_or_stop(self.retry_backoff_s)
+                    log.warning("replica %s: %s; retrying in %.1f s", self.replica_id, e, self.config.retry_backoff_s)
+                    await self._sleep_or_stop(self.config.retry_backoff_s)
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -287,6 +299,7 @@ class Dispatcher(TracksAvailability):
     def stop(self) -> None:
         """Finish the job in hand, then leave the loop."""
         self._stopping.set()
+        self.worker_queue.stop_claims()
 
     async def close(self) -> None:
         """Stop, wait for the job in hand, and leave the replica table."""
@@ -297,8 +310,7 @@ class Dispatcher(TracksAvailability):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self._claimed_runs:  # jobs leased for the owner side finish and complete too
-            await asyncio.gather(*self._claimed_runs, return_exceptions=True)
+        await self.worker_queue.claimed_runs_done()  # jobs leased for the owner side finish and complete too
         with contextlib.suppress(QueueUnavailable):
             with unavailable_as_error("leaving the replica table"):
                 await self.client.zrem(f"{self.prefix}:replicas", self.replica_id)
@@ -363,19 +375,20 @@ class Dispatcher(TracksAvailability):
         if isinstance(output, tuple):
             output = JobOutput(*output)
         durations = np.asarray(output.durations, dtype="<i8")
-        if self.local_results is not None and job.owner == self.replica_id:
+        if self.hands_over and job.owner == self.replica_id:
             # The owner is this process: hand the PCM over in memory, before the completion
             # makes the result visible; take it back if the completion is refused.
-            self.local_results[job.job_id] = bytes(output.pcm)
             status = STALE
             try:
+                await self.worker_queue.hand_over(job.job_id, bytes(output.pcm))
                 status = await self._complete(job, "local", b"", durations.tobytes(), audio_s, busy_s,
                                               release=release)
             finally:
                 if status not in (DELIVERED, RELEASED):
-                    self.local_results.pop(job.job_id, None)
-                elif self.local_delivered is not None:
-                    self.local_delivered[job.job_id] = (durations, status == RELEASED)
+                    await asyncio.shield(self.worker_queue.completion_refused(job.job_id))
+                else:
+                    await asyncio.shield(self.worker_queue.completion_accepted(job.job_id, durations,
+                                                                               status == RELEASED))
         else:
             status = await self._complete(job, "ok", bytes(output.pcm), durations.tobytes(), audio_s, busy_s)
         if status in (DELIVERED, RELEASED):
@@ -388,7 +401,7 @@ class Dispatcher(TracksAvailability):
                         audio_s: float, busy_s: float, release: bool = False) -> int:
         result = int(await self._call("complete", self.scripts.complete, self.prefix, self.replica_id,
                                       job.job_id, job.token, status, data, durations,
-                                      int(round(audio_s * 1000)), int(round(busy_s * 1000)), self.ewma_alpha,
+                                      int(round(audio_s * 1000)), int(round(busy_s * 1000)), self.config.ewma_alpha,
                                       int(release)))
         if result == STALE:
             self.lease_losses += 1
@@ -412,7 +425,7 @@ class Dispatcher(TracksAvailability):
     async def _reap_forever(self) -> None:
         while not self._stopping.is_set():
             # Jitter keeps a fleet's reapers from running in lockstep.
-            await self._sleep_or_stop(self.reap_interval_s * random.uniform(0.75, 1.25))
+            await self._sleep_or_stop(self.config.reap_interval_s * random.uniform(0.75, 1.25))
             if self._stopping.is_set():
                 return
             try:
