@@ -37,7 +37,8 @@ from pydantic import ValidationError
 from api.admission import ProcessSlot
 from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
-from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
+from api.errors import (bad_request, internal_error, read_json, read_json_object, request_field_errors,
+                        validation_error)
 from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, PhonemeSpeechRequest,
                           PhonemizeChunk, PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone,
                           SpeechRequestBody, SpeechUsage, StreamError, WordTimestampModel)
@@ -112,15 +113,12 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
         req = PhonemizeRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
     except ValidationError as e:
         raise validation_error(e) from None
-    from worker.text import TextError, load_lexicon, text_to_chunks
+    from worker.text import load_lexicon, text_to_chunks
 
-    try:
+    with request_field_errors(input="text", lang_code="language"):
         chunks = await asyncio.to_thread(text_to_chunks, req.text, req.language, req.normalization(),
                                          state.settings.first_chunk_phonemes, state.settings.chunk_phonemes,
                                          load_lexicon(state.settings.lexicon))
-    except TextError as e:
-        param = "language" if e.param == "lang_code" else "text"
-        raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
     return PhonemizeResponse(phonemes=" ".join(c.phonemes for c in chunks if c.phonemes),
                              tokens=[i for c in chunks for i in c.ids],
                              chunks=[PhonemizeChunk(text=c.text, phonemes=c.phonemes)
@@ -141,12 +139,10 @@ async def combined_voice_response(state: AppState, request: Request) -> Response
     else:
         raise bad_request('Send the voices to combine as a JSON string such as "af_bella(2)+af_sky(1)", or a '
                           'list of names such as ["af_bella", "af_sky"].', param="voices", code="invalid_voice")
-    from worker.voices import VoiceError, voice_file
+    from worker.voices import voice_file
 
-    try:
+    with request_field_errors(voice="voices"):
         voice = state.require_service().voices.resolve(spec)
-    except VoiceError as e:
-        raise bad_request(str(e), param="voices", code="invalid_voice") from None
     filename = re.sub(r"[^A-Za-z0-9_.()+-]", "", voice.name) + ".pt"
     return Response(voice_file(voice), media_type="application/octet-stream",
                     headers={"Content-Disposition": f'attachment; filename="{filename}"'})
@@ -224,20 +220,14 @@ def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechReque
 async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False,
                        key: str | None = None) -> SpeechPlan:
     """The service's admission and plan for `text` spoken with `options` (a speech request, or a
-    live session's start) for API key `key` (its name); its TextError / VoiceError (a ValueError
-    naming the field) becomes a 400."""
-    try:
-        return await service.admit(SpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
-                                                 lang_code=options.lang_code,
-                                                 normalization=options.normalization(), phonemes=phonemes,
-                                                 voice_tags=getattr(options, "allow_voice_tags", False),
-                                                 voice_aliases=options.frontend_aliases()),
-                                   key=key)
-    except ValueError as e:
-        param = getattr(e, "param", None)
-        if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug
-            raise
-        raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
+    live session's start) for API key `key` (its name); its TextError / VoiceError reach the
+    client as the 400 api/errors.py makes of them."""
+    return await service.admit(SpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
+                                             lang_code=options.lang_code,
+                                             normalization=options.normalization(), phonemes=phonemes,
+                                             voice_tags=getattr(options, "allow_voice_tags", False),
+                                             voice_aliases=options.frontend_aliases()),
+                               key=key)
 
 
 def release_slot(slot: ProcessSlot, service: SpeechBackend, audio_s: float) -> None:
