@@ -47,7 +47,7 @@ from api.encoders import default_sample_rate
 from api.errors import ApiError, as_api_error, bad_request, internal_error, request_field_errors, validation_error
 from api.protocol import (LiveCleared, LiveClear, LiveDone, LiveEnd, LiveFlush, LiveFlushed, LiveStart, LiveStarted,
                           LiveText, LiveWords, SpeechUsage, StreamError, WordTimestampModel)
-from api.serving import admit_speech, pooled_encoder, release_slot
+from api.serving import pooled_encoder, release_slot
 from api.speech.contract import AudioPiece, Overloaded, SpeechPlan
 from api.state import AppState
 from api.transport import ClientStalled, access_log
@@ -298,7 +298,7 @@ class LiveSession:
                 slot = self.state.admission.admit(self.id, count_refusal=False, key=self.key)
                 try:
                     with request_field_errors(input="text"):
-                        return slot, await admit_speech(self.service, text, self.start, key=self.key)
+                        return slot, await self.service.admit(self.start.speech_request(text), key=self.key)
                 except BaseException:
                     slot.release()
                     raise

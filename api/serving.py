@@ -42,7 +42,7 @@ from api.errors import (bad_request, internal_error, read_json, read_json_object
 from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, PhonemeSpeechRequest,
                           PhonemizeChunk, PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone,
                           SpeechRequestBody, SpeechUsage, StreamError, WordTimestampModel)
-from api.speech.contract import AudioPiece, SpeechBackend, SpeechPlan, SpeechRequest
+from api.speech.contract import AudioPiece, SpeechBackend, SpeechPlan
 from api.state import AppState
 from api.subtitles import CaptionFile
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
@@ -194,7 +194,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
         if req.return_download_link:  # off the loop: creating one first clears expired files
             download = await state.downloads.start(req.download_format or req.response_format)
         # the fleet: a place in the shared queue, or 503 (429: the key's share)
-        plan = await admit_speech(service, req.input, req, phonemes, key=info.key)
+        plan = await service.admit(req.speech_request(req.input, phonemes), key=info.key)
     except BaseException:
         slot.release()
         if download is not None:
@@ -215,19 +215,6 @@ def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechReque
                               f"limit is {context['max_input_chars']}. Split the dialogue into several requests",
                               param="turns") from None
         raise
-
-
-async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False,
-                       key: str | None = None) -> SpeechPlan:
-    """The service's admission and plan for `text` spoken with `options` (a speech request, or a
-    live session's start) for API key `key` (its name); its TextError / VoiceError reach the
-    client as the 400 api/errors.py makes of them."""
-    return await service.admit(SpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
-                                             lang_code=options.lang_code,
-                                             normalization=options.normalization(), phonemes=phonemes,
-                                             voice_tags=getattr(options, "allow_voice_tags", False),
-                                             voice_aliases=options.frontend_aliases()),
-                               key=key)
 
 
 def release_slot(slot: ProcessSlot, service: SpeechBackend, audio_s: float) -> None:
