@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from api.app import _engine
+from api.routes.status_routes import engine_status as _engine
 from worker.engine import Engine
 from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
