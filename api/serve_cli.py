@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from api.gpu_sharing import Mps, plan_replicas
+from api.ports import free_port
 from api.settings import Settings
 from api.speech.replica_slots import REPLICA_SLOTS_DIR
 
@@ -165,12 +166,6 @@ def fit_cpu_memory(workers: int, per_replica_mib: int, available_mib: int | None
 
 
 # --- the embedded Redis ---------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)
     """Linux: the child gets SIGTERM if this launcher dies without cleaning up (SIGKILL)."""

@@ -12,7 +12,8 @@ assumes a Redis is already running. Needs the `redis-server` binary (apt: redis-
 
 from __future__ import annotations
 
-from api.serve_cli import EmbeddedRedis, free_port
+from api.ports import free_port
+from api.serve_cli import EmbeddedRedis
 
 __all__ = ["RedisServer", "free_port"]
 

@@ -31,7 +31,7 @@ def sim_cost(settings: Settings) -> "SimCost":
 def build_local_service(settings: Settings) -> SpeechService:
     """This process's replica and its local service: the weights, the engine and the replica the
     settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.replica import BaselineReplica, Replica
     from worker.text.mandarin import use_segmenter_cache
     from worker.weights import load_weights
@@ -86,7 +86,7 @@ def build_front_service(settings: Settings) -> SpeechService:
         from worker.weights import VOICE_NAMES
 
         return SpeechService(NoReplica(), VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.weights import load_weights
 
     voices = load_weights(weights_source(settings)).voices
