@@ -6,8 +6,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from api.errors import ApiError
-from api.settings import Settings
 from api.routes.dependencies import app_state
+from api.settings import Settings
 from api.state import AppState
 from worker.text import lexicon_status
 
