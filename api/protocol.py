@@ -5,7 +5,8 @@ fields rejected like the spec's `additionalProperties: false`) plus the Kokoro-F
 that existing clients send (`stream`, `lang_code`, `normalization_options`, `volume_multiplier`,
 `return_download_link`, `download_format`; `return_timestamps` on the captioned endpoint), and for
 telephony speaches' `sample_rate` and two raw G.711 formats, `mulaw` and `alaw`.
-Serving code (api/app.py) translates these into worker calls; nothing here knows about HTTP.
+A speech request's or a live start's options make the speech service's `SpeechRequest`
+(`SpeechOptions.speech_request`); serving code (api/serving.py) hands it on. Nothing here knows about HTTP.
 """
 
 from __future__ import annotations
