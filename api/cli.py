@@ -1,8 +1,9 @@
 """`kokoro-fleet`: one command line for the whole product.
 
-Each subcommand lives in the module that owns its step and exposes `configure(parser)` and
-`run(args) -> int`; this file only lists them, so `kokoro-fleet --help` stays fast (nothing heavy
-is imported until a subcommand runs).
+Each subcommand lives in the module that owns its step, which exposes the two functions the
+table names (`configure(parser)` and `run(args) -> int` unless it holds several commands); this
+file only lists them, so `kokoro-fleet --help` stays fast (nothing heavy is imported until a
+subcommand runs).
 """
 
 from __future__ import annotations
@@ -10,20 +11,29 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from dataclasses import dataclass
 
 from api.settings import SettingsError
 
-# name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
-    "status": ("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
-    "say": ("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
-    "weights": ("api.weights_cli", "show or prepare the model weights in use"),
-    "gpu-check": ("api.gpu_check_cli", "show the GPU, whether MPS starts, and the replicas serve would run"),
-    "bench": ("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
-    "normalize": ("api.text_cli", "print the normalized text"),
-    "phonemize": ("api.text_cli", "print the chunks and their phonemes"),
-    "settings": ("api.settings_cli", "print every setting as docs/configuration.md's table"),
+
+@dataclass(frozen=True)
+class Command:
+    module: str
+    help: str
+    configure: str = "configure"  # the module's functions, by name: imported only when the command runs
+    run: str = "run"
+
+
+COMMANDS: dict[str, Command] = {
+    "serve": Command("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
+    "status": Command("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
+    "say": Command("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
+    "weights": Command("api.weights_cli", "show or prepare the model weights in use"),
+    "gpu-check": Command("api.gpu_check_cli", "show the GPU, whether MPS starts, and the replicas serve would run"),
+    "bench": Command("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
+    "normalize": Command("api.text_cli", "print the normalized text", "configure_normalize", "run_normalize"),
+    "phonemize": Command("api.text_cli", "print the chunks and their phonemes", "configure_phonemize", "run_phonemize"),
+    "settings": Command("api.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 
 
@@ -32,12 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kokoro-fleet", description="Kokoro-82M text-to-speech server and tools.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv and argv[0] in COMMANDS else None
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
         if name == wanted:  # import only the module of the command being run
-            mod = importlib.import_module(module)
-            mod.configure(p) if not hasattr(mod, f"configure_{name}") else getattr(mod, f"configure_{name}")(p)
-            p.set_defaults(_run=getattr(mod, f"run_{name}", getattr(mod, "run", None)))
+            mod = importlib.import_module(command.module)
+            getattr(mod, command.configure)(p)
+            p.set_defaults(_run=getattr(mod, command.run))
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -7,9 +7,11 @@ same shape; no stack trace ever reaches a client.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from api.protocol import ErrorDetail, ErrorResponse
 from api.speech.contract import KeyShareFull, Overloaded
+from worker.request_errors import RequestFieldError
 
 log = logging.getLogger("kokoro_fleet.api")
 
@@ -63,9 +66,29 @@ def overloaded_error(exc: Overloaded) -> ApiError:
                              "retry-after-ms": str(exc.retry_after_ms)})
 
 
-def as_api_error(exc: ApiError | Overloaded) -> ApiError:
-    """What the client is told of an error: an ApiError as it is, a domain error mapped."""
-    return overloaded_error(exc) if isinstance(exc, Overloaded) else exc
+def field_error(exc: RequestFieldError, params: dict[str, str] | None = None) -> ApiError:
+    """A request field's error (the text frontend's TextError, the voices' VoiceError) as the 400
+    naming that field; `params` renames the field where an endpoint calls it otherwise."""
+    param = (params or {}).get(exc.param, exc.param)
+    return bad_request(str(exc), param=param, code=exc.code or f"invalid_{param}")
+
+
+@contextlib.contextmanager
+def request_field_errors(**params: str) -> Iterator[None]:
+    """Inside: a request field's error leaves as its 400 ApiError (`field_error`), for code that
+    answers outside an HTTP handler (the live socket) or names the field otherwise (`params`)."""
+    try:
+        yield
+    except RequestFieldError as e:
+        raise field_error(e, params) from None
+
+
+def as_api_error(exc: ApiError | Overloaded | RequestFieldError) -> ApiError:
+    """What the client is told of an error: an ApiError as it is, a domain error mapped; its
+    `detail()` is the OpenAI error body, for HTTP and the live socket alike."""
+    if isinstance(exc, Overloaded):
+        return overloaded_error(exc)
+    return field_error(exc) if isinstance(exc, RequestFieldError) else exc
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -181,6 +204,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Overloaded)
     async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
         return overloaded_error(exc).response()
+
+    @app.exception_handler(RequestFieldError)
+    async def _request_field(request: Request, exc: RequestFieldError) -> JSONResponse:
+        return field_error(exc).response()
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -64,13 +64,14 @@ class Mps:
         self.started = False
         self.active = False
         self.probe_seconds: float | None = None
+        self.log_dir: Path | None = None  # where the daemon writes control.log and server.log
 
     def ensure(self) -> str:
         """Start the daemon unless one runs already; a line for the log."""
         if self.mode == "off":
             return "MPS: off (KOKORO_MPS=off): replicas time-slice the GPU"
         pipe = Path(os.environ.setdefault("CUDA_MPS_PIPE_DIRECTORY", "/tmp/kokoro-fleet-mps/pipe"))
-        logs = Path(os.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", "/tmp/kokoro-fleet-mps/log"))
+        logs = self.log_dir = Path(os.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", "/tmp/kokoro-fleet-mps/log"))
         if (pipe / "control").exists():
             if mps_daemon_alive(pipe):
                 self.active = True

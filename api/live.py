@@ -44,10 +44,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from api.admission import ProcessSlot
 from api.encoders import default_sample_rate
-from api.errors import ApiError, as_api_error, bad_request, internal_error, validation_error
+from api.errors import ApiError, as_api_error, bad_request, internal_error, request_field_errors, validation_error
 from api.protocol import (LiveCleared, LiveClear, LiveDone, LiveEnd, LiveFlush, LiveFlushed, LiveStart, LiveStarted,
                           LiveText, LiveWords, SpeechUsage, StreamError, WordTimestampModel)
-from api.serving import admit_speech, pooled_encoder, release_slot
+from api.serving import pooled_encoder, release_slot
 from api.speech.contract import AudioPiece, Overloaded, SpeechPlan
 from api.state import AppState
 from api.transport import ClientStalled, access_log
@@ -297,7 +297,8 @@ class LiveSession:
             try:
                 slot = self.state.admission.admit(self.id, count_refusal=False, key=self.key)
                 try:
-                    return slot, await admit_speech(self.service, text, self.start, key=self.key)
+                    with request_field_errors(input="text"):
+                        return slot, await self.service.admit(self.start.speech_request(text), key=self.key)
                 except BaseException:
                     slot.release()
                     raise
@@ -311,9 +312,8 @@ class LiveSession:
                     raise
                 if refused.code == "nothing_to_say":  # a lone quote, an emoji line: a model wrote it, skip it
                     return None, None
-                param = "text" if refused.param == "input" else refused.param
                 skipped = bad_request(f"{refused.message} (in the piece {text[:60]!r}; it was skipped)",
-                                      param=param, code=f"invalid_{param}")
+                                      param=refused.param, code=f"invalid_{refused.param}")
                 await self._send_json(StreamError(error=skipped.detail()))
                 return None, None
 
@@ -455,12 +455,10 @@ async def _read_start(state: AppState, websocket: WebSocket) -> LiveStart | None
             start = LiveStart.model_validate(data)
         except ValidationError as e:
             raise validation_error(e) from None
-        voice = start.voice_spec
-        state.require_service().voices.resolve(voice)  # an unknown voice fails now, not at the first piece
+        with request_field_errors():  # an unknown voice fails now, not at the first piece
+            state.require_service().voices.resolve(start.voice_spec)
     except (ApiError, Overloaded) as e:
         raise SessionOver(as_api_error(e), POLICY_VIOLATION) from None
-    except ValueError as e:  # VoiceError
-        raise SessionOver(bad_request(str(e), param="voice", code="invalid_voice"), POLICY_VIOLATION) from None
     return start
 
 

@@ -5,7 +5,8 @@ fields rejected like the spec's `additionalProperties: false`) plus the Kokoro-F
 that existing clients send (`stream`, `lang_code`, `normalization_options`, `volume_multiplier`,
 `return_download_link`, `download_format`; `return_timestamps` on the captioned endpoint), and for
 telephony speaches' `sample_rate` and two raw G.711 formats, `mulaw` and `alaw`.
-Serving code (api/app.py) translates these into worker calls; nothing here knows about HTTP.
+A speech request's or a live start's options make the speech service's `SpeechRequest`
+(`SpeechOptions.speech_request`); serving code (api/serving.py) hands it on. Nothing here knows about HTTP.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+
+from api.speech.contract import SpeechRequest
 
 # The one model we serve, and the OpenAI model names accepted for it, so clients written for
 # OpenAI work unchanged. Every alias means the same Kokoro-82M.
@@ -155,7 +158,7 @@ VOICE_ALIASES_DESCRIPTION = (
     "(`\"grandpa\": {\"voice\": \"am_michael\", \"rate\": 0.8}`), which applies wherever it speaks.")
 
 
-class _SpeechOptions(BaseModel):
+class SpeechOptions(BaseModel):
     """The checks and readings a speech request and a live session's `start` share; each declares
     its own fields (their defaults and descriptions differ), `response_format` before `sample_rate`."""
 
@@ -177,6 +180,17 @@ class _SpeechOptions(BaseModel):
         """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
         return _frontend_options(self.normalization_options)  # type: ignore[attr-defined]
 
+    def reads_voice_tags(self) -> bool:
+        """Whether the text's `[voice:...]` tags are read: a speech request's `allow_voice_tags`."""
+        return False
+
+    def speech_request(self, text: str, phonemes: bool = False) -> SpeechRequest:
+        """What the speech service gets: `text` spoken with these options."""
+        return SpeechRequest(text=text, voice=self.voice_spec, speed=self.speed,  # type: ignore[attr-defined]
+                             lang_code=self.lang_code, normalization=self.normalization(),  # type: ignore[attr-defined]
+                             phonemes=phonemes, voice_tags=self.reads_voice_tags(),
+                             voice_aliases=self.frontend_aliases())
+
     def frontend_aliases(self) -> dict[str, tuple[str, float]]:
         """`voice_aliases` as the speech planner takes them: lowercase name -> (voice spec, pace)."""
         aliases = getattr(self, "voice_aliases", None) or {}
@@ -184,7 +198,7 @@ class _SpeechOptions(BaseModel):
                 for name, a in aliases.items()}
 
 
-class SpeechRequestBody(_SpeechOptions):
+class SpeechRequestBody(SpeechOptions):
     """Body of `POST /v1/audio/speech` (and of the captioned variant); api.speech's `SpeechRequest`
     is what the speech service gets from it. Documented under OpenAI's name for it."""
 
@@ -228,6 +242,9 @@ class SpeechRequestBody(_SpeechOptions):
                                           "`<voice>`, `<prosody rate>`, `<say-as>`, `<phoneme>`, `<sub>`) is read "
                                           "whenever `markup_normalization` is on, as it is by default, so this "
                                           "flag changes nothing; it is accepted for the clients that send it.")
+
+    def reads_voice_tags(self) -> bool:
+        return self.allow_voice_tags
 
     @field_validator("input")
     @classmethod
@@ -448,7 +465,7 @@ class CaptionedSpeechResponse(BaseModel):
 
 # --- live speech: WS /v1/audio/speech/live (api/live.py) -------------------------------------
 
-class LiveStart(_SpeechOptions):
+class LiveStart(SpeechOptions):
     """The first message of a live session: its voice and audio, once (a speech request without
     `input`; the text comes in `text` messages)."""
 

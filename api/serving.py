@@ -37,11 +37,12 @@ from pydantic import ValidationError
 from api.admission import ProcessSlot
 from api.downloads import DownloadFile
 from api.encoders import CONTENT_TYPES, Encoder, make_encoder
-from api.errors import bad_request, internal_error, read_json, read_json_object, validation_error
+from api.errors import (bad_request, internal_error, read_json, read_json_object, request_field_errors,
+                        validation_error)
 from api.protocol import (CaptionedSpeechRequest, CaptionedSpeechResponse, DialogueRequest, PhonemeSpeechRequest,
                           PhonemizeChunk, PhonemizeRequest, PhonemizeResponse, SpeechAudioDelta, SpeechAudioDone,
                           SpeechRequestBody, SpeechUsage, StreamError, WordTimestampModel)
-from api.speech.contract import AudioPiece, SpeechBackend, SpeechPlan, SpeechRequest
+from api.speech.contract import AudioPiece, SpeechBackend, SpeechPlan
 from api.state import AppState
 from api.subtitles import CaptionFile
 from api.transport import DisconnectAwareStreamingResponse, RequestInfo
@@ -112,15 +113,12 @@ async def phonemize_response(state: AppState, request: Request) -> PhonemizeResp
         req = PhonemizeRequest.model_validate(data, context={"max_input_chars": state.settings.max_input_chars})
     except ValidationError as e:
         raise validation_error(e) from None
-    from worker.text import TextError, load_lexicon, text_to_chunks
+    from worker.text import load_lexicon, text_to_chunks
 
-    try:
+    with request_field_errors(input="text", lang_code="language"):
         chunks = await asyncio.to_thread(text_to_chunks, req.text, req.language, req.normalization(),
                                          state.settings.first_chunk_phonemes, state.settings.chunk_phonemes,
                                          load_lexicon(state.settings.lexicon))
-    except TextError as e:
-        param = "language" if e.param == "lang_code" else "text"
-        raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
     return PhonemizeResponse(phonemes=" ".join(c.phonemes for c in chunks if c.phonemes),
                              tokens=[i for c in chunks for i in c.ids],
                              chunks=[PhonemizeChunk(text=c.text, phonemes=c.phonemes)
@@ -141,12 +139,10 @@ async def combined_voice_response(state: AppState, request: Request) -> Response
     else:
         raise bad_request('Send the voices to combine as a JSON string such as "af_bella(2)+af_sky(1)", or a '
                           'list of names such as ["af_bella", "af_sky"].', param="voices", code="invalid_voice")
-    from worker.voices import VoiceError, voice_file
+    from worker.voices import voice_file
 
-    try:
+    with request_field_errors(voice="voices"):
         voice = state.require_service().voices.resolve(spec)
-    except VoiceError as e:
-        raise bad_request(str(e), param="voices", code="invalid_voice") from None
     filename = re.sub(r"[^A-Za-z0-9_.()+-]", "", voice.name) + ".pt"
     return Response(voice_file(voice), media_type="application/octet-stream",
                     headers={"Content-Disposition": f'attachment; filename="{filename}"'})
@@ -198,7 +194,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
         if req.return_download_link:  # off the loop: creating one first clears expired files
             download = await state.downloads.start(req.download_format or req.response_format)
         # the fleet: a place in the shared queue, or 503 (429: the key's share)
-        plan = await admit_speech(service, req.input, req, phonemes, key=info.key)
+        plan = await service.admit(req.speech_request(req.input, phonemes), key=info.key)
     except BaseException:
         slot.release()
         if download is not None:
@@ -219,25 +215,6 @@ def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechReque
                               f"limit is {context['max_input_chars']}. Split the dialogue into several requests",
                               param="turns") from None
         raise
-
-
-async def admit_speech(service: SpeechBackend, text: str, options, phonemes: bool = False,
-                       key: str | None = None) -> SpeechPlan:
-    """The service's admission and plan for `text` spoken with `options` (a speech request, or a
-    live session's start) for API key `key` (its name); its TextError / VoiceError (a ValueError
-    naming the field) becomes a 400."""
-    try:
-        return await service.admit(SpeechRequest(text=text, voice=options.voice_spec, speed=options.speed,
-                                                 lang_code=options.lang_code,
-                                                 normalization=options.normalization(), phonemes=phonemes,
-                                                 voice_tags=getattr(options, "allow_voice_tags", False),
-                                                 voice_aliases=options.frontend_aliases()),
-                                   key=key)
-    except ValueError as e:
-        param = getattr(e, "param", None)
-        if param is None:  # a ValueError that is not a user-facing TextError/VoiceError is a bug
-            raise
-        raise bad_request(str(e), param=param, code=getattr(e, "code", None) or f"invalid_{param}") from None
 
 
 def release_slot(slot: ProcessSlot, service: SpeechBackend, audio_s: float) -> None:

@@ -12,7 +12,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, Literal, get_args, get_origin, get_type_hints
+
+if TYPE_CHECKING:
+    from worker.weights import WeightsSource
 
 
 def setting(env: str, default: Any, doc: str, *, choices: tuple[str, ...] = (),
@@ -372,6 +375,14 @@ def _parse(kind: Any, raw: str, env: str, metadata: Any = None) -> Any:
             raise SettingsError(f"{env}={raw!r}: expected {what}")
         return value
     return raw
+
+
+def weights_source(settings: Settings) -> "WeightsSource":
+    """The weights the settings name, as the weight loader takes them (the server's builder and
+    `kokoro-fleet weights`; worker.weights imports no torch, so that command stays instant)."""
+    from worker.weights import WeightsSource
+
+    return WeightsSource(settings.weights, settings.cache_dir, directory=settings.weights_dir, seed=settings.seed)
 
 
 def settings_table() -> str:

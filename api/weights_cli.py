@@ -8,13 +8,13 @@ import sys
 import time
 from typing import Any
 
-from api.settings import Settings
+from api.settings import Settings, weights_source
 from worker.weights import (NPM_SPEC, NPM_TARBALL_SHA256, OFFICIAL_MODEL, OFFICIAL_REPO, OFFICIAL_SHA256, ONNX_NAME,
                             ONNX_PARTS, ONNX_SHA256, PARTS_VERSION, WeightsError, WeightsSource, download_official,
                             load_weights, offline_dir, offline_ready, official_dir, prepare_offline, serving_dir,
                             sha256_file)
 from worker.weights.official import official_fingerprint
-from worker.weights.offline import _read_manifest, offline_fingerprint
+from worker.weights.offline import offline_fingerprint
 from worker.weights.served_weights import serving_files, serving_path, serving_state_dict
 
 
@@ -27,18 +27,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the description as JSON")
 
 
-def weights_source(settings: Settings) -> WeightsSource:
-    """The weights the settings name, as the weight loader takes them (the server's builder uses it too;
-    it lives here, where importing it costs no torch, so this command stays instant)."""
-    return WeightsSource(settings.weights, settings.cache_dir, directory=settings.weights_dir, seed=settings.seed)
-
-
 def describe(settings: Settings) -> dict[str, Any]:
     """What `kokoro-fleet weights` shows, without loading more than it must."""
     source = weights_source(settings)
     if source.kind == "offline":
         bundle = offline_dir(source)
-        manifest = _read_manifest(bundle)
+        manifest = offline_ready(source)
         out: dict[str, Any] = {"source": "offline", "cache": str(bundle), "ready": manifest is not None,
                                "onnx": f"{ONNX_NAME} sha256 {ONNX_SHA256}",
                                "onnx_parts": [f"{p.package}=={PARTS_VERSION}" for p in ONNX_PARTS],

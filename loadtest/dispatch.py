@@ -43,7 +43,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,18 +53,13 @@ from typing import Any
 
 import httpx
 
+from api.ports import free_port
 from loadtest import listener_metrics as metrics
 from loadtest.report import format_summary_table
 from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
 from loadtest.texts import load_texts
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FleetProcess:

@@ -60,6 +60,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from loadtest.bare_start import free_port  # standard library only, as this script
+
 REPO = Path(__file__).resolve().parents[1]
 
 # distribution -> version: what `kokoro-fleet serve` and `python -m loadtest run` import at run time
@@ -342,12 +344,6 @@ def check_imports(env: dict[str, str], engine: str) -> str:
 
 
 # --- the fleet ------------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
     request = urllib.request.Request(url, headers={"Connection": "close"})

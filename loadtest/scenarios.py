@@ -340,7 +340,7 @@ def plot_two_fleets(result: dict[str, Any], path: str | Path) -> Path:
 
 
 def two_fleets(args: argparse.Namespace) -> dict[str, Any]:
-    from api.serve_cli import EmbeddedRedis
+    from api.embedded_redis import EmbeddedRedis
 
     env = {**engine_env(args), "KOKORO_PLAYGROUND": "false"}
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kokoro-two-fleets-"))

@@ -2,7 +2,7 @@
 
     python -m loadtest soak --duration 1800 --out loadtest/results/DATE-soak-cpu2
 
-Starts one redis-server (api.serve_cli's EmbeddedRedis) and two `kokoro-fleet serve` processes
+Starts one redis-server (api.embedded_redis's EmbeddedRedis) and two `kokoro-fleet serve` processes
 joining it, as two containers of one deploy would: `sim` (`--sim-workers` replicas of the
 simulated engine, which carry the rate) and `real` (`--real-workers` replicas of the torch engine
 on `--real-weights`). With the shared queue every replica leases any request's chunks, so the real
@@ -139,7 +139,7 @@ async def leftover_keys(client) -> tuple[list[str], dict[str, float]]:
 async def metric_counters(http: httpx.AsyncClient, fleet: FleetProcess) -> dict[str, float]:
     """The watched /metrics figures of one fleet (its workers added up): 5xx other than 503, 503s,
     and the error and notice counters."""
-    from api.status_cli import parse_metrics
+    from api.replica_table import parse_metrics
 
     samples = parse_metrics((await http.get(fleet.url + "/metrics")).text)
     out = {"http_5xx_not_503": 0.0, "http_503": 0.0}
@@ -510,7 +510,7 @@ async def soak_fleets(args: argparse.Namespace, fleets: list[FleetProcess], redi
 
 
 def start_fleets(args: argparse.Namespace, log_dir: Path):
-    from api.serve_cli import EmbeddedRedis
+    from api.embedded_redis import EmbeddedRedis
 
     redis = EmbeddedRedis().start()
     # Set so the bursts pass it on any machine; the default follows the live replicas.

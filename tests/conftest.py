@@ -9,7 +9,7 @@ import pytest
 def real_weights():
     """The real Kokoro-82M weights from the offline bundle (converted once, then cached)."""
     from api.settings import Settings
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.weights import load_weights
 
     return load_weights(weights_source(Settings.from_env().replace(weights="offline")))
@@ -19,7 +19,7 @@ def real_weights():
 def tiny_weights():
     """Seeded random weights of the small `tiny_config()` (same architecture), for fast tests."""
     from api.settings import Settings
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.weights import load_weights
 
     return load_weights(weights_source(Settings.from_env().replace(weights="tiny")))

@@ -5,14 +5,15 @@
         server.stop(); server.start()      # same port, empty data: a Redis restart
     # leaving the block (or server.close()) kills it and removes its socket directory
 
-It is the fleet's own embedded Redis (api.serve_cli.EmbeddedRedis), except that stopping it is a
+It is the fleet's own embedded Redis (api.embedded_redis.EmbeddedRedis), except that stopping it is a
 crash (SIGKILL: nothing flushed, clients cut off), which is what the fault tests need. Never
 assumes a Redis is already running. Needs the `redis-server` binary (apt: redis-server).
 """
 
 from __future__ import annotations
 
-from api.serve_cli import EmbeddedRedis, free_port
+from api.ports import free_port
+from api.embedded_redis import EmbeddedRedis
 
 __all__ = ["RedisServer", "free_port"]
 

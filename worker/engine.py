@@ -45,7 +45,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -135,29 +135,54 @@ class Synthesis:
     durations: np.ndarray  # int64 [len(ids) + 2]: frames (600 samples each) per token, pads included
 
 
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine runs (api/speech/build.py makes the server's from its settings).
+
+    noise=False switches the excitation noise off (parity tests). bucketed: pad to buckets
+    (default: on CUDA only); frame_grid: stage 2's frame buckets (default `frame_buckets()`).
+    fused_kernels: torch.compile'd elementwise kernels on CPU (default on), compiled by `warmup` or
+    `compile_kernels`; eager kernels until then. compiled: stage 2's decoder through torch.compile
+    (default: on CUDA; never in int8 mode, whose kernels are oneDNN's). stage2: stage 2's
+    arithmetic on CUDA, `exact`, `exact-nondeterministic` or `fast` (worker/arithmetic.py).
+    cuda_graphs: capture the single-chunk passes as CUDA graphs (CUDA only); batch_graphs: the
+    batches' (compiled engines only; None: as cuda_graphs). max_batch: the largest batch served
+    (batch graphs are captured up to its bucket). batch_graph_frames: the batch graphs' memory
+    bound, batch bucket x frame bucket at most this. compile_cache_dir: the host's shared compile
+    cache (worker/compile_cache.py).
+    """
+
+    device: str = "cpu"
+    dtype: str = "fp32"
+    seed: int = 0
+    cuda_graphs: bool = True
+    noise: bool = True
+    bucketed: bool | None = None
+    frame_grid: Sequence[int] | None = None
+    fused_kernels: bool | None = None
+    compiled: bool | None = None
+    stage2: str = STAGE2_DEFAULT
+    max_batch: int = 1
+    batch_graph_frames: int = 16384
+    compile_cache_dir: str | os.PathLike | None = None
+    batch_graphs: bool | None = None
+
+
 class Engine:
     sample_rate = SAMPLE_RATE
     frame_samples = SAMPLES_PER_FRAME
     max_phonemes = 510
 
-    def __init__(self, weights, device: str = "cpu", dtype: str = "fp32", seed: int = 0, cuda_graphs: bool = True,
-                 noise: bool = True, bucketed: bool | None = None, frame_grid: Sequence[int] | None = None,
-                 fused_kernels: bool | None = None, compiled: bool | None = None,
-                 stage2: str = STAGE2_DEFAULT, max_batch: int = 1, batch_graph_frames: int = 16384,
-                 compile_cache_dir: str | os.PathLike | None = None, batch_graphs: bool | None = None):
-        """weights: a worker.weights.Weights. noise=False switches the
-        excitation noise off (parity tests). bucketed: pad to buckets (default: on CUDA only).
-        fused_kernels: torch.compile'd elementwise kernels on CPU (default on), compiled by `warmup`
-        or `compile_kernels`; eager kernels until then. compiled: stage 2's decoder through
-        torch.compile (default: on CUDA; never in int8 mode, whose kernels are oneDNN's). stage2:
-        stage 2's arithmetic on CUDA, `exact`, `exact-nondeterministic` or `fast` (worker/arithmetic.py).
-        cuda_graphs: capture the single-chunk passes as CUDA graphs (CUDA only); batch_graphs: the
-        batches' (compiled engines only; None: as cuda_graphs). max_batch: the largest batch served
-        (batch graphs are captured up to its bucket). batch_graph_frames: the batch graphs' memory
-        bound, batch bucket x frame bucket at most this. compile_cache_dir: the host's shared
-        compile cache (worker/compile_cache.py)."""
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+    def __init__(self, weights, *fields: Any, config: EngineConfig | None = None, **named: Any):
+        """weights: a worker.weights.Weights; how it runs: `config`, or the EngineConfig that
+        `fields` and `named` make (`Engine(weights, "cpu", "fp32", noise=False)`)."""
+        if config is None:
+            config = EngineConfig(*fields, **named)
+        elif fields or named:
+            raise TypeError("Engine takes a config or its fields, not both")
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cuda":
             use_exact_cuda_arithmetic()
         if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
@@ -167,22 +192,22 @@ class Engine:
             # pages: measured to pay in int8 mode (AVX2 CPUs), not in bf16, so bf16 keeps the
             # lower resident memory of glibc's default.
             keep_freed_memory()
-        self.seed = seed
-        self.noise = noise
-        self.bucketed = (self.device.type == "cuda") if bucketed is None else bucketed
-        self.frame_grid = tuple(frame_grid) if frame_grid is not None else frame_buckets()
-        self.compiled = (self.device.type == "cuda") if compiled is None else compiled
+        self.seed = config.seed
+        self.noise = config.noise
+        self.bucketed = (self.device.type == "cuda") if config.bucketed is None else config.bucketed
+        self.frame_grid = tuple(config.frame_grid) if config.frame_grid is not None else frame_buckets()
+        self.compiled = (self.device.type == "cuda") if config.compiled is None else config.compiled
         self.compiled = self.compiled and self.dtype != "int8"
-        self.stage2 = check_stage2_mode(stage2)
-        self.max_batch = max_batch
-        self.batch_graph_frames = batch_graph_frames
-        self.compile_cache_dir = compile_cache_dir
+        self.stage2 = check_stage2_mode(config.stage2)
+        self.max_batch = config.max_batch
+        self.batch_graph_frames = config.batch_graph_frames
+        self.compile_cache_dir = config.compile_cache_dir
         self.compile_record = None  # what the start-up compile did (compiled passes, or the fused CPU kernels)
         # Dynamo's counters from here: the record counts every compile of the engine's start.
         self._tally = self._new_tally() if self.compiled else None
         # The compiled decoder fuses what the CPU's fused kernels would (and cannot trace through them).
         fused_default = self.device.type == "cpu" and not self.compiled
-        self.fused_kernels = fused_default if fused_kernels is None else (fused_kernels and not self.compiled)
+        self.fused_kernels = fused_default if config.fused_kernels is None else (config.fused_kernels and not self.compiled)
         self._kernels_compiled = False  # the fused kernels in service (set between passes only)
         # Built on `meta` around the served parameters themselves. On the CPU they are the pages of
         # the host's serving file, shared by every replica on the host; a GPU holds its own copy
@@ -199,9 +224,10 @@ class Engine:
         self.model.positions(SAMPLES_PER_FRAME * self.frame_grid[-1] + 64)  # reserve the largest bucket
         self.graphs: CudaGraphs | None = None
         self.batch_graphs: BatchGraphs | None = None
-        self.want_graphs = cuda_graphs and self.device.type == "cuda"
-        self.want_batch_graphs = (bool(cuda_graphs if batch_graphs is None else batch_graphs) and self.device.type == "cuda"
-                                  and self.compiled and max_batch > 1 and batch_graph_frames > 0)
+        self.want_graphs = config.cuda_graphs and self.device.type == "cuda"
+        batch_graphs = config.cuda_graphs if config.batch_graphs is None else config.batch_graphs
+        self.want_batch_graphs = (bool(batch_graphs) and self.device.type == "cuda" and self.compiled and self.max_batch > 1
+                                  and config.batch_graph_frames > 0)
         self.capture_errors: dict[str, str | None] = {"single": None, "batch": None}
         self.pass_frames: int | None = None  # the longest item's frames in the pass in hand, once stage 1 has said
 

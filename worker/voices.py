@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worker.request_errors import RequestFieldError
+
 log = logging.getLogger("kokoro_fleet.voices")
 
 # lang_code (first letter of a voice name) -> language tag.
@@ -93,10 +95,11 @@ def _split_signed(spec: str) -> list[tuple[str, str]]:
     return parts
 
 
-class VoiceError(ValueError):
+class VoiceError(RequestFieldError):
     """The request's voice cannot be used; the message says what is wrong and how to find valid names."""
 
     param: str = "voice"
+    code: str | None = "invalid_voice"  # also where an endpoint names the field otherwise (`voices`)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from api.encoders import CONTENT_TYPES
 from api.state import AppState
-from api.status_cli import parse_metrics, rows_from_metrics
+from api.replica_table import parse_metrics, rows_from_metrics
 from worker.audio import SAMPLE_RATE
 
 # The page may load only what this server sends; blob: URLs carry the Download link.

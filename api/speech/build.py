@@ -15,6 +15,7 @@ from api.settings import Settings, SettingsError
 from worker.voices import VoiceBank
 
 if TYPE_CHECKING:
+    from worker.engine import EngineConfig
     from worker.sim_engine import SimCost
 
 log = logging.getLogger("kokoro_fleet.api")
@@ -30,7 +31,7 @@ def sim_cost(settings: Settings) -> "SimCost":
 def build_local_service(settings: Settings) -> SpeechService:
     """This process's replica and its local service: the weights, the engine and the replica the
     settings name (the model's, the baseline's, or the simulated one), not warmed up yet."""
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.replica import BaselineReplica, Replica
     from worker.text.mandarin import use_segmenter_cache
     from worker.weights import load_weights
@@ -53,18 +54,25 @@ def build_local_service(settings: Settings) -> SpeechService:
 
 
 def build_engine(weights, settings: Settings):
-    """The engine a replica serves with: the settings' device, precision, CUDA graphs and compiled
-    passes (the baseline runs neither graphs nor compiled passes), on the host's compile cache."""
+    """The engine a replica serves with, on the host's compile cache."""
+    from worker.engine import Engine
+
+    return Engine(weights, config=engine_config_from_settings(settings))
+
+
+def engine_config_from_settings(settings: Settings) -> "EngineConfig":
+    """How the settings run an engine: their device, precision, CUDA graphs and compiled passes
+    (the baseline runs neither graphs nor compiled passes), on the host's compile cache."""
     from worker.compile_cache import default_compile_cache_dir
-    from worker.engine import Engine, resolve_device
+    from worker.engine import EngineConfig, resolve_device
 
     device = resolve_device(settings.device)
     cache = settings.compile_cache_dir or default_compile_cache_dir(device, settings.cache_dir)
-    return Engine(weights, device=str(device), dtype=settings.dtype, seed=settings.seed,
-                  cuda_graphs=settings.cuda_graphs and not settings.baseline,
-                  compiled=None if settings.compile and not settings.baseline else False,
-                  stage2=settings.stage2_arithmetic, max_batch=settings.batch_max,
-                  batch_graph_frames=settings.batch_graph_frames, compile_cache_dir=cache)
+    return EngineConfig(device=str(device), dtype=settings.dtype, seed=settings.seed,
+                        cuda_graphs=settings.cuda_graphs and not settings.baseline,
+                        compiled=None if settings.compile and not settings.baseline else False,
+                        stage2=settings.stage2_arithmetic, max_batch=settings.batch_max,
+                        batch_graph_frames=settings.batch_graph_frames, compile_cache_dir=cache)
 
 
 def build_front_service(settings: Settings) -> SpeechService:
@@ -78,7 +86,7 @@ def build_front_service(settings: Settings) -> SpeechService:
         from worker.weights import VOICE_NAMES
 
         return SpeechService(NoReplica(), VoiceBank(sim_voices(VOICE_NAMES), settings.voices_dir), settings)
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.weights import load_weights
 
     voices = load_weights(weights_source(settings)).voices

@@ -102,7 +102,7 @@ def _progress(message: str) -> None:
 
 def bench_weights(source: str):
     from api.settings import get_settings
-    from api.weights_cli import weights_source
+    from api.settings import weights_source
     from worker.weights import load_weights
 
     return load_weights(weights_source(get_settings().replace(weights=source)))

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from loadtest.bench.replica_sweep import Mps, next_replica_message, stop_replica_processes
+from loadtest.bench.replica_sweep import next_replica_message, start_mps, stop_replica_processes
 
 OOM_BATCH = 8
 OOM_PHONEMES = 400
@@ -207,10 +207,10 @@ def run_mps(replicas: int, seconds: float, device: str, weights_source: str, rea
     results = context.Queue()
     report: dict = {"replicas": replicas, "seconds": seconds, "device": device}
     with contextlib.ExitStack() as stack:
-        daemon = stack.enter_context(Mps()) if device == "cuda" else None
+        daemon, said = start_mps(stack) if device == "cuda" else (None, "")
         report["mps_active"] = bool(daemon and daemon.active)
         if daemon is not None and not daemon.active:
-            report["mps_error"] = daemon.error
+            report["mps_error"] = said
         commands = [context.Queue() for _ in range(replicas + 1)]
         processes = [context.Process(target=_mps_replica, args=(k, device, weights_source, commands[k], results),
                                      daemon=True) for k in range(replicas)]
@@ -249,7 +249,7 @@ def run_mps(replicas: int, seconds: float, device: str, weights_source: str, rea
             report["respawned"] = _respawn(context, results, commands[replicas], replicas, device, weights_source,
                                            ready_timeout_s, processes)
         if daemon is not None and daemon.active:
-            report["mps_log_tail"] = mps_log_tail(daemon.root)
+            report["mps_log_tail"] = mps_log_tail(daemon.log_dir)
     return report
 
 
@@ -298,10 +298,10 @@ def _respawn(context, results, commands, index: int, device: str, weights_source
     return {"started": True, "ready_s": ready_s, **split_at_kill(message["chunks"], kill_at=0.0)}
 
 
-def mps_log_tail(root: Path, chars: int = 1500) -> dict:
+def mps_log_tail(log_dir: Path, chars: int = 1500) -> dict:
     tails = {}
     for name in ("control.log", "server.log"):
-        path = Path(root) / "log" / name
+        path = Path(log_dir) / name
         if path.exists():
             tails[name] = path.read_text(errors="replace")[-chars:]
     return tails

@@ -80,13 +80,15 @@ def serving_settings(args: argparse.Namespace):
 def serving_engine(weights, settings, compiled: bool | None = None, cuda_graphs: bool | None = None):
     """api/speech/build.py's engine, but compiled when the settings say so on a CPU too (a replica
     compiles on CUDA only; the rehearsal compiles on the CPU to run the same path)."""
+    import dataclasses
+
+    from api.speech.build import engine_config_from_settings
     from worker.engine import Engine
 
-    return Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed,
-                  cuda_graphs=settings.cuda_graphs if cuda_graphs is None else cuda_graphs,
-                  compiled=settings.compile if compiled is None else compiled,
-                  stage2=settings.stage2_arithmetic, max_batch=settings.batch_max,
-                  batch_graph_frames=settings.batch_graph_frames, compile_cache_dir=settings.compile_cache_dir)
+    config = engine_config_from_settings(settings)
+    return Engine(weights, config=dataclasses.replace(
+        config, compiled=settings.compile if compiled is None else compiled,
+        cuda_graphs=settings.cuda_graphs if cuda_graphs is None else cuda_graphs))
 
 
 def memory(device) -> dict:

@@ -27,11 +27,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from api.gpu_sharing import Mps
 
 # The chunk sizes a replica sees serving the sample texts: a short first chunk (fast first audio),
 # then sentences and paragraphs up to the 510-phoneme limit. Each replica cycles through them from
@@ -97,43 +98,20 @@ def _replica(index: int, device: str, dtype: str, weights_source: str, commands,
 # --- the GPU around it ----------------------------------------------------------------------------------
 
 
-class Mps:
-    """The CUDA MPS control daemon for the duration of a `with`, with private pipe and log
-    directories; `active` says whether it started."""
+def start_mps(stack: contextlib.ExitStack) -> tuple[Mps, str]:
+    """The MPS daemon started by production's starter, as `serve` starts it (KOKORO_MPS=auto),
+    stopped when `stack` closes, and its log line (why not, when it did not start); the replicas
+    spawned meanwhile connect through it (its directories are in the environment)."""
+    daemon = Mps("auto")
+    said = daemon.ensure()
+    stack.callback(_stop_mps, daemon)
+    return daemon, said
 
-    def __init__(self):
-        self.root = Path(tempfile.mkdtemp(prefix="kokoro-mps-"))
-        self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.root / "pipe"),
-                    "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log")}
-        self.active = False
-        self.error = ""
 
-    def __enter__(self) -> "Mps":
-        control = shutil.which("nvidia-cuda-mps-control")
-        if control is None:
-            self.error = "nvidia-cuda-mps-control not found"
-            return self
-        for path in self.env.values():
-            Path(path).mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([control, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True)
-        if done.returncode != 0:
-            self.error = f"mps-control -d: rc {done.returncode} {done.stderr.strip()}"
-            return self
-        self.active = True
-        os.environ.update(self.env)  # the replicas (spawned after this) connect through it
-        return self
-
-    def log_tail(self) -> str:
-        path = self.root / "log" / "control.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
-
-    def __exit__(self, *exc) -> None:
-        if self.active:
-            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env={**os.environ, **self.env},
-                           capture_output=True, timeout=30)
-            for key in self.env:
-                os.environ.pop(key, None)
-            time.sleep(1.0)  # the server exits after its clients; give it a moment before the next contexts
+def _stop_mps(daemon: Mps) -> None:
+    if daemon.started:
+        daemon.stop()
+        time.sleep(1.0)  # the server exits after its clients; give it a moment before the next contexts
 
 
 class Dmon:
@@ -216,10 +194,10 @@ def sweep(counts: list[int], seconds: float, device: str, dtype: str, weights: s
                     "phases": []}
     with contextlib.ExitStack() as stack:
         if mps:
-            daemon = stack.enter_context(Mps())
+            daemon, said = start_mps(stack)
             report["mps_active"] = daemon.active
             if not daemon.active:
-                report["error"] = f"MPS did not start: {daemon.error}"
+                report["error"] = f"MPS did not start: {said}"
                 return report
         before_mib = gpu_used_mib()
         commands = [context.Queue() for _ in range(total)]

@@ -33,6 +33,7 @@ import uvicorn
 from api.app import create_app
 from api.settings import Settings
 from api.speech.contract import ReplicaStats, SpeechPlan
+from worker.request_errors import RequestFieldError
 from worker.text import Chunk, NothingToSay, WordSpan
 from worker.voices import VoiceBank
 
@@ -41,7 +42,7 @@ PIECE_SECONDS = 0.15
 PIECE_AUDIO_S = 0.4
 
 
-class ScriptedVoiceError(ValueError):
+class ScriptedVoiceError(RequestFieldError):
     param = "voice"
 
 

@@ -18,8 +18,9 @@ from api.errors import overloaded_error
 from api.speech.redis_link import GAUGES, connect, decode_job, encode_job, read_stats
 from api.speech.fleet import FleetPlan, FleetSpeechService
 from api.metrics import Metrics
-from api.serve_cli import EmbeddedRedis, Mps, check_gpu_memory
-from api.status_cli import parse_metrics, rows_from_metrics
+from api.embedded_redis import EmbeddedRedis
+from api.serve_cli import Mps, check_gpu_memory
+from api.replica_table import parse_metrics, rows_from_metrics
 from worker.replica import BaselineReplica, served
 from api.speech.contract import Overloaded, SpeechRequest
 from api.speech.local import SpeechService

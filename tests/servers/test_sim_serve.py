@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from api.status_cli import parse_metrics
+from api.replica_table import parse_metrics
 from loadtest.dispatch import FleetProcess
 
 pytestmark = pytest.mark.slow

@@ -174,7 +174,7 @@ def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
     assert run(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=1048576") == ["False", "False"]
     # An engine asks for it in int8 mode only, where it was measured to pay; bf16 and fp32 keep
     # glibc's default and its lower resident memory.
-    engine = ("import sys; from api.settings import Settings; from api.weights_cli import weights_source\n"
+    engine = ("import sys; from api.settings import Settings, weights_source\n"
               "from worker.weights import load_weights\n"
               "from worker.engine import Engine; from worker.cpu_runtime import _KEEP_FREED\n"
               "Engine(load_weights(weights_source(Settings.from_env({'KOKORO_WEIGHTS': 'tiny'}))), 'cpu', sys.argv[1], "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from api.metrics import Metrics, share_with_workers
-from api.status_cli import parse_metrics
+from api.replica_table import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 # A worker: its figures as the app records them, then commands on stdin ("render", "leave").

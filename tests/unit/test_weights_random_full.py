@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from api.app import _engine
+from api.routes.status_routes import engine_status as _engine
 from worker.engine import Engine
 from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
 from worker.weights import VOICE_NAMES, load_weights, official_config
-from api.weights_cli import describe, weights_source
+from api.settings import weights_source
+from api.weights_cli import describe
 from worker.weights.common import STYLE_WIDTH, VOICE_ROWS
 
 

@@ -108,9 +108,6 @@ class EnglishG2P:
             return WordPhonemes("", "silent")  # emoji, other scripts: nothing an English voice can say
         return WordPhonemes(espeak.english_word(word, self.british), "espeak")
 
-    def in_lexicon(self, word: str) -> bool:
-        return self._lexicon_word(word, Context()) is not None
-
     # --- lexicon rules (misaki's, rewritten) --------------------------------------------------
 
     def _lexicon_word(self, word: str, ctx: Context) -> str | None:

@@ -45,13 +45,6 @@ class NormalizationOptions:
         """Whether Markdown, HTML and SSML are read as rendered (code blocks dropped, <voice> obeyed)."""
         return self.normalize and self.markup_normalization
 
-    @classmethod
-    def from_dict(cls, data: dict | None) -> "NormalizationOptions":
-        if not data:
-            return cls()
-        known = {k: bool(v) for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
-
 
 @plain_or_mapped
 def clean_text(text: MappedText) -> MappedText:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
+from worker.request_errors import RequestFieldError
 
-class TextError(ValueError):
-    """The request's text or language cannot be turned into speech; the message says why.
 
-    `param` names the request field at fault, for the API's OpenAI-style error body.
-    """
+class TextError(RequestFieldError):
+    """The request's text (`param` input) or language (`param` lang_code) cannot be turned into
+    speech; the message says why."""
 
     param: str = "input"
-    code: str | None = None  # the API error's code, when not `invalid_<param>`
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        if param is not None:
-            self.param = param
 
 
 class NothingToSay(TextError):
