@@ -30,7 +30,7 @@ memory bound, so a batch launches once; a batch beyond the grid runs compiled, l
 Stage 1 stays eager float32 for batches (it decides the durations, costs little beside stage 2
 and holds LSTMs that dynamo cannot trace); single chunks replay its graphs as before.
 A pass that runs out of device memory frees the allocator's cached blocks, logs one line and
-raises: its caller retries a batch's jobs one at a time (api/speech/lease_loop.py) or fails them.
+raises: its caller retries a batch's jobs one at a time (api/speech/dispatcher.py) or fails them.
 Only torch, transformers, numpy and the standard library are imported, so this runs on a bare
 GPU box.
 """
