@@ -115,9 +115,12 @@ def start_fused_kernels(replica, chunks: int, audio_s: float):
 
 def kernels_in_use(replica) -> str:
     """Which kernels the chunks run now, as the progress line says it."""
-    if replica.engine.kernels == "compiled":
+    kernels = replica.engine.kernels
+    if kernels == "compiled":
         return "fused kernels"
-    return "eager kernels, fused ones compiling" if replica.kernels_compiling else "eager kernels"
+    if kernels == "eager":
+        return "eager kernels, fused ones compiling" if replica.kernels_compiling else "eager kernels"
+    return kernels  # a simulated engine says so
 
 
 def run(args: argparse.Namespace) -> int:

@@ -114,6 +114,7 @@ class SimEngine:
     frame_samples = SAMPLES_PER_FRAME
     max_phonemes = 510
     label = "sim"  # the replica table's engine column: never mistaken for a model
+    kernels = "simulated"  # no kernels to compile: what Engine.kernels says of a model's
 
     def __init__(self, seed: int = 0):
         self.waveform = speech_like_waveform(seed=seed)
@@ -147,6 +148,8 @@ class SimReplica:
     holding the replica for the cost model's time in `asyncio.sleep`, no thread, no CPU."""
 
     simulated = True
+    kernels_pending = False  # Replica's background kernel compile: nothing to compile here
+    kernels_compiling = False
 
     def __init__(self, cost: SimCost | None = None, seed: int = 0):
         self.cost = cost or SimCost()
