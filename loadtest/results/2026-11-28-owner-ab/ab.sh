@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A/B of the overload scenario (sim engine, 8 workers, 4x capacity): main (A) against the owner
-# branch (B), alternated ABBAAB in one run on one machine. Usage: ab.sh MAIN_CHECKOUT BRANCH_CHECKOUT
+# branch (B), alternated ABBAAB in one run on one machine. Usage: ab.sh A_CHECKOUT B_CHECKOUT [OUT_DIR]
 set -u
 A=${1:-/work/main}; B=${2:-/work/wt/owner}
-OUT=$(cd "$(dirname "$0")" && pwd)
+OUT=${3:-$(cd "$(dirname "$0")" && pwd)}
 PY=/work/main/.venv/bin/python
 ARGS=(overload --workers 8 --factor 4 --duration 20 --capacity-seconds 10 --quiet)
 { lscpu | grep "Model name"; nproc; } > "$OUT/machine.txt"
@@ -16,4 +16,4 @@ for side in A B B A A B; do
      --log-dir "$(mktemp -d)") > "$OUT/run$i-$side.txt" 2>&1
   echo "run $i side $side rc $? load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/runs.log"
 done
-"$PY" "$OUT/summarize.py" "$OUT" | tee "$OUT/summary.txt"
+"$PY" "$(dirname "$0")/summarize.py" "$OUT" | tee "$OUT/summary.txt"
