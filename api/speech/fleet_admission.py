@@ -168,7 +168,7 @@ class FleetAdmission:
             self.admission.bounds = bounds
 
     # --- the admission's steps --------------------------------------------------------------------
-    def _plans_inline(self, request: SpeechRequest, voice: Voice) -> bool:
+    def _plans_inline(self, request: SpeechRequest, voice: Voice | None) -> bool:
         """Whether to plan a short text before its one admission call. In a burst beyond the
         fleet's bound, planning every text before learning it is refused would put each refusal
         behind all the planning before it on this loop: once this worker is admitting more than its
@@ -197,7 +197,7 @@ class FleetAdmission:
         self.counters.served_locally += 1
         return FleetPlan.admitted(plan, None)
 
-    async def _admit_to_queue(self, request: SpeechRequest, voice: Voice, inline: bool,
+    async def _admit_to_queue(self, request: SpeechRequest, voice: Voice | None, inline: bool,
                               key: str | None) -> FleetPlan:
         """Reserve (a longer text), plan, enqueue; falls back to this replica when Redis stops answering."""
         rid, reserved = None, False
