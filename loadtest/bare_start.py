@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script (python3 loadtest/bare_start.py): the repo's packages
+    sys.path.insert(0, str(REPO))
+
+from api.ports import free_port  # noqa: E402 - standard library only, as this script
 SENTENCE = "Hello from kokoro fleet, on a machine that had nothing installed a few minutes ago."
 # What a fresh shell would not have: every setting of ours and every cache place pointed elsewhere.
 CLEARED = ("TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "VIRTUAL_ENV", "PYTHONPATH", "REDIS_URL")
@@ -268,12 +271,6 @@ def status(url: str) -> int:
         return error.code
     except OSError:
         return 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(command: list[str], **kwargs) -> float:

@@ -60,7 +60,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from loadtest.bare_start import free_port  # standard library only, as this script
+from api.ports import free_port  # standard library only, as this script
 
 REPO = Path(__file__).resolve().parents[1]
 

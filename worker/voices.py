@@ -34,6 +34,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 
 from worker.request_errors import RequestFieldError
+from worker.text.text_errors import TextError
 
 log = logging.getLogger("kokoro_fleet.voices")
 
@@ -100,6 +102,19 @@ class VoiceError(RequestFieldError):
 
     param: str = "voice"
     code: str | None = "invalid_voice"  # also where an endpoint names the field otherwise (`voices`)
+
+
+# Makes the error a bad voice spec raises: VoiceError, or a VoiceInInputError quoting the markup.
+Refusal = Callable[[str], RequestFieldError]
+
+
+class VoiceInInputError(TextError):
+    """A voice the input's markup names (`<voice name>`, `[voice:...]`) cannot be used: a fault of
+    the input, whose message quotes the markup."""
+
+    @classmethod
+    def quoting(cls, written: str) -> Callable[[str], "VoiceInInputError"]:
+        return lambda message: cls(f"{written} in the input: {message}")
 
 
 @dataclass
@@ -336,14 +351,31 @@ class VoiceBank:
         if overridden:
             log.info("voices from %s replace the weights' own %s", self._directory.path, ", ".join(overridden))
 
-    def resolve(self, spec: str) -> Voice:
-        """A voice name, OpenAI alias or mix spec -> Voice. Raises VoiceError with what to fix."""
+    def resolve(self, spec: str, written_in_input: str | None = None) -> Voice:
+        """A voice name, OpenAI alias or mix spec -> Voice. Raises VoiceError with what to fix; for
+        a voice the input's markup names (`written_in_input`, as it was written there), a
+        VoiceInInputError, a fault of the input that quotes the markup."""
+        refuse = VoiceError if written_in_input is None else VoiceInInputError.quoting(written_in_input)
+        voice = self._resolution(spec, refuse)
+        if not isinstance(voice, Voice):
+            raise voice
+        return voice
+
+    def find(self, spec: str) -> Voice | None:
+        """The voice `spec` names, or None where `resolve` would refuse it (and say why)."""
+        voice = self._resolution(spec, VoiceError)
+        return voice if isinstance(voice, Voice) else None
+
+    def _resolution(self, spec: str, refuse: Refusal) -> Voice | RequestFieldError:
+        """The voice `spec` names, or the error that says what to fix (returned, not raised)."""
         self._refresh()
         if not isinstance(spec, str) or not spec.strip():
-            raise VoiceError(f"voice is empty; {self._how_to_list()}")
+            return refuse(f"voice is empty; {self._how_to_list()}")
         if len(spec) > 512:
-            raise VoiceError(f"voice spec is {len(spec)} characters long; {self._how_to_list()}")
-        parts = self._parse(spec)
+            return refuse(f"voice spec is {len(spec)} characters long; {self._how_to_list()}")
+        parts = self._parse(spec, refuse)
+        if not isinstance(parts, list):
+            return parts
         key = "".join(f"{sign}{name}({weight:g})" for sign, name, weight in parts) if len(parts) > 1 else parts[0][1]
         with self._lock:
             cached = self._mixes.get(key)
@@ -354,7 +386,7 @@ class VoiceBank:
         packs, version = self._packs, self._directory_version
         gone = [name for _, name, _ in parts if name not in packs]
         if gone:  # its file was removed between the name's check and now
-            raise VoiceError(f"voice {gone[0]!r} was just removed; {self._how_to_list()}")
+            return refuse(f"voice {gone[0]!r} was just removed; {self._how_to_list()}")
         if len(parts) == 1:
             name = parts[0][1]
             return Voice(name, voice_language(name), packs[name])
@@ -378,21 +410,22 @@ class VoiceBank:
 
     # --- parsing ---------------------------------------------------------------------------------
 
-    def _parse(self, spec: str) -> list[tuple[str, str, float]]:
-        """(sign, canonical name, weight) for each part of a spec; the first part's sign is '+'."""
+    def _parse(self, spec: str, refuse: Refusal) -> list[tuple[str, str, float]] | RequestFieldError:
+        """(sign, canonical name, weight) for each part of a spec (the first part's sign is '+'), or
+        the error that says what to fix."""
         parts: list[tuple[str, str, float]] = []
         for sign, raw in _split_signed(spec):
             raw = raw.strip()
             if not raw:
-                raise VoiceError(
+                return refuse(
                     f"voice {spec!r} has an empty part: join voices with single '+' (or '-' to subtract one), "
                     f"e.g. af_bella+af_sky or af_bella(2)+af_sky(1); {self._how_to_list()}")
             if sign == "-" and not parts:
-                raise VoiceError(f"voice {spec!r} starts with '-': a mix subtracts voices from a first one, "
-                                 f"e.g. af_bella(2)-af_sky(1); {self._how_to_list()}")
+                return refuse(f"voice {spec!r} starts with '-': a mix subtracts voices from a first one, "
+                              f"e.g. af_bella(2)-af_sky(1); {self._how_to_list()}")
             m = _PART.match(raw)
             if not m:
-                raise VoiceError(
+                return refuse(
                     f"voice {spec!r}: cannot read {raw!r}; write a voice name, optionally with a weight in "
                     f"parentheses, e.g. af_bella(2)+af_sky(1); {self._how_to_list()}")
             name, weight_text = m.group("name").lower(), m.group("weight")
@@ -400,16 +433,19 @@ class VoiceBank:
             if weight_text is not None:
                 try:
                     weight = float(weight_text)
-                except ValueError:
-                    raise VoiceError(f"voice {spec!r}: weight {weight_text!r} of {name} is not a number; "
-                                     "weights are positive numbers, e.g. af_bella(2)+af_sky(1)") from None
+                except ValueError:  # float()'s own: the weight is not a number
+                    return refuse(f"voice {spec!r}: weight {weight_text!r} of {name} is not a number; "
+                                  "weights are positive numbers, e.g. af_bella(2)+af_sky(1)")
                 if not weight > 0 or weight != weight or weight == float("inf"):
-                    raise VoiceError(f"voice {spec!r}: weight {weight_text!r} of {name} must be a positive "
-                                     "number, e.g. af_bella(2)+af_sky(1)")
-            parts.append((sign, self._canonical(name, spec), weight))
+                    return refuse(f"voice {spec!r}: weight {weight_text!r} of {name} must be a positive "
+                                  "number, e.g. af_bella(2)+af_sky(1)")
+            canonical = self._canonical(name, spec, refuse)
+            if not isinstance(canonical, str):
+                return canonical
+            parts.append((sign, canonical, weight))
         return parts
 
-    def _canonical(self, name: str, spec: str) -> str:
+    def _canonical(self, name: str, spec: str, refuse: Refusal) -> str | RequestFieldError:
         if name in self._packs:
             return name
         if self._directory is not None and name not in OPENAI_VOICES:
@@ -417,16 +453,16 @@ class VoiceBank:
             if name in self._packs:
                 return name
             if self._directory.refuses(name):
-                raise VoiceError(f"voice {name!r}: its file in the server's voices directory does not read as a "
-                                 "voice, so it is not served; /health shows why (under voices_dir)")
+                return refuse(f"voice {name!r}: its file in the server's voices directory does not read as a "
+                              "voice, so it is not served; /health shows why (under voices_dir)")
         if name in OPENAI_VOICES:
             target = OPENAI_VOICES[name][0]
             if target in self._packs:
                 return target
-            raise VoiceError(f"voice {name!r} maps to {target}, which the loaded weights lack; {self._how_to_list()}")
+            return refuse(f"voice {name!r} maps to {target}, which the loaded weights lack; {self._how_to_list()}")
         close = difflib.get_close_matches(name.lower(), [*self._packs, *OPENAI_VOICES], n=1, cutoff=0.75)
         guess = f"did you mean {close[0]!r}? " if close else ""
-        raise VoiceError(f"unknown voice {name!r} in {spec!r}; {guess}{self._how_to_list()}")
+        return refuse(f"unknown voice {name!r} in {spec!r}; {guess}{self._how_to_list()}")
 
     def _how_to_list(self) -> str:
         examples = ", ".join(self.names[:4])

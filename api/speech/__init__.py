@@ -4,6 +4,8 @@
                    and the domain errors Overloaded and KeyShareFull (api/errors.py maps them)
     local.py       SpeechService: plans a request and streams it on this process's replica
     fleet.py       FleetSpeechService: the same contract over the shared Redis queue (a thin adapter)
+    fleet_admission.py  FleetAdmission: a request's way into the fleet (reserve, plan, enqueue, refuse, free)
+    fleet_figures.py  FleetFigures: the fleet's snapshot from Redis and its /metrics figures
     worker_queue.py  WorkerQueueOwner: the one owner of a worker's queue state, driven by one task
     admission_client.py  AdmissionClient: the owner side's Redis calls (admit, read results in order, release)
     dispatcher.py  Dispatcher, DispatcherConfig: the replica side (lease, run, heartbeat, complete, reap)

@@ -20,11 +20,11 @@ import numpy as np
 
 from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, chunk_piece
 from api.settings import Settings, get_settings
-from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, load_language,
-                         load_lexicon, phonemes_to_chunks, text_to_chunks)
+from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, language_problem,
+                         load_language, load_lexicon, phonemes_to_chunks, text_to_chunks)
 from worker.text.markup import Delivery, split_speech, voice_tags_as_ssml
 from worker.text.source_map import MappedText
-from worker.voices import Voice, VoiceBank, VoiceError
+from worker.voices import Voice, VoiceBank
 
 log = logging.getLogger("kokoro_fleet.api")
 
@@ -80,10 +80,7 @@ class SpeechService:
     def voice_for(self, request: SpeechRequest) -> Voice | None:
         """The request's voice (through its aliases), resolved once per request for `plans_inline`
         and `plan`; None when the spec names no voice (`plan` then refuses it with its message)."""
-        try:
-            return self.voices.resolve(self._through_alias(request)[0].voice)
-        except ValueError:
-            return None
+        return self.voices.find(self._through_alias(request)[0].voice)
 
     def plan(self, request: SpeechRequest, voice: Voice | None = None) -> SpeechPlan:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message.
@@ -95,16 +92,13 @@ class SpeechService:
         sizes = {"first_chunk_phonemes": self.settings.first_chunk_phonemes,
                  "chunk_phonemes": self.settings.chunk_phonemes}
         voices: dict[str, Voice] = {}
-        try:
-            if request.phonemes:
-                chunks = phonemes_to_chunks(request.text, **sizes)
-            else:
-                chunks = self._text_chunks(request, lang_code, voices, base_rate=base_rate, **sizes)
-        except TextError as exc:
-            if exc.param == "lang_code" and request.lang_code is None:  # the language came from the voice
-                raise TextError(f"voice {voice.name}: {exc}; pick another voice or set lang_code",
-                                param="voice") from None
-            raise
+        problem = None if request.lang_code or request.phonemes else language_problem(lang_code)
+        if problem is not None:  # the language came from the voice: the voice is at fault
+            raise TextError(f"voice {voice.name}: {problem}; pick another voice or set lang_code", param="voice")
+        if request.phonemes:
+            chunks = phonemes_to_chunks(request.text, **sizes)
+        else:
+            chunks = self._text_chunks(request, lang_code, voices, base_rate=base_rate, **sizes)
         if not any(c.ids for c in chunks):
             if request.phonemes:
                 raise NothingToSay("phonemes hold nothing to speak", param="phonemes")
@@ -133,13 +127,13 @@ class SpeechService:
         for how, text in parts:
             spec, part_lang = how.voice, lang_code
             if spec is not None:
+                written = f"[voice:{spec}]" if request.voice_tags else f"<voice name={spec!r}>"
                 if spec not in voices:
-                    try:
-                        voices[spec] = self.voices.resolve(spec)
-                    except VoiceError as exc:
-                        written = f"[voice:{spec}]" if request.voice_tags else f"<voice name={spec!r}>"
-                        raise TextError(f"{written} in the input: {exc}") from None
+                    voices[spec] = self.voices.resolve(spec, written_in_input=written)
                 part_lang = voices[spec].lang_code
+                problem = language_problem(part_lang)
+                if problem is not None:
+                    raise TextError(f"{written} in the input: voice {voices[spec].name}: {problem}")
             load_language(part_lang)  # once per process; plans_inline sends a first one here off the loop
             part = text_to_chunks(text, part_lang, options, first_chunk_phonemes if not chunks else chunk_phonemes,
                                   chunk_phonemes, lexicon=lexicon)
@@ -155,11 +149,10 @@ class SpeechService:
             return False
         if request.phonemes:
             return True
-        try:
-            lang_code = request.lang_code or (voice or self.voices.resolve(request.voice)).lang_code
-        except ValueError:  # a bad voice: plan() refuses it at once
+        voice = voice or self.voice_for(request)
+        if voice is None and not request.lang_code:  # no such voice: plan() refuses it at once
             return True
-        return language_loaded(lang_code)
+        return language_loaded(request.lang_code or voice.lang_code)
 
     async def plan_off_loop(self, request: SpeechRequest, voice: Voice | None = None,
                             inline: bool | None = None) -> SpeechPlan:

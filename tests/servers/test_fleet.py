@@ -325,7 +325,7 @@ def test_a_fleet_worker_that_has_not_read_the_replica_table_yet_says_fleet_not_s
 def test_a_started_fleet_worker_reads_the_fleets_figures_at_once(local_service, redis_server):
     """The first read of Redis comes when the worker starts, not one refresh (a second) later: a
     worker that has just started shows the replica table in /metrics and `status` straight away."""
-    from api.speech.fleet import STATS_REFRESH_S
+    from api.speech.fleet_figures import STATS_REFRESH_S
 
     async def go():
         fleet = await fleet_for(local_service, redis_server.url).start()

@@ -155,6 +155,34 @@ def test_a_voice_element_with_an_unknown_name_is_an_input_error_and_markup_off_r
     assert all(c.voice is None for c in literal.chunks) and literal.voices == {}
 
 
+def test_a_voice_whose_language_the_server_cannot_read_is_the_voice_at_fault():
+    """A voice file whose name gives a language no reader serves (`xf_`): the request's voice is at
+    fault unless the request set lang_code; a <voice> element's, the input; phonemes need no reader."""
+    gen = torch.Generator().manual_seed(1)
+    bank = VoiceBank({name: torch.randn(510, 256, generator=gen) for name in ("af_heart", "xf_custom")})
+    svc = service(bank, RecordingReplica())
+    with pytest.raises(TextError, match=r"voice xf_custom: unknown lang_code 'x'.*pick another voice or set lang_code") \
+            as err:
+        svc.plan(SpeechRequest("Hello there.", voice="xf_custom"))
+    assert err.value.param == "voice"
+    assert svc.plan(SpeechRequest("Hello there.", voice="xf_custom", lang_code="a")).lang_code == "a"
+    assert svc.plan(SpeechRequest("hɛlˈO", voice="xf_custom", phonemes=True)).chunks
+    with pytest.raises(TextError, match=r"<voice name='xf_custom'> in the input: voice xf_custom: unknown lang_code") \
+            as err:
+        svc.plan(SpeechRequest('Hi <voice name="xf_custom">there</voice>.'))
+    assert err.value.param == "input"
+
+
+def test_a_bad_voice_is_found_missing_without_an_error_and_refused_when_planned(voices):
+    svc = service(voices, RecordingReplica())
+    assert svc.voice_for(SpeechRequest("Hi.", voice="nobody")) is None
+    with pytest.raises(VoiceError, match="unknown voice 'nobody'"):
+        asyncio.run(svc.admit(SpeechRequest("Hi.", voice="nobody")))
+    assert svc.voice_for(SpeechRequest("Hi.", voice="nova")).name == "af_nova"
+    assert voices.find("bm_george(2)+af_heart").lang_code == "b" and voices.find("echo").name == "am_echo"
+    assert [voices.find(s) for s in ("nobody", "", "-af_heart", "af_heart(", "+", "af_heart(-1)")] == [None] * 6
+
+
 def test_kokoro_fastapi_voice_tags_read_as_the_ssml_they_stand_for(voices):
     """`[voice:...]` and `[rate:...]` (allowed per request) give the chunks, voices and speeds the
     equivalent SSML gives; not allowed, they are text."""

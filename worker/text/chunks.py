@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from worker.text.text_errors import TextError
-from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, resolve_language, text_to_tokens
+from worker.text.g2p import CLAUSE_END, SENTENCE_END, Token, language_problem, resolve_language, text_to_tokens
 from worker.text.lexicon import Lexicon
 from worker.text.normalize import NormalizationOptions, normalize_text
 from worker.text.source_map import MappedText
@@ -92,10 +92,7 @@ def load_language(lang_code: str) -> None:
 def language_loaded(lang_code: str) -> bool:
     """Whether `load_language` has run for `lang_code`, so a short text in it plans in well under a
     millisecond (an unsupported code counts as loaded: planning refuses it at once)."""
-    try:
-        return resolve_language(lang_code) in _loaded_languages
-    except TextError:
-        return True
+    return language_problem(lang_code) is not None or resolve_language(lang_code) in _loaded_languages
 
 
 def phonemes_to_chunks(phonemes: str, first_chunk_phonemes: int = 60, chunk_phonemes: int = 400) -> list[Chunk]:

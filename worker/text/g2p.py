@@ -88,13 +88,23 @@ class Token:
 
 def resolve_language(lang_code: str) -> str:
     """A request's lang_code (`a`, `en-us`, ...) -> our one-letter code; TextError if unsupported."""
+    problem = language_problem(lang_code)
+    if problem is not None:
+        raise TextError(problem, param="lang_code")
+    return _language_code(lang_code)
+
+
+def language_problem(lang_code: str) -> str | None:
+    """Why `lang_code` cannot be read (a message naming the supported codes), or None when it can."""
+    if _language_code(lang_code) in SUPPORTED_CODES:
+        return None
+    return (f"unknown lang_code {lang_code!r}; supported: a (en-us), b (en-gb), e (es), f (fr-fr), h (hi), "
+            "i (it), j (ja), p (pt-br), z (zh)")
+
+
+def _language_code(lang_code: str) -> str:
     code = (lang_code or "a").strip().lower()
-    code = LANGUAGE_ALIASES.get(code, code)
-    if code not in SUPPORTED_CODES:
-        raise TextError(
-            f"unknown lang_code {lang_code!r}; supported: a (en-us), b (en-gb), e (es), f (fr-fr), h (hi), "
-            "i (it), j (ja), p (pt-br), z (zh)", param="lang_code")
-    return code
+    return LANGUAGE_ALIASES.get(code, code)
 
 
 def tokenize(text: str | MappedText) -> list[Token]:
