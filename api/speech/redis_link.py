@@ -158,6 +158,8 @@ def tls_options(url: str) -> dict[str, str]:
 def redacted_url(url: str) -> str:
     """A Redis URL fit for a log line or an error: the user stays, the password does not."""
     parts = urlsplit(url)
+    if "@" not in parts.netloc and "password=" not in parts.query.lower():
+        return url  # nothing secret (and a unix:// path stays as written)
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)

@@ -125,8 +125,11 @@ class Site:
         for i, f in enumerate(self.by_shape[shape]):
             env[f"KOKORO_FLEET_{i + 1}"] = f.url.removeprefix("http://")
         log = open(self.log_dir / f"haproxy-{shape}.log", "wb")
-        proc = self.hosts.popen("balancer", ["haproxy", "-db", "-f", str(HAPROXY_CONFIG)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        # The deployed config unchanged, plus a stats socket of the harness's own (a second global section).
+        stats = self.log_dir / f"haproxy-{shape}-stats.cfg"
+        stats.write_text(f"global\n    stats socket {self.stats_socket(shape)} mode 600 level admin\n")
+        proc = self.hosts.popen("balancer", ["haproxy", "-db", "-f", str(HAPROXY_CONFIG), "-f", str(stats)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
         url = self.balancer_url(shape)
         deadline = time.monotonic() + 60
         with self.hosts.entered("client"):
@@ -139,6 +142,28 @@ class Site:
                 time.sleep(0.2)
         time.sleep(2.5)  # rise 2 at inter 1s: every server counted up, not only the first
         return proc
+
+    def stats_socket(self, shape: str) -> Path:
+        return self.log_dir / f"haproxy-{shape}.sock"
+
+    def balancer_counters(self, shape: str) -> dict[str, int]:
+        """HAProxy's own counts for the shape's backend: retries (`wretr`), redispatches to another
+        fleet (`wredis`), and the 5xx and connection errors it met at the fleets."""
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(self.stats_socket(shape)))
+            sock.sendall(b"show stat\n")
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        lines = raw.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(",")))
+            if row.get("pxname") == "fleets" and row.get("svname") == "BACKEND":
+                return {k: int(row[k] or 0) for k in ("wretr", "wredis", "hrsp_5xx", "econ", "eresp")}
+        return {}
 
     def balancer_url(self, shape: str) -> str:
         assert self.hosts is not None
@@ -263,6 +288,7 @@ async def fault_run(site: Site, *, balancer_rate: float, overload_rate: float, d
         killed_at.append(time.perf_counter())
         os.killpg(victim.proc.pid, signal.SIGKILL)
 
+    counters_before = site.balancer_counters("independent")
     try:
         balanced, overload, _ = await asyncio.gather(
             through.run_step(Step("open", balancer_rate, duration),
@@ -274,6 +300,8 @@ async def fault_run(site: Site, *, balancer_rate: float, overload_rate: float, d
         await through.aclose()
         await direct.aclose()
     kill = killed_at[0]
+    counters = site.balancer_counters("independent")
+    balancer = {k: v - counters_before.get(k, 0) for k, v in counters.items()}
     rows = [r for r in balanced.rows if r.outcome != "dropped"]
     failed = [r for r in rows if r.status not in (200, 503) or (r.status == 200 and r.outcome != "ok")]
     refused = [r for r in rows if r.status == 503]
@@ -289,6 +317,7 @@ async def fault_run(site: Site, *, balancer_rate: float, overload_rate: float, d
         # a failure is the killed fleet's only if its request was sent before the kill and ended after it
         "failed_open_at_kill": sum(1 for r in failed if r.t_send < kill <= r.t_send + (r.e2e_s or 1e9)),
         "failed_examples": [f"{r.status} {r.error[:120]}" for r in failed[:6]],
+        "haproxy": balancer,
     }
 
 
@@ -298,6 +327,7 @@ def fault_checks(fault: dict[str, Any]) -> dict[str, bool]:
             fault["failed"] == fault["failed_open_at_kill"] and fault["refused_without_retry_after"] == 0,
         "503s to the balancer's clients below 1%": (fault["refused_share"] or 0) < 0.01,
         "fleet 1 was overloaded (its own clients were refused)": fault["fleet1_direct"]["rejected_503"] > 0,
+        "HAProxy sent refused or failed requests to another fleet": fault["haproxy"].get("wredis", 0) > 0,
     }
 
 
@@ -309,7 +339,7 @@ async def measure(site: Site, args: argparse.Namespace) -> dict[str, Any]:
                         max_outstanding=args.max_outstanding, seed=args.seed)
     replicas = site.fleets * site.workers
     calib = Step("closed", replicas, args.calibrate)
-    runner = Runner(workload, [calib], progress=not args.quiet)
+    runner = Runner(workload, [calib, Step("open", 1.0, args.slice)], progress=not args.quiet)
     result: dict[str, Any] = {"slices": []}
     try:
         for shape in site.shapes:
@@ -434,7 +464,8 @@ def report(result: dict[str, Any]) -> str:
                  f"{f['fleet1_direct_rate_per_s']:.1f} req/s of its own (statuses {f['fleet1_direct']['statuses']}), "
                  f"{f['killed_fleet']} SIGKILLed at {f['kill_at_s']:.0f} s: balancer clients saw "
                  f"{f['balancer']['statuses']}; 503 share {100 * (f['refused_share'] or 0):.2f}%; "
-                 f"{f['failed']} failed, {f['failed_open_at_kill']} of them streams open on the killed fleet")
+                 f"{f['failed']} failed, {f['failed_open_at_kill']} of them streams open on the killed fleet; "
+                 f"HAProxy's counts {f['haproxy']}")
     for name, ok in result["fault_checks"].items():
         lines.append(f"  [{'PASS' if ok else 'FAIL'}] {name}")
     return "\n".join(lines)

@@ -64,9 +64,10 @@ def test_behind_the_balancer_an_overloaded_fleet_and_a_killed_one_cost_only_the_
     env = {"KOKORO_ENGINE": "sim", "KOKORO_SIM_CHUNK_MS": "20", "KOKORO_SIM_PHONEME_MS": "2"}
     with Site(fleets=3, workers=2, shapes=("independent",), env=env) as site, site.hosts.entered("client"):
         async def capacity() -> float:
-            runner = Runner(Workload(texts=texts, response_format="pcm", stream=True, timeout=60), [], progress=False)
+            step = Step("closed", 6, 4.0)
+            runner = Runner(Workload(texts=texts, response_format="pcm", stream=True, timeout=60), [step],
+                            progress=False)
             try:
-                step = Step("closed", 6, 4.0)
                 return summarize([await runner.run_step(step, Target(site.balancer_url("independent")
                                                                         + "/v1/audio/speech"))])["requests_per_s"]
             finally:
@@ -79,6 +80,6 @@ def test_behind_the_balancer_an_overloaded_fleet_and_a_killed_one_cost_only_the_
     print(f"\none fleet {per_fleet:.1f} req/s; through the balancer {fault['balancer']['statuses']}, "
           f"503 share {100 * (fault['refused_share'] or 0):.2f}%, {fault['failed']} failed "
           f"({fault['failed_open_at_kill']} open on the killed fleet: {fault['failed_examples']}); fleet 1's own "
-          f"clients {fault['fleet1_direct']['statuses']}")
+          f"clients {fault['fleet1_direct']['statuses']}; HAProxy {fault['haproxy']}")
     assert fault["requests"] >= 20 and fault["balancer"]["ok"] > 0
     assert all(checks.values()), checks
