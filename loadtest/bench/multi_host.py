@@ -405,15 +405,17 @@ async def redis_restart(site: Site, runner: Runner, step: Step, offset: int, rtt
 
 
 def crossover(slices: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per load: p95 first audio of the shared shape minus the independent one's, at each round trip,
-    and the round trip where the difference crosses zero (linear between measured points; None when
-    it does not cross within them, with the side it stays on)."""
+    """Per load: p95 first audio of the shared shape minus the independent one's (the mean of its
+    slices) at each round trip the link was measured to have (PING through it: under a loaded
+    machine the relay's wake-ups add to the set delay), and the round trip where the difference
+    crosses zero (linear between measured points; None when it does not cross within them, with the
+    side it stays on)."""
     out: dict[str, Any] = {}
     for load in sorted({s["load"] for s in slices}):
         indep = [s["ttfa_s"]["p95"] for s in slices if s["load"] == load and s["shape"] == "independent"
                  and s["ttfa_s"]["p95"] is not None]
         base = sum(indep) / len(indep) if indep else None
-        points = sorted((s["set_rtt_ms"], s["ttfa_s"]["p95"] - base) for s in slices
+        points = sorted((s["link_rtt_ms"], s["ttfa_s"]["p95"] - base) for s in slices
                         if s["load"] == load and s["shape"] == "shared" and s["ttfa_s"]["p95"] is not None
                         and base is not None)
         cross = None
@@ -424,8 +426,18 @@ def crossover(slices: list[dict[str, Any]]) -> dict[str, Any]:
         side = None if cross is not None or not points else (
             "shared slower at every measured round trip" if all(d > 0 for _, d in points)
             else "shared faster at every measured round trip")
+        # The shared Redis's own ceiling: the audio-s/s at which its CPU would fill one core, and at
+        # which its bytes would fill a 1 Gbit/s link, from what each audio-second cost it here.
+        shared = [s["redis"] for s in slices if s["load"] == load and s["shape"] == "shared" and s.get("redis")
+                  and s["redis"]["cpu_ms_per_audio_s"]]
+        cpu_ms = sum(r["cpu_ms_per_audio_s"] for r in shared) / len(shared) if shared else None
+        per_audio = sum(r["bytes_per_audio_s"] for r in shared) / len(shared) if shared else None
         out[load] = {"independent_p95_s": base, "shared_minus_independent_p95_s": points,
-                     "crossover_rtt_ms": cross, "no_crossover": side}
+                     "crossover_rtt_ms": cross, "no_crossover": side,
+                     "shared_redis_cpu_ms_per_audio_s": cpu_ms,
+                     "shared_redis_core_full_at_audio_s_per_s": 1000 / cpu_ms if cpu_ms else None,
+                     "shared_redis_bytes_per_audio_s": per_audio,
+                     "gigabit_full_at_audio_s_per_s": 1e9 / 8 / per_audio if per_audio else None}
     return out
 
 
@@ -451,10 +463,15 @@ def report(result: dict[str, Any]) -> str:
              f"({result['capacity_audio_s_per_s']:.1f} audio-s/s)"]
     lines += [slice_line(s) for s in result["slices"]]
     for load, c in result["crossover"].items():
-        pts = ", ".join(f"{r:g} ms: {d * 1000:+.0f} ms" for r, d in c["shared_minus_independent_p95_s"])
-        where = (f"crossover at {c['crossover_rtt_ms']:.1f} ms" if c["crossover_rtt_ms"] is not None
+        pts = ", ".join(f"{r:.1f} ms: {d * 1000:+.0f} ms" for r, d in c["shared_minus_independent_p95_s"])
+        where = (f"crossover at {c['crossover_rtt_ms']:.1f} ms round trip" if c["crossover_rtt_ms"] is not None
                  else c["no_crossover"])
         lines.append(f"{load}: shared minus independent p95 first audio by round trip: {pts}; {where}")
+        if c["shared_redis_cpu_ms_per_audio_s"]:
+            lines.append(f"  the shared Redis spent {c['shared_redis_cpu_ms_per_audio_s']:.2f} ms CPU and moved "
+                         f"{c['shared_redis_bytes_per_audio_s'] / 1000:.0f} kB per audio-second: one core full at "
+                         f"{c['shared_redis_core_full_at_audio_s_per_s']:.0f} audio-s/s, a 1 Gbit/s link at "
+                         f"{c['gigabit_full_at_audio_s_per_s']:.0f}")
     rr = result["redis_restart"]
     lines.append(f"shared Redis killed and restarted (down {rr['down_s']:.1f} s) under {rr['rate_per_s']:.1f} "
                  f"req/s at {rr['set_rtt_ms']:g} ms: {rr['failed']} of {rr['requests']} requests failed "
@@ -480,14 +497,14 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     colors = {"independent": "tab:green", "shared": "tab:blue"}
     for ax, load in zip(axes[:2], ("steady", "overload")):
         for shape in ("independent", "shared"):
-            pts = sorted((s["set_rtt_ms"], s["ttfa_s"]["p95"] * 1000) for s in result["slices"]
+            pts = sorted((s["link_rtt_ms"], s["ttfa_s"]["p95"] * 1000) for s in result["slices"]
                          if s["load"] == load and s["shape"] == shape and s["ttfa_s"]["p95"] is not None)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors[shape], label=shape)
         c = result["crossover"].get(load, {})
         if c.get("crossover_rtt_ms") is not None:
             ax.axvline(c["crossover_rtt_ms"], color="grey", ls=":", label=f"crossover {c['crossover_rtt_ms']:.1f} ms")
-        ax.set_xlabel("Redis link round trip (ms)")
+        ax.set_xlabel("Redis link round trip, measured by PING (ms)")
         ax.set_ylabel("first audio p95 (ms)")
         ax.set_title(f"{load} load", fontsize=9)
         ax.legend(fontsize=8)
