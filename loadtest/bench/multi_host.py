@@ -418,21 +418,34 @@ def crossover(slices: list[dict[str, Any]]) -> dict[str, Any]:
         points = sorted((s["link_rtt_ms"], s["ttfa_s"]["p95"] - base) for s in slices
                         if s["load"] == load and s["shape"] == "shared" and s["ttfa_s"]["p95"] is not None
                         and base is not None)
+        # The independent shape's own p95 moves from slice to slice with the machine: a difference
+        # within that spread is noise, not a crossing.
+        spread = max(indep) - min(indep) if len(indep) > 1 else 0.0
         cross = None
-        for (r0, d0), (r1, d1) in zip(points, points[1:]):
-            if d0 <= 0 < d1:
-                cross = r0 + (r1 - r0) * (-d0) / (d1 - d0)
-                break
-        side = None if cross is not None or not points else (
-            "shared slower at every measured round trip" if all(d > 0 for _, d in points)
-            else "shared faster at every measured round trip")
+        if not all(abs(d) <= spread for _, d in points):
+            for (r0, d0), (r1, d1) in zip(points, points[1:]):
+                if d0 <= 0 < d1:
+                    cross = r0 + (r1 - r0) * (-d0) / (d1 - d0)
+                    break
+        if cross is not None or not points:
+            side = None
+        elif all(abs(d) <= spread for _, d in points):
+            side = (f"no difference beyond the independent shape's own slice-to-slice spread "
+                    f"({spread * 1000:.0f} ms) at any measured round trip")
+        elif all(d > 0 for _, d in points):
+            side = "shared slower at every measured round trip"
+        elif all(d <= 0 for _, d in points):
+            side = "shared faster at every measured round trip"
+        else:
+            side = "no single crossing: the sign changes back and forth (noise)"
         # The shared Redis's own ceiling: the audio-s/s at which its CPU would fill one core, and at
         # which its bytes would fill a 1 Gbit/s link, from what each audio-second cost it here.
         shared = [s["redis"] for s in slices if s["load"] == load and s["shape"] == "shared" and s.get("redis")
                   and s["redis"]["cpu_ms_per_audio_s"]]
         cpu_ms = sum(r["cpu_ms_per_audio_s"] for r in shared) / len(shared) if shared else None
         per_audio = sum(r["bytes_per_audio_s"] for r in shared) / len(shared) if shared else None
-        out[load] = {"independent_p95_s": base, "shared_minus_independent_p95_s": points,
+        out[load] = {"independent_p95_s": base, "independent_p95_spread_s": spread,
+                     "shared_minus_independent_p95_s": points,
                      "crossover_rtt_ms": cross, "no_crossover": side,
                      "shared_redis_cpu_ms_per_audio_s": cpu_ms,
                      "shared_redis_core_full_at_audio_s_per_s": 1000 / cpu_ms if cpu_ms else None,
@@ -549,11 +562,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=None, help="result.json, report.txt, multi_host.png (default: none written)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--from-result", metavar="RESULT.json",
+                   help="measure nothing: rebuild the crossover, report.txt and the plot of an earlier run")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_result:
+        result = json.loads(Path(args.from_result).read_text())
+        result["crossover"] = crossover(result["slices"])
+        return write_outputs(result, args.out_dir or str(Path(args.from_result).parent))
     from loadtest.hosts import namespaces_available
 
     if (why := namespaces_available()) is not None:
@@ -573,10 +592,14 @@ def main(argv: list[str] | None = None) -> int:
                   texts=args.texts, sim=f"{args.sim_chunk_ms:g} ms + {args.sim_phoneme_ms:g} ms x phonemes per chunk",
                   haproxy=subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.splitlines()[0],
                   wall_s=time.monotonic() - started)
+    return write_outputs(result, args.out_dir)
+
+
+def write_outputs(result: dict[str, Any], out_dir: str | None) -> int:
     text = report(result)
     print(text)
-    if args.out_dir:
-        out = Path(args.out_dir)
+    if out_dir:
+        out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_result(result, out / "result.json")
         (out / "report.txt").write_text(text + "\n")
