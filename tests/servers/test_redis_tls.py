@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.speech.redis_link import connect, read_replicas
+from api.speech.redis_link import RedisMisconfigured, check_at_start, connect, read_replicas
 from loadtest.dispatch import FleetProcess
 from tls_redis import TestAuthority, TlsRedis
 
@@ -61,19 +61,20 @@ def test_a_fleet_serves_through_a_tls_redis_with_an_acl_user(tls_redis, tmp_path
     with FleetProcess(2, redis_url=tls_redis.url, env=env, log_dir=tmp_path, name="tls") as fleet:
         body = {"model": "kokoro", "voice": "af_heart", "input": "Over TLS to the queue.", "response_format": "pcm"}
         answers = [httpx.post(fleet.url + "/v1/audio/speech", json=body, timeout=60) for _ in range(4)]
-        health = httpx.get(fleet.url + "/health", timeout=10).text
+        health_page = httpx.get(fleet.url + "/health", timeout=10)
+        health = health_page.text
         rows = asyncio.run(replicas(tls_redis.url, ca))
         log = fleet.log(tail=10**6)
     print(f"\n{len(answers)} requests through rediss:// with an ACL user: statuses "
           f"{[a.status_code for a in answers]}; {sum(r.jobs_done for r in rows)} chunk jobs in the TLS Redis's table")
     assert [a.status_code for a in answers] == [200] * 4 and all(len(a.content) > 0 for a in answers)
     assert len(rows) == 2 and sum(r.jobs_done for r in rows) >= 4  # the jobs went through that Redis
-    assert "degraded" not in health.lower() or '"degraded":false' in health.replace(" ", "").lower()
+    assert health_page.json()["mode"] == "fleet"  # on the TLS Redis, not serving alone (degraded)
     assert PASSWORD not in log and PASSWORD not in health
 
 
-@pytest.mark.parametrize("case", ["wrong password", "another authority", "missing CA file"])
-def test_a_wrong_password_or_certificate_stops_the_start_naming_the_url_without_its_secret(tls_redis, case):
+def bad(tls_redis, case: str) -> tuple[str, str]:
+    """(URL, CA file) that the TLS Redis must refuse for `case`."""
     url, ca = tls_redis.url, str(tls_redis.authority.ca)
     if case == "wrong password":
         url = url.replace(PASSWORD, PASSWORD[::-1])
@@ -81,12 +82,31 @@ def test_a_wrong_password_or_certificate_stops_the_start_naming_the_url_without_
         ca = str(tls_redis.authority.other_ca)
     else:
         ca = str(tls_redis.authority.dir / "absent.crt")
+    return url, ca
+
+
+EXPECTED = {"wrong password": "refused this fleet", "another authority": "TLS handshake",
+            "missing CA file": "does not exist"}
+
+
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_a_wrong_password_or_certificate_is_refused_naming_the_url_without_its_secret(tls_redis, case, monkeypatch):
+    url, ca = bad(tls_redis, case)
+    monkeypatch.setenv("KOKORO_REDIS_TLS_CA_FILE", ca)
+    with pytest.raises(RedisMisconfigured) as refused:
+        check_at_start(url)
+    message = str(refused.value)
+    print(f"\n{case}: {message}")
+    assert f"rediss://fleet:***@127.0.0.1:{tls_redis.port}/0" in message and EXPECTED[case] in message
+    assert PASSWORD not in message and PASSWORD[::-1] not in message
+
+
+def test_serve_stops_at_start_on_a_wrong_password_and_never_prints_it(tls_redis):
+    url, ca = bad(tls_redis, "wrong password")
     done = serve_start_error(url, ca)
     output = done.stdout + done.stderr
-    print(f"\n{case}: exit {done.returncode}: {output.strip().splitlines()[-1]}")
+    print(f"\nexit {done.returncode}: {output.strip().splitlines()[-1]}")
     assert done.returncode != 0
-    assert f"rediss://fleet:***@127.0.0.1:{tls_redis.port}/0" in output
+    assert f"rediss://fleet:***@127.0.0.1:{tls_redis.port}/0" in output and "refused this fleet" in output
     assert PASSWORD not in output and PASSWORD[::-1] not in output
-    assert {"wrong password": "refused this fleet", "another authority": "TLS handshake",
-            "missing CA file": "does not exist"}[case] in output
     assert "Uvicorn running" not in output and "Started server process" not in output
