@@ -163,8 +163,9 @@ def redacted_url(url: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
+        # A lone `secret@host` is hidden whole: redis-py reads it as a user name, other clients as the password.
         user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
-        netloc = f"{user}:***@{host}" if user or ":" in userinfo or userinfo else host
+        netloc = f"{user}:***@{host}" if userinfo else host
     query = "&".join(f"{k}=***" if k.lower() == "password" else f"{k}={v}"
                      for k, v in parse_qsl(parts.query, keep_blank_values=True))
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

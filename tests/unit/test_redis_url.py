@@ -12,7 +12,7 @@ from api.speech.redis_link import redacted_url, tls_options
 @pytest.mark.parametrize("url, shown", [
     ("rediss://fleet:pa55@10.0.0.5:6380/0", "rediss://fleet:***@10.0.0.5:6380/0"),
     ("redis://:pa55@redis:6379/0", "redis://:***@redis:6379/0"),
-    ("redis://pa55@redis:6379", "redis://:***@redis:6379"),  # redis-py reads a lone userinfo as the password
+    ("redis://pa55@redis:6379", "redis://:***@redis:6379"),  # a lone userinfo: some clients read it as the password
     ("redis://redis:6379/0?password=pa55&db=1", "redis://redis:6379/0?password=***&db=1"),
     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     ("unix:///tmp/kokoro-redis-x/redis.sock?db=0", "unix:///tmp/kokoro-redis-x/redis.sock?db=0"),
