@@ -15,8 +15,9 @@ REFERENCE_SPEC ?= kokoro==0.9.4 loguru
 # Serving: espeak-ng reads what the lexicons lack, redis-server is the fleet's embedded queue.
 APT_PACKAGES ?= espeak-ng redis-server
 # Tests only: shellcheck (tests/servers/test_deploy.py lints docker/entrypoint.sh), chromium
-# (tests/servers/test_playground.py drives the playground page in it), hey (test_fleet_serve.py).
-TEST_APT_PACKAGES ?= hey shellcheck chromium
+# (tests/servers/test_playground.py drives the playground page in it), hey (test_fleet_serve.py),
+# haproxy and openssl (test_multi_host.py's balancer, test_redis_tls.py's certificate authority).
+TEST_APT_PACKAGES ?= hey shellcheck chromium haproxy openssl
 TEST_STAMP := $(VENV)/.installed-test
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo)
 PORT ?= 8880

@@ -288,6 +288,11 @@ def run(args: argparse.Namespace) -> int:
             os.environ.pop("REDIS_URL", None)
             log.info("baseline: one process, one model, no queue, chunks four at a time")
         elif settings.queue_url:
+            from api.speech.redis_link import check_at_start
+
+            # A wrong password or certificate stops here, naming the URL without its secret.
+            if warning := check_at_start(settings.queue_url):
+                log.warning(warning)
             log.info("fleet of %d workers on the Redis at REDIS_URL (%s dispatch)", workers, settings.dispatch)
         elif workers > 1:
             redis = EmbeddedRedis().start()

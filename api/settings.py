@@ -254,7 +254,21 @@ class Settings:
 
     # --- fleet and queue ---
     queue_url: str = setting(
-        "REDIS_URL", "", "External Redis URL; empty: the fleet starts and owns an embedded Redis server.")
+        "REDIS_URL", "",
+        "External Redis URL (`redis://`, `rediss://` for TLS, `redis://user:password@host:6379/0` for an ACL user); "
+        "empty: the fleet starts and owns an embedded Redis server. `serve` refuses to start when that Redis "
+        "refuses the password or the TLS certificate (the error names the URL without its password); one that "
+        "is only unreachable is waited for, each worker serving its own requests meanwhile.")
+    redis_tls_ca_file: str = setting(
+        "KOKORO_REDIS_TLS_CA_FILE", "",
+        "For a `rediss://` REDIS_URL: the certificate authority (PEM) that the Redis server's certificate must "
+        "chain to, and whose certificate must name the URL's host (empty: the system's trusted authorities).")
+    redis_tls_cert_file: str = setting(
+        "KOKORO_REDIS_TLS_CERT_FILE", "",
+        "For a `rediss://` REDIS_URL whose server asks clients for a certificate (`tls-auth-clients yes`): this "
+        "fleet's certificate (PEM), with KOKORO_REDIS_TLS_KEY_FILE (empty: none offered).")
+    redis_tls_key_file: str = setting(
+        "KOKORO_REDIS_TLS_KEY_FILE", "", "The private key (PEM) of KOKORO_REDIS_TLS_CERT_FILE.")
     queue_max_requests: int = setting(
         "KOKORO_QUEUE_MAX_REQUESTS", 0,
         "Requests admitted at once across the whole fleet (shared queue); beyond it 503 with Retry-After "

@@ -67,15 +67,17 @@ class FleetProcess:
 
     def __init__(self, workers: int = 2, *, dispatch: str = "shared", weights: str = "tiny",
                  redis_url: str | None = None, baseline: bool = False, env: dict[str, str] | None = None,
-                 log_dir: str | Path | None = None, name: str = "fleet", engine: str | None = None):
+                 log_dir: str | Path | None = None, name: str = "fleet", engine: str | None = None,
+                 host: str = "127.0.0.1", launch: list[str] | None = None):
         """engine: `--engine` of serve (`sim`: the simulated engine, worker/sim_engine.py); None: the
-        environment's KOKORO_ENGINE, else the real model."""
+        environment's KOKORO_ENGINE, else the real model. host, launch: another host's address and the
+        command that runs a process there (loadtest/hosts.py: `ip netns exec NAME`)."""
         self.workers = 1 if baseline else workers
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.name = name
-        self.args = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                     "--weights", weights]
+        self.args = [*(launch or []), sys.executable, "-m", "api.cli", "serve", "--host", host,
+                     "--port", str(self.port), "--weights", weights]
         self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
         if redis_url:
             self.args += ["--redis-url", redis_url]

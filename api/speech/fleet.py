@@ -49,7 +49,8 @@ from api.speech.dispatcher import Dispatcher, DispatcherConfig, NoReplica, Repli
 from api.speech.fleet_admission import FleetAdmission, FleetCounters, FleetPlan
 from api.speech.fleet_figures import STATS_REFRESH_S, FleetFigures, FleetSnapshot
 from api.speech.local import SpeechService
-from api.speech.redis_link import DEFAULT_PREFIX, connect, open_connections, stop_if_cancelled, worker_id
+from api.speech.redis_link import (DEFAULT_PREFIX, connect, open_connections, redacted_url, stop_if_cancelled,
+                                    worker_id)
 from api.speech.worker_queue import WorkerQueueOwner
 from worker.audio import SECONDS_PER_PHONEME, from_pcm16
 from worker.text import Chunk
@@ -111,7 +112,7 @@ class FleetSpeechService:
         self.dispatcher.start()
         self._tasks.append(asyncio.create_task(self._housekeeping(), name=f"fleet-housekeeping-{self.name}"))
         log.info("fleet worker %s: %s dispatch through %s (bounds %s)", self.name, self.dispatch,
-                 _redacted(self.redis_url), self.admission.bounds)
+                 redacted_url(self.redis_url), self.admission.bounds)
         return self
 
     async def aclose(self) -> None:
@@ -238,11 +239,3 @@ class QueuedAudio:
                 self.failed = True
                 raise
         return await self.fleet.local.synthesize_chunk(plan, index, chunk)
-
-
-def _redacted(url: str) -> str:
-    """A Redis URL fit for a log line (no password)."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest

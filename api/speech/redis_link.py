@@ -22,9 +22,11 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -119,9 +121,10 @@ def connect(url: str = "redis://127.0.0.1:6379/0", *, connect_timeout_s: float =
             socket_timeout_s: float = 5.0) -> aioredis.Redis:
     """An asyncio Redis client that fails fast: one immediate retry (a pooled connection that a
     Redis restart broke), then `ConnectionError`. redis-py's default retries back off for seconds,
-    which would hold a request instead of letting its worker fall back. `rediss://` URLs and
-    passwords in the URL work as redis-py parses them. `socket_timeout_s` must exceed the longest
-    blocking read (BLPOP) the clients issue."""
+    which would hold a request instead of letting its worker fall back. A user and password in the
+    URL work as redis-py parses them; a `rediss://` URL verifies the server against
+    KOKORO_REDIS_TLS_CA_FILE (`tls_options`). `socket_timeout_s` must exceed the longest blocking
+    read (BLPOP) the clients issue."""
     return aioredis.Redis.from_url(
         url,
         socket_connect_timeout=connect_timeout_s,
@@ -129,8 +132,101 @@ def connect(url: str = "redis://127.0.0.1:6379/0", *, connect_timeout_s: float =
         retry=Retry(ConstantBackoff(0.05), 1),
         retry_on_error=[RedisConnectionError],
         health_check_interval=0,
+        **tls_options(url),
         **_DRIVER_INFO,
     )
+
+
+# --- a Redis on another machine: TLS, the password, and what a wrong one says ----------------------
+
+def tls_options(url: str) -> dict[str, str]:
+    """redis-py's TLS arguments for `url` from the settings: the CA the server's certificate must
+    chain to (and name the URL's host), and this fleet's own certificate when the server asks."""
+    if not url.startswith("rediss://"):
+        return {}
+    from api.settings import Settings
+
+    s = Settings.from_env(only=("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file"))
+    options = {"ssl_cert_reqs": "required"}
+    for name, value in (("ssl_ca_certs", s.redis_tls_ca_file), ("ssl_certfile", s.redis_tls_cert_file),
+                        ("ssl_keyfile", s.redis_tls_key_file)):
+        if value:
+            options[name] = value
+    return options
+
+
+def redacted_url(url: str) -> str:
+    """A Redis URL fit for a log line or an error: the user stays, the password does not."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc and "password=" not in parts.query.lower():
+        return url  # nothing secret (and a unix:// path stays as written)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        # A lone `secret@host` is hidden whole: redis-py reads it as a user name, other clients as the password.
+        user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+        netloc = f"{user}:***@{host}" if userinfo else host
+    query = "&".join(f"{k}=***" if k.lower() == "password" else f"{k}={v}"
+                     for k, v in parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class RedisMisconfigured(SystemExit):
+    """The Redis at REDIS_URL answers but refuses this fleet (password, ACL rights, TLS certificate):
+    a start-up error, since waiting would never help."""
+
+
+def check_at_start(url: str, timeout_s: float = 5.0) -> str:
+    """Before the workers start: raise `RedisMisconfigured` when the Redis at `url` refuses the
+    password, the ACL user's rights to run the queue's scripts, or the TLS handshake; return a
+    warning line when it is only unreachable (the workers serve locally until it answers), else ''.
+    Neither names the password."""
+    from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+
+    async def probe() -> None:
+        client = connect(url, connect_timeout_s=timeout_s, socket_timeout_s=timeout_s)
+        try:
+            await client.ping()
+            await client.eval("return 1", 0)  # the queue is Lua: an ACL user without scripting is refused now
+        finally:
+            await client.aclose()
+
+    where = redacted_url(url)
+    secret = urlsplit(url).password or ""
+    for option, path in tls_options(url).items():
+        if option != "ssl_cert_reqs" and not Path(path).is_file():
+            raise RedisMisconfigured(f"kokoro-fleet serve: the TLS file {path} for the Redis at {where} does not "
+                                     "exist (KOKORO_REDIS_TLS_CA_FILE, KOKORO_REDIS_TLS_CERT_FILE, "
+                                     "KOKORO_REDIS_TLS_KEY_FILE)")
+    try:
+        asyncio.run(probe())
+    except (AuthenticationError, NoPermissionError, ResponseError) as e:
+        raise RedisMisconfigured(f"kokoro-fleet serve: the Redis at {where} refused this fleet: "
+                                 f"{_hidden(str(e), secret)} (check the user and password in REDIS_URL and "
+                                 "that user's ACL rights: the queue runs Lua scripts)") from None
+    except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+        tls = _tls_cause(e)
+        if tls is not None:
+            raise RedisMisconfigured(f"kokoro-fleet serve: the TLS handshake with the Redis at {where} failed: "
+                                     f"{_hidden(str(tls), secret)} (KOKORO_REDIS_TLS_CA_FILE must hold the "
+                                     "authority that signed the server's certificate, and the certificate must "
+                                     "name the URL's host)") from None
+        return f"the Redis at {where} does not answer yet ({_hidden(str(e), secret)}): serving locally until it does"
+    return ""
+
+
+def _tls_cause(error: BaseException) -> BaseException | None:
+    """The TLS failure behind a connection error, if that is what it was."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _hidden(text: str, secret: str) -> str:
+    return text.replace(secret, "***") if secret else text
 
 
 async def open_connections(client: aioredis.Redis, count: int) -> None:
