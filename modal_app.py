@@ -639,7 +639,9 @@ class FleetReadiness:
     def __str__(self) -> str:
         if not self.status:
             return "not answering"
-        return f"/ready {self.status}, {self.ready} of {self.planned} replicas serving"
+        if self.status != 200:
+            return f"/ready answers {self.status}"
+        return f"{self.ready} of {self.planned} replicas serving"
 
 
 class ContainerFleet:
