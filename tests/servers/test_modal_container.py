@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -110,11 +112,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fake_fleet_env(tmp_path: Path, **modal_fields: str) -> dict[str, str]:
+def fake_fleet_env(tmp_path: Path, fake: bool = True, **modal_fields: str) -> dict[str, str]:
+    """The container's environment: the fake `kokoro-fleet` first on PATH (or, `fake=False`, this
+    venv's real one), no KOKORO_* of this shell, the deployment's fields as KOKORO_MODAL_*."""
     bin_dir = tmp_path / "bin"
-    install_fake_kokoro_fleet(bin_dir, FAKE_SERVE)
+    if fake:
+        install_fake_kokoro_fleet(bin_dir, FAKE_SERVE)
+    else:
+        bin_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KOKORO_", "REDIS_URL"))}
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    env["PATH"] = f"{bin_dir}:{Path(sys.executable).parent}:{env['PATH']}"
     env.update({f"KOKORO_MODAL_{name.upper()}": value for name, value in modal_fields.items()})
     return env
 
@@ -123,10 +130,10 @@ class Container:
     """`api_keys`: what the deployment's API key secret gives the container (KOKORO_API_KEYS)."""
 
     def __init__(self, tmp_path: Path, api_keys: str = "test:secret-key", env: dict[str, str] | None = None,
-                 volume: Path | None = None, **modal_fields: str):
+                 volume: Path | None = None, fake: bool = True, **modal_fields: str):
         self.state = tmp_path / "bin"
         self.port = free_port()
-        env = {**fake_fleet_env(tmp_path, compile_cache_volume="", port=str(self.port), **modal_fields),
+        env = {**fake_fleet_env(tmp_path, fake, compile_cache_volume="", port=str(self.port), **modal_fields),
                **({"KOKORO_API_KEYS": api_keys} if api_keys else {}), **(env or {})}
         self.process = subprocess.Popen([sys.executable, "-c", CONTAINER, str(ROOT), str(ROOT / "docker" / "entrypoint.sh"),
                                          *([str(volume)] if volume else [])],
@@ -152,8 +159,14 @@ class Container:
         (self.state / name).touch()
 
     def kill(self) -> None:
+        """End the container as Modal would (SIGTERM: its exit methods drain the fleet), killing it
+        only if that does not end it."""
         if self.process.poll() is None:
-            self.process.kill()
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(EVENT_DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
         self.process.wait(30)
 
 
@@ -403,5 +416,123 @@ def test_a_private_deployment_without_keys_does_not_start(tmp_path):
         container.wait_for("this deployment is private but its secret 'kokoro-api-keys' gives no KOKORO_API_KEYS")
         assert container.process.wait(EVENT_DEADLINE_S) != 0
         assert not any("FAKE:" in line or "entrypoint: starting" in line for line in container.lines)
+    finally:
+        container.kill()
+
+
+# --- the real fleet: two replicas, one held back --------------------------------------------------
+
+# Put on PYTHONPATH, this holds back the first worker process to build its speech service until
+# the file `release` appears in KOKORO_TEST_HOLD_DIR: a replica whose start (a compile) takes long.
+# The test's own hook, outside the server's code and settings.
+HOLD_HOOK = r'''
+import os, sys
+
+HOLD = os.environ.get("KOKORO_TEST_HOLD_DIR")
+if HOLD:
+    import importlib.abc, importlib.machinery
+
+    class HoldOneReplica(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "api.speech.build":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                build = module.build_service
+
+                async def held(*args, **kwargs):
+                    import asyncio
+                    try:
+                        os.close(os.open(os.path.join(HOLD, "held"), os.O_CREAT | os.O_EXCL))
+                    except FileExistsError:
+                        return await build(*args, **kwargs)
+                    print(f"TEST HOOK: holding back the replica of worker {os.getpid()}", flush=True)
+                    while not os.path.exists(os.path.join(HOLD, "release")):
+                        await asyncio.sleep(0.1)
+                    return await build(*args, **kwargs)
+                module.build_service = held
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, HoldOneReplica())
+'''
+
+
+def ready_now(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, {}
+    except (urllib.error.URLError, OSError):
+        return 0, {}
+
+
+def call(port: int, path: str, key: str | None = None, body: dict | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=EVENT_DEADLINE_S) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+@pytest.mark.slow
+def test_a_real_fleet_of_two_replicas_is_ready_cached_and_private_only_as_a_whole(tmp_path):
+    """The emulated container, deployed with no override, on the real entrypoint and a real
+    `kokoro-fleet serve` of two workers with a replica each (tiny weights on the CPU), one replica
+    held back: while it is, a worker answers /ready 200 (one of two replicas serving) but `serve`
+    does not return and no compile cache is stored; once it serves, both happen. The fleet refuses
+    a speech request and /metrics without the key, and serves both with it; on stop it drains."""
+    hook, hold, volume = tmp_path / "hook", tmp_path / "hold", tmp_path / "volume"
+    for directory in (hook, hold, volume, tmp_path / "local-compile"):
+        directory.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_HOOK)
+    (tmp_path / "local-compile" / "bf16-decoder.done").touch()  # what a GPU fleet would have compiled
+    env = {"KOKORO_DEVICE": "cpu", "KOKORO_WEIGHTS": "tiny", "KOKORO_THREADS": "1", "KOKORO_TEST_HOLD_DIR": str(hold),
+           "KOKORO_CACHE_DIR": os.environ.get("KOKORO_CACHE_DIR", str(Path.home() / ".cache" / "kokoro-fleet")),
+           "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)])}
+    container = Container(tmp_path, env=env, volume=volume, fake=False, workers="2", ready_wait_seconds="140.0",
+                          drain_seconds="5.0")
+    try:
+        container.wait_for("TEST HOOK: holding back the replica of worker")
+        deadline = time.monotonic() + 600  # two replicas loading on a busy 2-core machine
+        partial = 0
+        while partial < 5 and time.monotonic() < deadline:  # today's `serve` returned at the first of these
+            status, body = ready_now(container.port)
+            if status == 200:
+                assert (body["replicas_planned"], body["replicas_ready"]) == (2, 1), body
+                partial += 1
+            time.sleep(0.3)
+        assert partial == 5, "the replica not held back never became ready"
+        assert not any("TEST: serve returned" in line for line in container.lines), "serve returned on one replica"
+        assert not any(volume.iterdir()), "a compile cache was stored from one of two replicas"
+
+        (hold / "release").touch()
+        container.wait_for("TEST: serve returned")
+        summary = container.wait_for("modal_app: start-up: every replica ready")
+        assert "weights and engine" in summary, summary
+        container.wait_for("compile cache stored in the Volume")
+        marker = json.loads(next(volume.glob(f"*/{load_modal_app().CompileCacheSync.MARKER}")).read_text())
+        assert marker["replicas"] == 2
+
+        speech = {"model": "kokoro", "input": "Hello there.", "voice": "af_heart", "response_format": "wav"}
+        assert call(container.port, "/v1/audio/speech", body=speech)[0] == 401
+        assert call(container.port, "/metrics")[0] == 401
+        assert json.loads(call(container.port, "/health")[1]) == {"status": "ok"}
+        status, audio = call(container.port, "/v1/audio/speech", key="secret-key", body=speech)
+        assert status == 200 and audio[:4] == b"RIFF" and len(audio) > 1000
+        status, metrics = call(container.port, "/metrics", key="secret-key")
+        assert status == 200 and b"kokoro_replicas_ready 2" in metrics
+
+        container.process.send_signal(signal.SIGTERM)
+        container.wait_for("TEST: exit methods done")
+        assert container.process.wait(EVENT_DEADLINE_S) == 0
     finally:
         container.kill()
