@@ -289,6 +289,12 @@ def test_modal_weights_volume_switch_mounts_a_volume_read_only_instead_of_baking
     # the compile cache is written by the container that fills it; the filler writes the weights
     assert not mounted_read_only(volumes[app.COMPILE_VOLUME_DIR])
     assert not mounted_read_only(function_definition(app.fill_weights_volume)["spec"].volumes[app.WEIGHTS_DIR])
+    # Looked up by name, never created: a typo fails `modal deploy` (Modal resolves the name then)
+    # instead of mounting an empty Volume that crash-loops every container.
+    from modal._utils.async_utils import synchronizer
+
+    lookup = inspect.getclosurevars(synchronizer._translate_in(app.weights_volume)._load).nonlocals
+    assert lookup["name"] == "kokoro-weights" and lookup["create_if_missing"] is False
     commands = image_commands(app.image)
     assert not any("download_official" in c or "prepare_offline" in c for c in commands)
 
@@ -383,6 +389,7 @@ for name, value in vars(module).items():
             declared.update(load() if load else {})
         functions[name] = declared
 print(json.dumps({"deployment": dataclasses.asdict(module.CONFIG), "functions": functions,
+                  "server_environment": module.CONFIG.server_environment(),
                   "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
 """
 
@@ -391,7 +398,8 @@ def import_report(path: Path, env: dict[str, str], cwd: Path) -> dict:
     result = subprocess.run([sys.executable, "-c", IMPORT_REPORT, str(path)], capture_output=True, text=True,
                             env=env, cwd=cwd, timeout=120)
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])  # after the settings a deploy prints
+    *printed, report = result.stdout.strip().splitlines()  # the settings a deploy prints, then the report
+    return {**json.loads(report), "printed": "\n".join(printed)}
 
 
 def shell_environment(**overrides: str) -> dict[str, str]:
@@ -433,6 +441,48 @@ def test_a_container_reimporting_modal_app_sees_the_deployment_that_was_deployed
         assert not differing, f"{function}'s container runs another deployment (deployed, seen): {differing}"
         assert set(seen["functions"]) == set(deployed["functions"]), function
         assert seen["functions"] == deployed["functions"]
+
+
+def test_the_settings_file_is_what_the_container_sees_and_the_environment_overrides_it(tmp_path):
+    """deploy/modal.toml's round trip: what a settings file says is what every function's container
+    runs with, down to the environment the fleet is started with (MPS, replicas, batch, arithmetic);
+    a KOKORO_MODAL_* variable overrides one key for one command, and the deploy prints both."""
+    settings = tmp_path / "modal.toml"
+    settings.write_text('[deployment]\nworkers = 4\nmps = "off"\nreplicas = 2\nbatch_max = 8\narithmetic = "fast"\n'
+                        'max_requests = 40\npublic = true\napi_key_secret = ""\nready_wait_seconds = 80\n')
+    for overrides, replicas in (({}, "2"), ({"replicas": "1", "mps": "on"}, "1")):
+        env = {**shell_environment(**overrides), "KOKORO_MODAL_SETTINGS": str(settings)}
+        deployed = import_report(ROOT / "modal_app.py", env, cwd=ROOT)
+        d = deployed["deployment"]
+        assert (d["workers"], d["batch_max"], d["arithmetic"], d["max_requests"], d["public"]) == (4, 8, "fast", 40, True)
+        assert d["ready_wait_seconds"] == 80.0 and d["api_key_secret"] == ""
+        assert (str(d["replicas"]), d["mps"]) == (replicas, overrides.get("mps", "off"))
+        printed = deployed["printed"]
+        assert "modal_app: deploying kokoro-fleet" in printed and "  batch_max = 8" in printed, printed
+        assert (f"  replicas = {replicas}   (from the environment)" in printed) == bool(overrides), printed
+        for function in deployed["functions"]:
+            seen = container_reimport(deployed, function, tmp_path)
+            assert seen["deployment"] == d, function
+            assert seen["server_environment"] == deployed["server_environment"], function
+        server = deployed["server_environment"]
+        assert (server["KOKORO_MPS"], server["KOKORO_REPLICAS"], server["KOKORO_BATCH_MAX"],
+                server["KOKORO_STAGE2_ARITHMETIC"], server["KOKORO_WORKERS"]) == (
+            overrides.get("mps", "off"), replicas, "8", "fast", "4")
+        assert not [secret for secret in deployed["functions"].values() if "KOKORO_API_KEYS" in secret]
+
+
+def test_the_repository_settings_file_sets_what_a_gpu_user_needs(monkeypatch, tmp_path):
+    app = load_modal_app(monkeypatch)
+    named = set(tomllib.loads(app.SETTINGS_FILE.read_text())["deployment"])
+    assert {"public", "api_key_secret", "mps", "replicas", "batch_max", "arithmetic", "workers", "max_requests",
+            "max_containers", "gpu"} <= named
+    assert app.Deployment.from_file(app.SETTINGS_FILE, environ={}).public is False, "the repository deploys private"
+    for text, message in (('[deployment]\nreplica = 2\n', "unknown setting"), ('[deployment]\nreplicas = "2"\n', "expected int"),
+                          ('[deployment]\npublic = true\n', "public = true serves without keys"),
+                          ('[deployment]\napi_key_secret = ""\n', "public = false needs api_key_secret")):
+        (tmp_path / "bad.toml").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            app.Deployment.from_file(tmp_path / "bad.toml", environ={})
 
 
 @pytest.mark.parametrize("overrides", [{}, {"weights_volume": "w"}, {"weights": "offline"},
