@@ -349,6 +349,14 @@ def test_modal_image_installs_the_same_steps_as_the_dockerfile(monkeypatch):
     for package in app.APT_PACKAGES:
         assert package in gpu_apt
     assert any(f"apt-get install -y {' '.join(app.APT_PACKAGES)}" in c for c in commands)
+    # Triton builds its kernel launchers with a C compiler against Python.h: both images carry the
+    # compiler and the C library's headers; Python.h is python3.11-dev's in the Dockerfile's image and
+    # comes with add_python's interpreter in Modal's, where the build check proves it at image build.
+    assert set(app.TRITON_BUILD_PACKAGES) <= set(app.APT_PACKAGES) and "gcc" in app.TRITON_BUILD_PACKAGES
+    assert "python3.11-dev" in gpu_apt.split()
+    torch_step = next(i for i, c in enumerate(commands) if f"pip install {app.TORCH_SPEC}" in c)
+    check_step = next(i for i, c in enumerate(commands) if "triton_build_check.py" in c and c.startswith("RUN"))
+    assert check_step > torch_step, "the check must run where Triton is installed"
     # The sources it copies are the Dockerfile's.
     assert set(app.SOURCE_DIRS) | set(app.SOURCE_FILES) == set(dockerfile_copied_sources())
 
