@@ -24,6 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from api.admission import ProcessAdmission
 from api.downloads import DownloadStore, SharedDownloads, default_directory
 from api.errors import install_error_handlers
+from api.keyed_paths import KeyedPaths
 from api.metrics import REFRESH_S, Metrics
 from api.playground import FLEET_PATH, playground_router
 from api.protocol import ErrorResponse
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
     _register_metrics(state)
     app.add_middleware(AccessLogMiddleware, metrics=state.metrics,
                        quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH), engine=settings.engine)
+    app.add_middleware(KeyedPaths, state=state)  # /metrics and the API reference need the key too
     _allow_origins(app, settings.cors_origins)
     for router in (speech_router, caption_router, live_router, voice_router, model_router, status_router,
                    docs_router(app.openapi_url, app.title)):
@@ -180,6 +182,11 @@ def _register_metrics(state: AppState) -> None:
     m.gauge("kokoro_engine_info", "The engine serving: torch (the model) or sim (SIMULATED: no model, synthetic audio "
             "after an assumed GPU time; KOKORO_ENGINE=sim).", lambda: {(engine,): 1.0}, labels=("engine",))
     m.gauge("kokoro_ready", "1 once the weights are loaded and warmed up.", lambda: float(state.ready))
+    # The whole server's readiness, whichever worker answers: /ready's `replicas_*` fields.
+    m.gauge("kokoro_replicas_planned", "Model replicas this server's plan starts (KOKORO_REPLICAS, else one per "
+            "worker).", lambda: float(state.replicas_planned))
+    m.gauge("kokoro_replicas_ready", "Model replicas of this server loaded, warmed up and serving.",
+            lambda: float(state.ready and state.holds_replica()))
     m.gauge("kokoro_admitted_requests", "Speech requests admitted and not yet finished.", lambda: state.admission.admitted)
     if state.api_keys:
         named = [name for name, _ in state.api_keys]

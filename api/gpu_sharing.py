@@ -31,6 +31,10 @@ TIME_SLICED_REPLICAS = 1
 TIME_SLICED_BATCH_MAX = 16
 # Torch's CUDA initialisation in a fresh process, the test that MPS (or the GPU) really serves.
 CUDA_PROBE = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
+# How long that probe may take under a new MPS daemon. A daemon that takes clients but never serves
+# them (seen in sandboxed containers) hangs it: past this the daemon is stopped and the replicas
+# time-slice the GPU, instead of the start failing (and, under an orchestrator, crash-looping).
+MPS_PROBE_TIMEOUT_S = 120.0
 
 
 def mps_daemon_alive(pipe: Path) -> bool:
@@ -87,7 +91,14 @@ class Mps:
             return self._not(f"the daemon did not start (log: {logs})")
         self.started = True
         started = time.perf_counter()
-        probe = subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True, timeout=120)
+        try:
+            probe = subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True,
+                                   timeout=MPS_PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.probe_seconds = time.perf_counter() - started
+            self.stop()
+            return self._not(f"CUDA did not initialise under MPS within {MPS_PROBE_TIMEOUT_S:.0f} s (log: {logs}); "
+                             "daemon stopped")
         self.probe_seconds = time.perf_counter() - started
         if probe.returncode != 0:
             self.stop()

@@ -33,6 +33,7 @@ LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 # How a gauge of several workers adds up (prometheus_client's multiprocess modes); any other gauge
 # is summed over the workers alive. `liveall` keeps one value per worker, which /metrics averages.
 GAUGE_MODES = {"kokoro_ready": "livemin", "kokoro_engine_info": "livemax", "kokoro_fleet_degraded": "livemax",
+               "kokoro_replicas_planned": "livemax",
                "kokoro_fleet_replica_busy_fraction_lifetime": "liveall"}
 # How often a worker copies its callbacks' figures into the shared files for the others' scrapes.
 REFRESH_S = 1.0

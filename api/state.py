@@ -41,6 +41,18 @@ class AppState:
     load_error: str | None = None
     api_keys: tuple[tuple[str, str], ...] = ()  # (name, key): parse_api_keys(KOKORO_API_KEYS)
 
+    @property
+    def replicas_planned(self) -> int:
+        """The replicas this server starts: KOKORO_REPLICAS (`serve` sets it from the GPU plan), else
+        one in every worker."""
+        return max(1, self.settings.replicas or self.settings.workers or 1)
+
+    def holds_replica(self) -> bool:
+        """Whether this worker's service runs a model replica (an HTTP front of the queue runs none)."""
+        from api.speech.dispatcher import NoReplica
+
+        return not isinstance(getattr(self.service, "replica", None), NoReplica)
+
     def metrics_page(self) -> str:
         """/metrics: the whole server's figures, whichever worker a scrape reaches (api.metrics)."""
         return self.metrics.render()

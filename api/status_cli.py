@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -20,6 +21,9 @@ from api.replica_table import ReplicaRow, parse_metrics, rows_from_metrics
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8880", help="a server of the fleet (reads its /metrics)")
+    parser.add_argument("--api-key", default=os.environ.get("KOKORO_API_KEY", ""),
+                        help="a key of the server's KOKORO_API_KEYS: /metrics needs one when they are set "
+                             "(default: KOKORO_API_KEY)")
     parser.add_argument("--redis-url", help="read the fleet's Redis directly instead of a server")
     parser.add_argument("--prefix", default=None, help="queue key prefix (default {kf})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -86,7 +90,9 @@ def read_status(args: argparse.Namespace) -> tuple[list[ReplicaRow], dict]:
 
     base = args.url.rstrip("/")
     try:
-        response = httpx.get(base + "/metrics", timeout=10, trust_env=False)
+        key = getattr(args, "api_key", "")
+        response = httpx.get(base + "/metrics", timeout=10, trust_env=False,
+                             headers={"Authorization": f"Bearer {key}"} if key else {})
         response.raise_for_status()
     except httpx.HTTPError as e:
         raise StatusUnavailable(f"cannot read {base}/metrics: {e}") from None

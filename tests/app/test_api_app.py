@@ -771,13 +771,21 @@ def test_api_keys(caplog):
             for key in ("k2", "k2", "k1"):
                 await c.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"},
                              headers={"Authorization": f"Bearer {key}"})
-            return missing, wrong, right, health, (await c.get("/metrics")).text
+            # /metrics names the keys and their usage, /openapi.json and /docs describe the API: a key each
+            closed = [await c.get(path) for path in ("/metrics", "/openapi.json", "/docs")]
+            keyed_health = await c.get("/health", headers={"Authorization": "Bearer k1"})
+            return (missing, wrong, right, health, closed, keyed_health,
+                    (await c.get("/metrics", headers={"Authorization": "Bearer k1"})).text)
 
     with caplog.at_level(logging.INFO, logger="kokoro_fleet.access"):
-        missing, wrong, right, health, metrics = asyncio.run(go())
+        missing, wrong, right, health, closed, keyed_health, metrics = asyncio.run(go())
     assert assert_openai_error(missing, 401)["code"] == "invalid_api_key"
     assert_openai_error(wrong, 401)
     assert right.status_code == 200 and health.status_code == 200
+    for refused in closed:
+        assert assert_openai_error(refused, 401)["code"] == "invalid_api_key"
+    assert health.json() == {"status": "ok"}, "without a key /health tells only that the process answers"
+    assert keyed_health.json()["ready"] is True and "admitted" in keyed_health.json()
     # usage by the key's name: `reader:k2` is "reader", the unnamed k1 a name from its hash
     unnamed = "key-" + hashlib.sha256(b"k1").hexdigest()[:6]
     assert 'kokoro_key_requests_total{key="reader",status="200"} 3' in metrics  # /v1/models and two speeches
@@ -803,17 +811,19 @@ def test_one_api_key_holds_at_most_its_share_and_gets_429_while_others_are_serve
             def speak(key: str, text: str = long_text):
                 return c.post("/v1/audio/speech", json={"input": text, "response_format": "pcm"},
                               headers={"Authorization": f"Bearer {key}"})
+            def scrape():  # /metrics needs a key too
+                return c.get("/metrics", headers={"Authorization": "Bearer k2"})
             holding = [asyncio.ensure_future(speak("k1")) for _ in range(2)]
             # Until both are admitted (each then streams for about a second), not a fixed time.
             deadline = time.monotonic() + 60
-            during = (await c.get("/metrics")).text
+            during = (await scrape()).text
             while 'kokoro_key_admitted_requests{key="reader"} 2' not in during and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-                during = (await c.get("/metrics")).text
+                during = (await scrape()).text
             third, other = await asyncio.gather(speak("k1", "Again."), speak("k2", "Meanwhile."))
             held = await asyncio.gather(*holding)
             after = await speak("k1", "Later.")  # the reader's places came back
-            return held, third, other, after, during, (await c.get("/metrics")).text
+            return held, third, other, after, during, (await scrape()).text
 
     held, third, other, after, during, metrics = asyncio.run(go())
     assert [r.status_code for r in held] == [200, 200] and other.status_code == 200 and after.status_code == 200

@@ -70,7 +70,7 @@ def test_the_default_server_is_not_simulated():
     seen = asyncio.run(_surfaces(create_app(settings)))
     assert seen["state"].load_error is None and not isinstance(seen["state"].service.replica, SimReplica)
     assert seen["health"]["engine"] == "torch" and "simulated" not in seen["health"]
-    assert seen["ready"].json() == {"status": "ready", "engine": "torch"}
+    assert seen["ready"].json() == {"status": "ready", "replicas_planned": 1, "replicas_ready": 1, "engine": "torch"}
     assert 'kokoro_engine_info{engine="torch"} 1' in seen["metrics"].splitlines()
     assert 'engine="sim"' not in seen["metrics"]
     assert seen["speech"].status_code == 200 and seen["speech"].headers["x-kokoro-engine"] == "torch"

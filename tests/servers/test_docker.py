@@ -367,6 +367,17 @@ def test_the_gpu_image_has_the_cpu_images_python_and_torchs_cuda_13_build(gpu_im
     assert check.returncode == 1 and "GPU: none" in check.stdout, check.stdout + check.stderr
 
 
+def test_the_gpu_image_builds_tritons_kernel_launcher(gpu_image):
+    """torch.compile's first kernel on a GPU has Triton build its launcher, a C extension, with the
+    C compiler against Python.h: Triton's own build function compiles and loads a trivial one in
+    the image (docker/triton_build_check.py, fed on stdin; no GPU needed), as the non-root user."""
+    check = subprocess.run(["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "python", gpu_image, "-"],
+                           input=(ROOT / "docker" / "triton_build_check.py").read_text(), capture_output=True,
+                           text=True, timeout=300)
+    print(check.stdout.strip())
+    assert check.returncode == 0 and "triton build check: ok" in check.stdout, check.stdout + check.stderr
+
+
 def test_the_gpu_image_starts_on_a_cpu_says_it_has_no_gpu_and_serves(gpu_image):
     served = Container(gpu_image, docker_args=("--shm-size", "1g"))
     try:

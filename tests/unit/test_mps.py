@@ -61,3 +61,36 @@ def test_a_live_daemons_pipe_is_used(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(_pipe(tmp_path, os.getpid())))
     monkeypatch.setattr(gpu_sharing.shutil, "which", lambda name: None)
     assert "already runs" in Mps("on").ensure()
+
+
+def _fake_control(tmp_path: Path) -> Path:
+    """An `nvidia-cuda-mps-control` that starts (-d) and records the `quit` it is sent on stdin."""
+    control = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    control.parent.mkdir(parents=True)
+    control.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -d ]]; then exit 0; fi\ncat >> "{tmp_path}/control-input"\n')
+    control.chmod(0o755)
+    return control
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_hung_cuda_probe_under_mps_falls_back_to_time_slicing(mode, tmp_path, monkeypatch):
+    """A daemon that starts but never serves its clients hangs torch's CUDA initialisation: past
+    the probe's timeout `auto` stops the daemon and plans the time-sliced replicas (the start goes
+    on), `on` refuses with the reason; neither raises TimeoutExpired (a crash loop under Modal)."""
+    control = _fake_control(tmp_path)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "pipe"))
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(tmp_path / "log"))
+    monkeypatch.setattr(gpu_sharing.shutil, "which", lambda name: str(control) if name == control.name else None)
+    monkeypatch.setattr(gpu_sharing, "CUDA_PROBE", "import time; time.sleep(600)")  # the hung initialisation
+    monkeypatch.setattr(gpu_sharing, "MPS_PROBE_TIMEOUT_S", 1.0)
+    mps = Mps(mode)
+    if mode == "on":
+        with pytest.raises(SystemExit, match="did not initialise under MPS within 1 s"):
+            mps.ensure()
+    else:
+        said = mps.ensure()
+        assert "did not initialise under MPS within 1 s" in said and "time-slice" in said, said
+        plan = gpu_sharing.plan_replicas(8, 0, 1, mps.active, shared_queue=True, environ={})
+        assert (plan.replicas, plan.batch_max) == (gpu_sharing.TIME_SLICED_REPLICAS, gpu_sharing.TIME_SLICED_BATCH_MAX)
+    assert not mps.active and 1.0 <= mps.probe_seconds < 600
+    assert (tmp_path / "control-input").read_text() == "quit\n", "the daemon that hung the probe must be stopped"
