@@ -372,19 +372,27 @@ def make_replica(dest: Path, python: str, find_links: list[str]) -> int:
         pins.write_text("\n".join(constraints(image, tested=False)) + "\n")
         subprocess.run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--only-binary=:all:",
                         *(a for d in find_links for a in ("--find-links", d)), "-c", str(pins), *wanted], check=True)
-    listed = json.loads(subprocess.run([py, "-m", "pip", "list", "--format", "json"], check=True,
-                                       capture_output=True, text=True).stdout)
-    extra = sorted(norm(p["name"]) for p in listed if norm(p["name"]) not in image)
-    off = sorted(f"{norm(p['name'])} {p['version']} (image {image[norm(p['name'])]})" for p in listed
+    def listed() -> list[dict]:
+        return json.loads(subprocess.run([py, "-m", "pip", "list", "--format", "json"], check=True,
+                                         capture_output=True, text=True).stdout)
+
+    # Newer releases of image packages whose version the list lacks may need what the image lacks (typer
+    # pydantic, python-dateutil tzdata): the image's own releases do not, so those go again.
+    extra = sorted(norm(p["name"]) for p in listed() if norm(p["name"]) not in image)
+    if extra:
+        subprocess.run([py, "-m", "pip", "uninstall", "-y", "-q", *extra], check=True)
+    packages = listed()
+    left = sorted(norm(p["name"]) for p in packages if norm(p["name"]) not in image)
+    off = sorted(f"{norm(p['name'])} {p['version']} (image {image[norm(p['name'])]})" for p in packages
                  if image.get(norm(p["name"])) and p["version"].split("+")[0] != image[norm(p["name"])])
     (dest / "replica.json").write_text(json.dumps({
         "python": subprocess.run([py, "-c", "import platform; print(platform.python_version())"], capture_output=True,
                                  text=True).stdout.strip(), "image_python": image_python(), "requested": wanted,
-        "installed": {norm(p["name"]): p["version"] for p in listed}, "not_on_image": extra,
-        "version_differs": off}, indent=2) + "\n")
-    print(f"replica {dest}: {len(listed)} packages; not on the image: {extra or 'none'}; "
+        "installed": {norm(p["name"]): p["version"] for p in packages}, "removed_not_on_image": extra,
+        "not_on_image": left, "version_differs": off}, indent=2) + "\n")
+    print(f"replica {dest}: {len(packages)} packages; removed as not on the image: {extra or 'none'}; "
           f"versions off the image's: {off or 'none'}")
-    return 1 if extra or off else 0
+    return 1 if left or off else 0
 
 
 # --- the command ---------------------------------------------------------------------------------------------
