@@ -109,15 +109,16 @@ class Log:
 # --- building the bundle (here, with PyPI and Debian's packages) ------------------------------------------
 
 def make_bundle(dest: Path, python: str | None = None) -> int:
-    """wheels/ and debs/ in `dest`, from scratch: one wheel of each distribution loadtest/gpu_image.py
-    says the box lacks (downloaded, or built here from its source where PyPI has no wheel), the .debs
-    of DEBS; `python` resolves for the box (its Python version; default: found here)."""
+    """wheels/ and debs/ in `dest`, from scratch: one wheel of each distribution of loadtest/gpu_bundle.txt
+    (gpu_image.py's resolution: what the box lacks; downloaded, or built here from its source where PyPI
+    has no wheel), the .debs of DEBS; `python`, the box's Python version here, builds those."""
     from loadtest import gpu_image  # here, not on the box: the standard library too, but the repo's data
 
-    plan = gpu_image.bundle_plan(python)
-    carried = plan.carried
-    print("make-bundle: carried " + ", ".join(f"{n} {v}" for n, v in carried.items())
-          + "; left to the image " + ", ".join(f"{n} {v}" for n, v in plan.on_image.items()))
+    carried, digest = gpu_image.read_plan()
+    if digest != gpu_image.inputs_digest():
+        raise SystemExit("make-bundle: loadtest/gpu_bundle.txt is older than pyproject.toml's dependencies or the "
+                         "image's list: python -m loadtest.gpu_image resolve --write")
+    print("make-bundle: " + ", ".join(f"{n} {v}" for n, v in carried.items()))
     wheels, debs = dest / "wheels", dest / "debs"
     for d in (wheels, debs):
         shutil.rmtree(d, ignore_errors=True)

@@ -1,14 +1,16 @@
 """The GPU machine's image, as data (loadtest/gpu_image.txt), and what follows from it for the device
 calls (docs/performance.md, "The prepared GPU calls"):
 
-    python -m loadtest.gpu_image resolve                 # the serving dependencies: left to the image / carried
+    python -m loadtest.gpu_image resolve [--write]       # the serving dependencies: left to the image / carried
     python -m loadtest.gpu_image check                   # the static import check (tests/unit/test_gpu_image.py)
     python -m loadtest.gpu_image make-replica DIR [--python PY] [--find-links DIR]
 
 - **The bundle's wheels** (`bundle_wheels`): pyproject.toml's serving dependencies, resolved by pip for
   the image's Python (cp312, manylinux x86_64) with the image's known versions as constraints, less
   every distribution the image holds (the constraints make those the image's own versions) and less
-  LEFT_OUT. No other list: loadtest/gpu_fleet.py's `--make-bundle` downloads exactly these.
+  LEFT_OUT, written into loadtest/gpu_bundle.txt (`resolve --write`; the check below fails when it is
+  older than pyproject.toml's dependencies or the image's list). No hand-kept list: loadtest/gpu_fleet.py's
+  `--make-bundle` downloads exactly these.
 - **The static import check** (`check_imports`): every third-party module that the call's entry points
   import, directly or through the project's own modules (functions' imports too), and every package
   their resource and metadata lookups name, belongs to a distribution on the image or in the bundle; a
@@ -40,6 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE_FILE = REPO / "loadtest" / "gpu_image.txt"
+BUNDLE_FILE = REPO / "loadtest" / "gpu_bundle.txt"   # the resolution, written by `resolve --write`
 FIRST_PARTY = ("api", "worker", "loadtest", "tests")
 
 # Serving dependencies the bundle does not carry, and why. Each is imported only inside a function
@@ -160,8 +163,41 @@ class Plan:
 
 
 def bundle_plan(python: str | None = None) -> Plan:
+    """The resolution now (pip, PyPI's metadata): about a minute."""
     image = image_packages()
     return Plan.of(resolve(serving_requirements(), image, python or image_python_here()), image)
+
+
+def inputs_digest() -> str:
+    """What the resolution depends on: the serving requirements, LEFT_OUT and the image's list."""
+    import hashlib
+
+    text = json.dumps([serving_requirements(), sorted(LEFT_OUT), sorted(image_packages().items(), key=str),
+                       image_python()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_plan(plan: Plan, path: Path = BUNDLE_FILE) -> None:
+    lines = ["# The bundle's wheels: pyproject.toml's serving dependencies resolved for the GPU image",
+             "# (loadtest/gpu_image.txt), less what it holds. Written by `python -m loadtest.gpu_image resolve",
+             "# --write`, never by hand; `--make-bundle` downloads exactly these.",
+             f"# inputs {inputs_digest()}", ""]
+    lines += [f"{name}=={version}" for name, version in plan.carried.items()]
+    lines += ["", "# left to the image (its versions):"]
+    lines += [f"# {name}=={version}" for name, version in plan.on_image.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def read_plan(path: Path = BUNDLE_FILE) -> tuple[dict[str, str], str | None]:
+    """The written resolution: carried distribution -> version, and the inputs' digest it was made from."""
+    carried, digest = {}, None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# inputs "):
+            digest = line.split()[2]
+        elif line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            carried[norm(name)] = version
+    return carried, digest
 
 
 # --- the static import check --------------------------------------------------------------------------------
@@ -216,7 +252,7 @@ def module_uses(module: str, path: Path) -> tuple[list[str], list[Use]]:
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     ours, uses = [], []
-    where = str(path.relative_to(REPO))
+    where = str(path.relative_to(REPO)) if REPO in path.parents else str(path)
 
     def note(name: str, node: ast.AST, kind: str = "import") -> None:
         top = name.split(".")[0]
@@ -268,7 +304,8 @@ def walk(entry_modules: list[str], entry_files: list[Path] = ()) -> list[Use]:
     seen: set[str] = set()
     uses: list[Use] = []
     queue = [(m, _module_path(m)) for m in entry_modules]
-    queue += [(".".join(p.relative_to(REPO).with_suffix("").parts), p) for p in entry_files]
+    queue += [(".".join(p.relative_to(REPO).with_suffix("").parts) if REPO in p.parents else p.stem, p)
+              for p in entry_files]
     while queue:
         module, path = queue.pop()
         if path is None or module in seen:
@@ -310,6 +347,12 @@ def _packages_distributions() -> dict[str, list[str]]:
     return metadata.packages_distributions()
 
 
+@functools.cache
+def call_uses() -> tuple[Use, ...]:
+    """The third-party uses of the prepared calls' entry points (read once a process)."""
+    return tuple(walk(*entry_points()))
+
+
 def distribution_of(name: str, kind: str) -> str:
     """The distribution a top-level import name belongs to (a metadata lookup names one already)."""
     if kind == "metadata":
@@ -325,10 +368,9 @@ def check_imports(carried: set[str], image: dict[str, str | None] | None = None,
     """Problems: a use whose distribution is neither on the image nor carried (LEFT_OUT ones only
     lazily). Empty when the call can import everything it needs on the GPU machine."""
     image = image_packages() if image is None else image
-    if uses is None:
-        uses = walk(*entry_points())
     carried = {norm(c) for c in carried}
     problems = []
+    uses = call_uses() if uses is None else uses
     for use in uses:
         dist = distribution_of(use.name, use.kind)
         if dist in image or dist in carried:
@@ -351,7 +393,7 @@ def replica_requirements(plan: Plan, image: dict[str, str | None]) -> list[str]:
     # the tests step runs pytest with the repository's configuration: the dev extra's plugins the image has
     dev = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]["dev"]
     names |= {norm(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in dev} & set(image)
-    for use in walk(*entry_points()):
+    for use in call_uses():
         dist = distribution_of(use.name, use.kind)
         if dist in image:
             names.add(dist)
@@ -401,7 +443,9 @@ def make_replica(dest: Path, python: str, find_links: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.gpu_image", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("resolve", help="the serving dependencies resolved for the image: left to it, carried")
+    resolve_parser = sub.add_parser("resolve", help="the serving dependencies resolved for the image: left to it, "
+                                    "carried")
+    resolve_parser.add_argument("--write", action="store_true", help=f"into {BUNDLE_FILE.relative_to(REPO)}")
     sub.add_parser("check", help="the static import check against the image and the bundle")
     replica = sub.add_parser("make-replica", help="a venv holding only the image's packages")
     replica.add_argument("dest")
@@ -411,11 +455,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "make-replica":
         return make_replica(Path(args.dest).resolve(), args.python or image_python_here(), args.find_links)
-    plan = bundle_plan()
     if args.command == "resolve":
+        plan = bundle_plan()
         print(json.dumps({"on_image": plan.on_image, "carried": plan.carried, "left_out": LEFT_OUT}, indent=2))
+        if args.write:
+            write_plan(plan)
         return 0
-    problems = check_imports(set(plan.carried))
+    carried, digest = read_plan()
+    if digest != inputs_digest():
+        print(f"{BUNDLE_FILE.relative_to(REPO)} is stale (pyproject.toml's dependencies or the image's list changed): "
+              "python -m loadtest.gpu_image resolve --write")
+        return 1
+    problems = check_imports(set(carried))
     for problem in problems:
         print(problem)
     print(f"{len(problems)} problems" if problems else "every import of the call is on the image or in the bundle")
