@@ -81,3 +81,25 @@ def test_the_image_list_says_where_it_comes_from_and_holds_the_versions_read():
     assert gpu_image.image_python() == "3.12.3"
     assert image["torch"] == "2.11.0" and image["transformers"] == "5.17.0" and image["numpy"] == "2.5.2"
     assert "num2words" not in image and "fastapi-offline" not in image and image["httpx"] is None
+
+
+def test_the_image_rehearsal_runs_the_command_lines_the_performance_page_gives(tmp_path):
+    import json
+
+    from loadtest import image_rehearsal
+    from loadtest.bench import gpu_harness
+
+    for call in gpu_harness.CALLS:
+        command, timeout_s, carry = image_rehearsal.prepared_command(call)
+        assert command.startswith("timeout ") and f"--call {call} --budget-s {gpu_harness.BUDGETS[call]:.0f}" in command
+        assert carry == [".fleet"] and timeout_s <= 600
+    # its verdict: every step ok, the smoke done with its compile, c = 1, 128 and 256 measured
+    level = {"ttfa_s": {}, "ok": 3, "rejected_503": 0, "errors": 0}
+    report = {"steps": {"smoke": {"status": "ok"}, "batch": {"status": "ok"}, "fleet": {"status": "ok"}},
+              "fleet": {"levels": [{**level, "concurrency": c} for c in (1, 128, 256)], "startup": {"startup_s": 9}}}
+    (tmp_path / "gpu_results.json").write_text(json.dumps(report))
+    (tmp_path / "smoke.json").write_text(json.dumps({"phase": "done", "compile": {"ok": True}}))
+    assert image_rehearsal.verdict(tmp_path, "first")["passed"] is True
+    report["fleet"]["levels"].pop()
+    (tmp_path / "gpu_results.json").write_text(json.dumps(report))
+    assert image_rehearsal.verdict(tmp_path, "first")["passed"] is False
