@@ -112,6 +112,11 @@ def verdict(out: Path, call: str) -> dict:
     return points
 
 
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def markdown(record: dict) -> str:
     v = record["verdict"]
     lines = [f"# The {record['call']} GPU call rehearsed on the image replica: "
@@ -133,7 +138,8 @@ def markdown(record: dict) -> str:
                   f"{v['smoke']['warmup_reached']}" + (f", failed in {v['smoke']['failed_phase']}: {v['smoke']['error']}"
                                                        if v['smoke']['failed_phase'] else "") + " |",
                   f"| fleet | start-up {v['fleet']['startup_s']} s; levels measured {v['fleet levels measured']}: "
-                  f"{v['fleet']['levels']}" + (f"; error: {v['fleet']['error']}" if v['fleet']['error'] else "") + " |"]
+                  f"{v['fleet']['levels']}" + (f"; error: {_last_line(v['fleet']['error'])}" if v['fleet']['error'] else "")
+                  + " |"]
     return "\n".join(lines) + "\n"
 
 

@@ -101,7 +101,7 @@ BUNDLE_INSTALL_S = 20.0      # the bundle's install at a call's start, out of it
 # The fleet step's levels on a GPU: c = 128 and c = 256 each get their whole window, c = 1 what is left.
 FLEET_LEVELS, FLEET_WINDOW_S = "1,128,256", 15
 # The CPU rehearsal's (limit, floor) per step: tiny weights on 2 shared cores, not a GPU's times.
-REHEARSAL_LIMITS = {"smoke": (120, 60), "batch": (140, 60), "fleet": (240, 120), "tests": (70, 20), "startup": (90, 45),
+REHEARSAL_LIMITS = {"smoke": (110, 60), "batch": (180, 60), "fleet": (210, 120), "tests": (70, 20), "startup": (90, 45),
                     "faults": (120, 60), "arithmetic": (120, 50), "check": (60, 30), "replicas": (120, 60)}
 # Generous caps, for a 2-core machine shared with other jobs (imports alone took 10-60 s there
 # under a load average of 10-14); on a quiet one the short call's steps end long before them.
