@@ -331,7 +331,7 @@ def print_batches(args, device, mode, results, lone, served, compiled, graphs) -
     lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
              f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} stage2={args.stage2}",
              f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
-             f"isa: {isa_in_use()}",
+             *([f"isa: {isa_in_use()}"] if device.type == "cpu" else []),  # the CPU kernels' (a probe compile)
              f"chunks of about {args.batch_phonemes} phonemes; eager = synthesize_batch without compile or graphs; "
              + (f"{served_name} = synthesize_batch of the served engine; " if has_served else "")
              + f"one by one = the same chunks, synthesize() each on the {'served' if device.type == 'cuda' else 'eager'} engine",
@@ -387,8 +387,11 @@ def isa_in_use() -> str:
     from worker.cpu_features import isa_cap
     from worker.cpu_runtime import vector_isa
 
-    return (f"aten={torch.backends.cpu.get_cpu_capability()} inductor={vector_isa()} "
-            f"onednn={isa_cap() or 'native'}")
+    # torch finds inductor's by compiling a probe (minutes on a cold cache and 2 busy cores): not when
+    # TORCH_COMPILE_OVERRIDE_BACKENDS keeps inductor from generating any kernel
+    inductor = "not used (TORCH_COMPILE_OVERRIDE_BACKENDS)" if os.environ.get("TORCH_COMPILE_OVERRIDE_BACKENDS") \
+        else vector_isa()
+    return f"aten={torch.backends.cpu.get_cpu_capability()} inductor={inductor} onednn={isa_cap() or 'native'}"
 
 
 def run(args: argparse.Namespace) -> int:
