@@ -80,6 +80,7 @@ DEBS: tuple[str, ...] = (
 ESPEAK_DATA_KEEP_DICTS = ("en_dict",)
 
 OUT_JSON, OUT_MD, OUT_LOG = "gpu_fleet.json", "gpu_fleet.md", "gpu_fleet.log"
+TREE_LIMIT_MIB = 64        # the working tree a device call sends, carried bundle included
 STOP_RESERVE_S = 25.0      # kept at the end of the budget: stopping the fleet and writing the results (default)
 LEVEL_OVERHEAD_S = 8.0     # a level beyond its duration: the generator's start, warm-up, requests in flight
 
@@ -142,9 +143,20 @@ def make_bundle(dest: Path, python: str | None = None) -> int:
         if clean != deb.name:
             deb.rename(deb.with_name(clean))
     _english_only_espeak_data(debs)
+    tree = _tree_mib(REPO) + _mib(dest)
     print(f"bundle {dest}: {len(list(wheels.glob('*.whl')))} wheels ({_mib(wheels):.1f} MiB), "
-          f"{len(list(debs.glob('*.deb')))} debs ({_mib(debs):.1f} MiB)")
+          f"{len(list(debs.glob('*.deb')))} debs ({_mib(debs):.1f} MiB); the tree that travels with it "
+          f"{tree:.1f} MiB of the device tool's {TREE_LIMIT_MIB}")
+    if tree > TREE_LIMIT_MIB:
+        raise SystemExit(f"make-bundle: the tree with the bundle is {tree:.1f} MiB, over {TREE_LIMIT_MIB} MiB")
     return 0
+
+
+def _tree_mib(repo: Path) -> float:
+    """What the device tool sends of the checkout: tracked files and untracked ones git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    return sum((repo / n).stat().st_size for n in names if n and (repo / n).is_file()) / 2**20
 
 
 def _english_only_espeak_data(debs: Path) -> None:
