@@ -4,20 +4,24 @@ A lent GPU comes for about 15 minutes, its start included, and a call may run 10
 a fixed list of steps, each a subprocess in its own process group with its own time limit (SIGTERM
 at its limit less a grace, SIGKILL at its limit, whatever it prints or does not print), in order:
 
+  every call first installs the carried bundle (`.fleet`: what the GPU image lacks, loadtest/gpu_image.py)
+  once, for every step, and says so; then
   first call (`--call first`, the default; limits in STEPS, their sum within --budget-s):
     smoke     one engine in the serving configuration (loadtest/bench/gpu_smoke.py): compile,
               capture, graphed replay against the same engine's eager run, into DIR/smoke.json at
-              once; the steps after it take their fallback from it (compile failed: eager batches
-              and the uncompiled tests; capture failed: compiled batches without graphs)
-    batch     `kokoro-fleet bench --batch 8,32`: compiled-and-graphed batches of 120-phoneme
-              chunks beside eager batches and one by one, and a lone 60-phoneme chunk
+              once; the steps after it take their fallback from it (failed before its engine was
+              ready: eager, no graphs; compile failed: eager batches and the uncompiled tests;
+              capture failed: compiled batches without graphs), each saying the smoke's phase and
+              the exception's last line
+    batch     `kokoro-fleet bench --batch 8,32`: eager batches and one by one first (written before
+              anything compiles), then compiled-and-graphed batches beside them, and a lone
+              60-phoneme chunk
     fleet     `python -m loadtest.gpu_fleet`: `serve` with its GPU defaults on the compile cache
-              the smoke left, c = 1, 128, 256 (needs the carried `.fleet` bundle)
-    tests     pytest tests/unit/test_engine_gpu.py
-    startup   if time is left: eight serving engines starting together on the warm cache
-  second call (`--call second`): faults (an out-of-memory pass, a replica SIGKILLed under MPS),
-    then arithmetic (eager batches under exact, exact-nondeterministic and fast stage-2
-    arithmetic: no compile, so it fits).
+              the smoke left, c = 1, then c = 128 and c = 256 each for its whole window
+  second call (`--call second`): faults (an out-of-memory pass, a replica SIGKILLed under MPS), tests
+    (pytest tests/unit/test_engine_gpu.py), arithmetic (eager batches under exact,
+    exact-nondeterministic and fast stage-2 arithmetic: no compile, so it fits), then startup if time
+    is left (eight serving engines starting together on the warm cache).
 
 When time runs short, the steps cut are those of lowest priority (STEPS), not the last ones. Every
 step's output goes to DIR/harness.log as it comes; DIR/gpu_results.json and DIR/gpu_results.md
@@ -26,8 +30,10 @@ or the harness stopped by SIGTERM or SIGINT (it stops every step's process group
 leaves every figure measured. DIR holds at most 8 files, each under 16 MiB: what a device call
 brings back.
 
-`--rehearse-cpu` runs the same call on a CPU: the same steps, code and plumbing, with tiny weights,
-no CUDA graphs and no MPS, smaller batches and levels, and torch.compile through dynamo's eager
+`--rehearse-cpu` (or GPU_CALL_REHEARSAL=cpu in the environment: loadtest/image_rehearsal.py runs the
+prepared command line so on a replica of the GPU image) runs the same call on a CPU: the same steps,
+code and plumbing, with tiny weights, no CUDA graphs and no MPS, smaller batches, the fleet's levels
+with shorter windows, and torch.compile through dynamo's eager
 backend (TORCH_COMPILE_OVERRIDE_BACKENDS: inductor's C++ compile of the tiny decoder takes minutes
 a family on a 2-core CPU); `--short` cuts it to about a minute on a quiet machine, compiled passes
 off and without the optional step (the CI test).
