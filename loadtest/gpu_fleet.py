@@ -371,7 +371,7 @@ def check_imports(env: dict[str, str], engine: str) -> str:
 def levels_need_s(levels: list[int], full: set[int], duration: float, min_duration: float) -> float:
     """Seconds the levels need after the start-up: each full level its whole window, the others
     their least; the fleet must be ready by the budget's end less this (and the stop's reserve)."""
-    return sum((duration if c in full else min_duration) + LEVEL_OVERHEAD_S for c in levels)
+    return sum((duration if c in full else min(min_duration, duration)) + LEVEL_OVERHEAD_S for c in levels)
 
 
 def level_window(level: int, later: list[int], full: set[int], left: float, duration: float,
@@ -382,7 +382,7 @@ def level_window(level: int, later: list[int], full: set[int], left: float, dura
     if level in full:
         return duration if left - reserved >= duration + LEVEL_OVERHEAD_S else None
     window = min(duration, left - reserved - LEVEL_OVERHEAD_S)
-    return window if window >= min_duration else None
+    return window if window >= min(min_duration, duration) else None
 
 
 # --- the fleet ------------------------------------------------------------------------------------------

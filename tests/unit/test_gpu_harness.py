@@ -398,7 +398,7 @@ def test_the_fleets_own_log_comes_back_beside_the_report(tmp_path):
 
 def test_a_short_rehearsal_of_the_first_call_runs_every_step_and_writes_the_report(tmp_path):
     """`--rehearse-cpu --short`: the first call's steps, code and plumbing on this CPU (tiny weights,
-    no graphs, compiled passes off, not the optional startup step; the full rehearsal has them all).
+    no graphs, compiled passes off; the full rehearsal compiles).
     About a minute on a quiet 2-core machine, several beside other jobs."""
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "loadtest.bench.gpu_harness", "--rehearse-cpu", "--short", "--out",
@@ -407,7 +407,7 @@ def test_a_short_rehearsal_of_the_first_call_runs_every_step_and_writes_the_repo
     report = json.loads((out / "gpu_results.json").read_text())
     steps = report["steps"]
     assert list(steps) == [n for n in gpu_harness.CALLS["first"] if not gpu_harness.STEPS[n].optional], done.stdout[-3000:]
-    for name in ("smoke", "batch", "fleet", "tests"):
+    for name in ("smoke", "batch", "fleet"):
         assert steps[name]["status"] == "ok", (name, steps[name], done.stdout[-3000:])
     smoke = json.loads((out / "smoke.json").read_text())
     assert smoke["phase"] == "done" and smoke["configuration"]["device"] == "cpu"
@@ -415,7 +415,6 @@ def test_a_short_rehearsal_of_the_first_call_runs_every_step_and_writes_the_repo
     assert report["batch"]["meta"]["engines"]["served"]["card"] == report["environment"]["host_cpu"]
     assert report["batch"]["lone"]["runs"] == 5 and "1" in report["fleet"]["meta"]["levels"].__str__()
     assert report["fleet"]["levels"][0]["ok"] > 0 and report["fleet"]["levels"][0]["errors"] == 0
-    assert report["tests"]["skipped"] == report["tests"]["tests"] > 0  # no CUDA here
     assert "Rehearsal on the CPU" in (out / "gpu_results.md").read_text()
     assert not gpu_report.out_problems(out)
     assert done.returncode == 0, done.stdout[-3000:]
