@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from api.ports import free_port  # standard library only, as this script
+from loadtest import gpu_image  # the same: the image's list and the bundle's resolution
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,8 +114,6 @@ def make_bundle(dest: Path, python: str | None = None) -> int:
     """wheels/ and debs/ in `dest`, from scratch: one wheel of each distribution of loadtest/gpu_bundle.txt
     (gpu_image.py's resolution: what the box lacks; downloaded, or built here from its source where PyPI
     has no wheel), the .debs of DEBS; `python`, the box's Python version here, builds those."""
-    from loadtest import gpu_image  # here, not on the box: the standard library too, but the repo's data
-
     carried, digest = gpu_image.read_plan()
     if digest != gpu_image.inputs_digest():
         raise SystemExit("make-bundle: loadtest/gpu_bundle.txt is older than pyproject.toml's dependencies or the "
@@ -152,11 +151,15 @@ def make_bundle(dest: Path, python: str | None = None) -> int:
     return 0
 
 
-def _tree_mib(repo: Path) -> float:
+def tree_files(repo: Path) -> list[str]:
     """What the device tool sends of the checkout: tracked files and untracked ones git does not ignore."""
     names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
                            capture_output=True, check=True).stdout.decode().split("\0")
-    return sum((repo / n).stat().st_size for n in names if n and (repo / n).is_file()) / 2**20
+    return [n for n in names if n and (repo / n).is_file()]
+
+
+def _tree_mib(repo: Path) -> float:
+    return sum((repo / n).stat().st_size for n in tree_files(repo)) / 2**20
 
 
 def _english_only_espeak_data(debs: Path) -> None:
@@ -187,8 +190,7 @@ def _mib(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+_norm = gpu_image.norm  # a distribution's normalized name
 
 
 def _dist_of(wheel: Path) -> str:

@@ -31,6 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadtest.bench.gpu_report import last_line
+from loadtest.gpu_fleet import tree_files
+
 REPO = Path(__file__).resolve().parents[1]
 CARRY = (".fleet",)
 
@@ -49,13 +52,9 @@ def prepared_command(call: str, page: Path = REPO / "docs" / "performance.md") -
 
 def copy_tree(source: Path, dest: Path, carry: list[str]) -> None:
     """What the device tool sends: tracked and untracked-not-ignored files, and the carried paths."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
-                            check=True, capture_output=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        path = source / name
-        if path.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest / name)
+    for name in tree_files(source):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / name, dest / name)
     for name in carry:
         if (source / name).exists():
             shutil.copytree(source / name, dest / name)
@@ -112,11 +111,6 @@ def verdict(out: Path, call: str) -> dict:
     return points
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 def markdown(record: dict) -> str:
     v = record["verdict"]
     lines = [f"# The {record['call']} GPU call rehearsed on the image replica: "
@@ -138,7 +132,7 @@ def markdown(record: dict) -> str:
                   f"{v['smoke']['warmup_reached']}" + (f", failed in {v['smoke']['failed_phase']}: {v['smoke']['error']}"
                                                        if v['smoke']['failed_phase'] else "") + " |",
                   f"| fleet | start-up {v['fleet']['startup_s']} s; levels measured {v['fleet levels measured']}: "
-                  f"{v['fleet']['levels']}" + (f"; error: {_last_line(v['fleet']['error'])}" if v['fleet']['error'] else "")
+                  f"{v['fleet']['levels']}" + (f"; error: {last_line(v['fleet']['error'])}" if v['fleet']['error'] else "")
                   + " |"]
     return "\n".join(lines) + "\n"
 
