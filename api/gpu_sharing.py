@@ -4,7 +4,8 @@ Several replica processes share a GPU well only through the CUDA MPS daemon: wit
 time-slices between their contexts, and every extra replica adds latency and no throughput
 (docs/operations.md, with the H200 figures). `Mps` starts the daemon, the one starter in
 production (`kokoro-fleet serve` calls it; docker/entrypoint.sh and Modal go through `serve`).
-`plan_replicas` picks the replica count from what it found: under MPS one replica per worker;
+`plan_replicas` picks the replica count from what it found: under MPS one replica per worker, each
+running batches of up to `MPS_BATCH_MAX` chunks;
 without it `TIME_SLICED_REPLICAS` replicas, each running batches of up to `TIME_SLICED_BATCH_MAX`
 chunks, the other workers staying HTTP fronts of the shared queue. `probe_gpu` is what
 `kokoro-fleet gpu-check` (and `modal run modal_app.py::gpu_check`) reports.
@@ -29,6 +30,9 @@ log = logging.getLogger("kokoro_fleet.serve")
 # one by one. Figures and dates: docs/performance.md.
 TIME_SLICED_REPLICAS = 1
 TIME_SLICED_BATCH_MAX = 16
+# Under MPS a replica in every worker (eight were the best count measured), each batching as many:
+# 8 x 16 chunks is a c = 128 load in one pass each. Figures and dates: docs/performance.md.
+MPS_BATCH_MAX = 16
 # Torch's CUDA initialisation in a fresh process, the test that MPS (or the GPU) really serves.
 CUDA_PROBE = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
 # How long that probe may take under a new MPS daemon. A daemon that takes clients but never serves
@@ -144,6 +148,8 @@ def plan_replicas(workers: int, replicas: int, batch_max: int, mps: bool, shared
     count = replicas or workers
     if mps or workers == 1:
         why = "the GPU is shared through MPS" if mps else "one worker"
+        if mps and shared_queue and not chosen_batch:
+            batch_max = max(batch_max, MPS_BATCH_MAX)
         return ReplicaPlan(count, batch_max, f"replicas: {count} of {workers} worker(s) ({why}), batches of up "
                                              f"to {batch_max} chunk(s)")
     if not shared_queue:

@@ -330,8 +330,9 @@ class Settings:
     mps: Literal["auto", "on", "off"] = setting(
         "KOKORO_MPS", "auto",
         "CUDA MPS daemon, which `serve` starts so the replicas' kernels share the GPU: `auto` (start it when a GPU "
-        "and `nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`. Without it the GPU "
-        "time-slices, and `serve` runs fewer replicas, each batching, in place of one per worker (api/gpu_sharing.py; unless "
+        "and `nvidia-cuda-mps-control` are present), `on` (fail when it cannot start) or `off`. Under it a replica "
+        "in every worker, each batching; without it the GPU time-slices, and `serve` runs fewer replicas, each "
+        "batching, in place of one per worker (api/gpu_sharing.py; unless "
         "KOKORO_REPLICAS or KOKORO_BATCH_MAX is set); `kokoro-fleet gpu-check` shows what a machine allows.")
 
     @classmethod

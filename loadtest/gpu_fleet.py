@@ -8,13 +8,15 @@ The box has torch (CUDA), transformers, numpy, httpx and a few more, but neither
 packages nor redis-server nor espeak-ng, and no network. So they travel in a bundle folder that
 `--make-bundle` builds here (a machine with PyPI and Debian's packages):
 
-    python3 -m loadtest.gpu_fleet --make-bundle .fleet           # cp312 wheels + Debian amd64 .debs
+    python3 -m loadtest.gpu_fleet --make-bundle .fleet           # the box's wheels + Debian amd64 .debs
 
-- `wheels/`: one wheel of each package of `WHEELS` (cp312 manylinux x86_64, or pure Python): what `serve`
-  and `python -m loadtest run` import at run time beyond the box's packages. On the box, a wheel is
-  installed (into `--site`, first on PYTHONPATH) only when its package is missing there or older than
-  the wheel's, so the box's own packages are not shadowed without need (pydantic and pydantic-core go
-  together).
+- `wheels/`: one wheel of each distribution the box lacks: pyproject.toml's serving dependencies
+  resolved for the box's Python, less what its image holds (loadtest/gpu_image.py, reading the image's
+  package list loadtest/gpu_image.txt; the Mandarin and Japanese readers are left out: the calls send
+  English only). On the box, a wheel is installed (into `--site`, first on PYTHONPATH) only when its
+  package is missing there or older than the wheel's, so the box's own packages are not shadowed
+  without need (pydantic and pydantic-core go together). The GPU harness installs the bundle once, at
+  the start of a call, for every step (`install_bundle`); run alone, this script installs it itself.
 - `debs/`: redis-server (its binary is redis-tools') and espeak-ng's library (English words outside the
   lexicon, two of them in the sample texts), with the libraries they need beyond a stock Ubuntu 24.04;
   Debian bookworm amd64 builds (glibc 2.36, so they run on 24.04's 2.39). Each is unpacked with
@@ -61,28 +63,10 @@ from pathlib import Path
 from typing import Any
 
 from api.ports import free_port  # standard library only, as this script
+from loadtest import gpu_image  # the same: the image's list and the bundle's resolution
 
 REPO = Path(__file__).resolve().parents[1]
 
-# distribution -> version: what `kokoro-fleet serve` and `python -m loadtest run` import at run time
-# that the GPU image (torch, transformers, numpy, httpx, uvloop, prometheus-client, regex, onnx, pyyaml,
-# matplotlib, psutil) may lack; the versions `make install` resolves here (tested together).
-WHEELS: dict[str, str] = {
-    "fastapi": "0.165.0", "starlette": "1.10.0", "annotated-doc": "0.0.7",
-    "opentelemetry-api": "1.45.2",  # fastapi.applications imports fastapi.telemetry, which imports it
-    "pydantic": "2.14.4", "pydantic-core": "2.50.5", "annotated-types": "0.8.0", "typing-inspection": "0.4.5",
-    "typing-extensions": "4.16.0", "anyio": "4.16.0", "idna": "3.20",
-    "uvicorn": "0.54.0", "h11": "0.16.0", "click": "8.5.1",
-    "httptools": "0.9.0",    # uvicorn's fast HTTP parser (else its pure-Python h11)
-    "websockets": "17.4",    # WS /v1/audio/speech/live (uvicorn serves no websocket without it)
-    "redis": "8.1.0",
-    "av": "18.1.0",          # api/encoders.py imports it at start (mp3/opus/aac/flac; pcm and wav are ours)
-    "misaki": "0.9.4", "addict": "2.4.0",   # misaki's English lexicons (data only) and its one import
-    "num2words": "0.5.14",   # its `docopt` is for its command line only, never imported by the package
-}
-# Mandarin and Japanese readers (jieba, pypinyin, cn2an, fugashi, unidic-lite, jaconv, mojimoji,
-# ordered-set) are imported on a first request in those languages only (KOKORO_PRELOAD_LANGUAGES=a,b):
-# not carried, and only English is sent.
 TOGETHER = ({"pydantic", "pydantic-core"},)  # installed both or neither (pydantic pins its core exactly)
 
 # Debian bookworm amd64 packages: redis-server, and espeak-ng's library with what it links beyond a
@@ -95,10 +79,9 @@ DEBS: tuple[str, ...] = (
     "libx11-6", "libx11-xcb1", "libxcb1", "libxau6", "libxdmcp6", "libbsd0", "libmd0",
 )
 ESPEAK_DATA_KEEP_DICTS = ("en_dict",)
-MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
 
 OUT_JSON, OUT_MD, OUT_LOG = "gpu_fleet.json", "gpu_fleet.md", "gpu_fleet.log"
+TREE_LIMIT_MIB = 64        # the working tree a device call sends, carried bundle included
 STOP_RESERVE_S = 25.0      # kept at the end of the budget: stopping the fleet and writing the results (default)
 LEVEL_OVERHEAD_S = 8.0     # a level beyond its duration: the generator's start, warm-up, requests in flight
 
@@ -127,29 +110,56 @@ class Log:
 
 # --- building the bundle (here, with PyPI and Debian's packages) ------------------------------------------
 
-def make_bundle(dest: Path, python_version: str) -> int:
-    """wheels/ and debs/ in `dest`, from scratch: one wheel of each of WHEELS, the .debs of DEBS."""
+def make_bundle(dest: Path, python: str | None = None) -> int:
+    """wheels/ and debs/ in `dest`, from scratch: one wheel of each distribution of loadtest/gpu_bundle.txt
+    (gpu_image.py's resolution: what the box lacks; downloaded, or built here from its source where PyPI
+    has no wheel), the .debs of DEBS; `python`, the box's Python version here, builds those."""
+    carried, digest = gpu_image.read_plan()
+    if digest != gpu_image.inputs_digest():
+        raise SystemExit("make-bundle: loadtest/gpu_bundle.txt is older than pyproject.toml's dependencies or the "
+                         "image's list: python -m loadtest.gpu_image resolve --write")
+    print("make-bundle: " + ", ".join(f"{n} {v}" for n, v in carried.items()))
     wheels, debs = dest / "wheels", dest / "debs"
     for d in (wheels, debs):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-    platforms = [a for p in MANYLINUX for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                    "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels),
-                    *(f"{name}=={version}" for name, version in WHEELS.items())], check=True)
+    version = ".".join(gpu_image.image_python().split(".")[:2])
+    platforms = [a for p in gpu_image.PLATFORMS for a in ("--platform", p)]
+    for name, v in carried.items():
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                              "--python-version", version, "--implementation", "cp", *platforms, "-d", str(wheels),
+                              f"{name}=={v}"], capture_output=True, text=True)
+        if got.returncode != 0:  # source only (num2words's docopt): a wheel built here
+            subprocess.run([python or gpu_image.image_python_here(), "-m", "pip", "wheel", "-q", "--no-deps",
+                            "-w", str(wheels), f"{name}=={v}"], check=True)
     found = {_dist_of(w) for w in wheels.glob("*.whl")}
-    missing = {_norm(n) for n in WHEELS} - found
-    if missing or len(list(wheels.glob("*.whl"))) != len(WHEELS):
-        raise SystemExit(f"make-bundle: expected one wheel of each of {sorted(WHEELS)}; missing {sorted(missing)}")
+    missing = set(carried) - found
+    if missing or len(list(wheels.glob("*.whl"))) != len(carried):
+        raise SystemExit(f"make-bundle: expected one wheel of each of {sorted(carried)}; missing {sorted(missing)}")
     subprocess.run(["apt-get", "download", *DEBS], cwd=debs, check=True)
     for deb in debs.glob("*.deb"):  # plain names: no `%3a` (an epoch's colon) nor `~`
         clean = re.sub(r"%3a|~", "-", deb.name)
         if clean != deb.name:
             deb.rename(deb.with_name(clean))
     _english_only_espeak_data(debs)
+    tree = _tree_mib(REPO) + _mib(dest)
     print(f"bundle {dest}: {len(list(wheels.glob('*.whl')))} wheels ({_mib(wheels):.1f} MiB), "
-          f"{len(list(debs.glob('*.deb')))} debs ({_mib(debs):.1f} MiB)")
+          f"{len(list(debs.glob('*.deb')))} debs ({_mib(debs):.1f} MiB); the tree that travels with it "
+          f"{tree:.1f} MiB of the device tool's {TREE_LIMIT_MIB}")
+    if tree > TREE_LIMIT_MIB:
+        raise SystemExit(f"make-bundle: the tree with the bundle is {tree:.1f} MiB, over {TREE_LIMIT_MIB} MiB")
     return 0
+
+
+def tree_files(repo: Path) -> list[str]:
+    """What the device tool sends of the checkout: tracked files and untracked ones git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    return [n for n in names if n and (repo / n).is_file()]
+
+
+def _tree_mib(repo: Path) -> float:
+    return sum((repo / n).stat().st_size for n in tree_files(repo)) / 2**20
 
 
 def _english_only_espeak_data(debs: Path) -> None:
@@ -180,8 +190,7 @@ def _mib(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+_norm = gpu_image.norm  # a distribution's normalized name
 
 
 def _dist_of(wheel: Path) -> str:
@@ -305,6 +314,21 @@ def install_debs(debs: list[Path], root: Path, keep_libs: bool, log: Log) -> dic
     return {"kept": sorted(set(kept)), "system": sorted(set(dropped))}
 
 
+def install_bundle(bundle: Path, site: Path, root: Path, keep_libs: bool, log: Log) -> tuple[dict[str, str], dict]:
+    """The bundle's wheels that this machine lacks (or holds older) into `site`, its .debs into `root`:
+    the environment that finds them (child_env), and what was decided and kept."""
+    bundle = bundle.resolve()
+    wheels = sorted((bundle / "wheels").glob("*.whl"))
+    debs = sorted((bundle / "debs").glob("*.deb"))
+    if not wheels and not debs:
+        raise RuntimeError(f"no wheels or debs in {bundle} (build it with --make-bundle)")
+    chosen, why = choose_wheels(wheels)
+    log("wheels: " + "; ".join(f"{k}: {v}" for k, v in sorted(why.items())))
+    install_wheels(chosen, site, log)
+    libs = install_debs(debs, root, keep_libs, log)
+    return child_env(site, root), {"wheels": why, "libraries": libs}
+
+
 def child_env(site: Path, root: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     libdirs = [root / "usr/lib/x86_64-linux-gnu", root / "lib/x86_64-linux-gnu",
@@ -341,6 +365,26 @@ def check_imports(env: dict[str, str], engine: str) -> str:
     if r.returncode != 0:
         raise RuntimeError(f"the fleet's imports fail with the bundle installed:\n{r.stderr.strip()[-3000:]}")
     return r.stdout.strip()
+
+
+# --- time: the start-up and the levels ------------------------------------------------------------------
+
+
+def levels_need_s(levels: list[int], full: set[int], duration: float, min_duration: float) -> float:
+    """Seconds the levels need after the start-up: each full level its whole window, the others
+    their least; the fleet must be ready by the budget's end less this (and the stop's reserve)."""
+    return sum((duration if c in full else min(min_duration, duration)) + LEVEL_OVERHEAD_S for c in levels)
+
+
+def level_window(level: int, later: list[int], full: set[int], left: float, duration: float,
+                 min_duration: float) -> float | None:
+    """Seconds of load for `level` with `left` seconds to go, the full levels after it kept whole;
+    None: skipped (a full level that cannot have its window, another under --min-duration)."""
+    reserved = sum(duration + LEVEL_OVERHEAD_S for c in later if c in full)
+    if level in full:
+        return duration if left - reserved >= duration + LEVEL_OVERHEAD_S else None
+    window = min(duration, left - reserved - LEVEL_OVERHEAD_S)
+    return window if window >= min(min_duration, duration) else None
 
 
 # --- the fleet ------------------------------------------------------------------------------------------
@@ -807,7 +851,8 @@ def write_results(out: Path, result: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m loadtest.gpu_fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--make-bundle", metavar="DIR", help="build the bundle in DIR (here, with PyPI and apt) and exit")
-    p.add_argument("--python-version", default="3.12", help="--make-bundle: the box's Python (default 3.12)")
+    p.add_argument("--python", default="", help="--make-bundle: an interpreter of the box's Python version, which "
+                   "resolves for it (default: python3.12 here, pyenv's too)")
     p.add_argument("--bundle", default=".fleet",
                    help="the bundle folder (wheels/, debs/), default .fleet; `none`: this machine's packages as they are")
     p.add_argument("--out", help="where gpu_fleet.json, gpu_fleet.md and gpu_fleet.log go")
@@ -836,6 +881,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=30.0,
                    help="seconds each level holds its load at most; less when the budget is short (default 30)")
     p.add_argument("--min-duration", type=float, default=5.0, help="a level shorter than this is skipped (default 5)")
+    p.add_argument("--full-levels", default="",
+                   help="levels that get their whole --duration or are skipped (default: every level but the "
+                        "first, which takes what the others leave, down to --min-duration)")
     p.add_argument("--texts", default="paragraphs", help="loadtest text set: short, paragraphs, long (default paragraphs)")
     p.add_argument("--format", default="pcm", help="response_format (default pcm)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each level (default 2)")
@@ -853,7 +901,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.make_bundle:
-        return make_bundle(Path(args.make_bundle).resolve(), args.python_version)
+        return make_bundle(Path(args.make_bundle).resolve(), args.python or None)
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     out = Path(args.out).resolve()
@@ -861,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / OUT_LOG).unlink(missing_ok=True)
     log = Log(out / OUT_LOG)
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    full = {int(x) for x in args.full_levels.split(",") if x.strip()} if args.full_levels else set(levels[1:])
     result: dict[str, Any] = {
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "workers": args.workers,
                  "replicas": args.replicas or args.workers, "batch_max": args.batch_max or "default",
@@ -882,21 +931,13 @@ def main(argv: list[str] | None = None) -> int:
     fleet: Fleet | None = None
     scratch = Path(tempfile.mkdtemp(prefix="gpu-fleet-"))
     try:
-        if args.bundle == "none":  # a machine that has every package already (the harness's CPU rehearsal)
-            why, libs = {"bundle": "none: this machine's packages"}, {}
-            log("no bundle: the fleet runs on this machine's packages")
+        if args.bundle == "none":  # installed already (the GPU harness's start), or a machine that has it all
+            why, libs = {"bundle": "none: this machine's packages as they are"}, {}
+            log("no bundle: the fleet runs on this machine's packages (and what PYTHONPATH adds)")
             env = child_env(scratch / "no-site", scratch / "no-root")
         else:
-            bundle = Path(args.bundle).resolve()
-            wheels = sorted((bundle / "wheels").glob("*.whl"))
-            debs = sorted((bundle / "debs").glob("*.deb"))
-            if not wheels and not debs:
-                raise RuntimeError(f"no wheels or debs in {bundle} (build it with --make-bundle)")
-            chosen, why = choose_wheels(wheels)
-            log("wheels: " + "; ".join(f"{k}: {v}" for k, v in sorted(why.items())))
-            install_wheels(chosen, Path(args.site), log)
-            libs = install_debs(debs, Path(args.root), args.keep_libs, log)
-            env = child_env(Path(args.site), Path(args.root))
+            env, installed = install_bundle(Path(args.bundle), Path(args.site), Path(args.root), args.keep_libs, log)
+            why, libs = installed["wheels"], installed["libraries"]
         facts = check_imports(env, args.engine)
         result["install"] = {"wheels": why, "libraries": libs, "imports": facts,
                              "install_s": round(time.monotonic() - t0, 1)}
@@ -905,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
 
         fleet = Fleet(args, env, log, scratch)
         fleet.start()
-        startup_deadline = deadline - args.stop_reserve_s - args.min_duration - LEVEL_OVERHEAD_S
+        startup_deadline = deadline - args.stop_reserve_s - levels_need_s(levels, full, args.duration, args.min_duration)
         startup = fleet.wait_ready(startup_deadline)
         result["startup"] = {k: v for k, v in startup.items() if k != "health"}
         result["health"] = startup.get("health")
@@ -922,12 +963,9 @@ def main(argv: list[str] | None = None) -> int:
                                f"budget ({startup['startup_s']} s of start-up)")
 
         for i, c in enumerate(levels):
-            # An equal share of what is left, within [--min-duration, --duration]; in order, so when the
-            # budget runs out it is the last levels that are skipped.
             left = deadline - args.stop_reserve_s - time.monotonic()
-            share = left / (len(levels) - i) - LEVEL_OVERHEAD_S
-            duration = max(args.min_duration, min(args.duration, share))
-            if left < duration + LEVEL_OVERHEAD_S:
+            duration = level_window(c, levels[i + 1:], full, left, args.duration, args.min_duration)
+            if duration is None:
                 result["notes"].append(f"c={c} skipped: {max(0.0, left):.0f} s of budget left")
                 log(f"c={c}: skipped ({max(0.0, left):.0f} s of budget left)")
                 continue

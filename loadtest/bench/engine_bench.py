@@ -167,7 +167,9 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     """Per batch size: the batch eagerly, the batch on the served engine (compiled, and on CUDA
     captured as graphs, unless switched off) and the same chunks one by one, alternating within each
     repeat so other processes' load hits all alike; with several `--stage2` modes, the eager batch in
-    each, against the one-by-one results. `--json` is rewritten after every batch size."""
+    each, against the one-by-one results. `--json` is rewritten after every batch size. With a served
+    engine to build, the eager batches and one by one are measured and written first (`eager_first`),
+    before anything compiles."""
     from worker.engine import BatchItem, Engine
 
     mode = [m for m in args.modes.split(",") if m][0]
@@ -183,31 +185,14 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     for engine in eager.values():
         engine.warmup()
     served = eager[arithmetic[0]]
-    if compiled or graphs:
-        _progress(f"building ours-{mode}, " + ("compiled" if compiled else "not compiled")
-                  + (", CUDA-graphed" if graphs else "") + " (a compile per shape family on a cold cache)")
-        options = {"batch_graph_frames": args.batch_graph_frames} if args.batch_graph_frames else {}
-        served = Engine(weights, str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs, compiled=compiled,
-                        max_batch=max(sizes), stage2=arithmetic[0], **options, **cache)
-        start = time.perf_counter()
-        served.warmup()
-        record = served.compile_record
-        _progress(f"served engine ready in {time.perf_counter() - start:.1f} s"
-                  + (f": {record.describe()}" if record else ""))
-        if args.artifacts_out:
-            from loadtest.bench.compile_artifacts import save_artifacts
-
-            _progress(f"compile cache artifacts: {save_artifacts(Path(args.artifacts_out), served.run_report())}")
-    # one by one as a replica serves single chunks: the served engine on CUDA, eagerly on the CPU
-    single = served if device.type == "cuda" else eager[arithmetic[0]]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    meta = batch_meta(args, device, mode, served, eager, compiled, graphs)
     results: dict[str, dict] = {}
-    figures_out: dict = {"meta": meta, "batch": results}
+    figures_out: dict = {"meta": batch_meta(args, device, mode, served, eager, False, False), "batch": results}
 
     def write() -> None:
         if args.json_path:
-            meta["engines"] = {"eager": next(iter(eager.values())).run_report(), "served": served.run_report()}
+            figures_out["meta"]["engines"] = {"eager": next(iter(eager.values())).run_report(),
+                                              "served": served.run_report()}
             tmp = f"{args.json_path}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(figures_out, f, indent=2, default=str)
@@ -220,8 +205,9 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         sync()
         return time.perf_counter() - start, time.process_time() - cpu_start, out
 
-    write()
-    for size in sizes:
+    def measure(size: int, single) -> dict:
+        """The eager batch (each arithmetic), the served engine's batch (once built) and the same
+        chunks one by one on `single`, alternating within each repeat."""
         chunks = batch_chunks(weights.config["vocab"], args.batch_phonemes, size)
         items = [BatchItem(ids, voice[len(ids) - 1]) for ids in chunks]
         contenders = {"batched": lambda: eager[arithmetic[0]].synthesize_batch(items)}  # noqa: E731
@@ -253,7 +239,34 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
             row["arithmetic"] = {m: {**by["batched" if m == arithmetic[0] else f"batched-{m}"],
                                      **parity(outputs["one_by_one"], outputs["batched" if m == arithmetic[0] else f"batched-{m}"])}
                                  for m in arithmetic}
-        results[str(size)] = row
+        return row
+
+    write()
+    if compiled or graphs:
+        # the eager figures first, kept apart: a compile that overruns the step's limit must not lose them
+        eager_first = figures_out["eager_first"] = {}
+        for size in sizes:
+            eager_first[str(size)] = results[str(size)] = measure(size, eager[arithmetic[0]])
+            write()
+        _progress(f"building ours-{mode}, " + ("compiled" if compiled else "not compiled")
+                  + (", CUDA-graphed" if graphs else "") + " (a compile per shape family on a cold cache)")
+        options = {"batch_graph_frames": args.batch_graph_frames} if args.batch_graph_frames else {}
+        served = Engine(weights, str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs, compiled=compiled,
+                        max_batch=max(sizes), stage2=arithmetic[0], **options, **cache)
+        start = time.perf_counter()
+        served.warmup()
+        record = served.compile_record
+        _progress(f"served engine ready in {time.perf_counter() - start:.1f} s"
+                  + (f": {record.describe()}" if record else ""))
+        if args.artifacts_out:
+            from loadtest.bench.compile_artifacts import save_artifacts
+
+            _progress(f"compile cache artifacts: {save_artifacts(Path(args.artifacts_out), served.run_report())}")
+        figures_out["meta"] = batch_meta(args, device, mode, served, eager, compiled, graphs)
+    # one by one as a replica serves single chunks: the served engine on CUDA, eagerly on the CPU
+    single = served if device.type == "cuda" else eager[arithmetic[0]]
+    for size in sizes:
+        results[str(size)] = measure(size, single)
         write()
     if args.lone:
         figures_out["lone"] = lone_chunk(single, weights, voice, args.lone, sync, args.lone_runs)
@@ -318,7 +331,7 @@ def print_batches(args, device, mode, results, lone, served, compiled, graphs) -
     lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
              f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} stage2={args.stage2}",
              f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
-             f"isa: {isa_in_use()}",
+             *([f"isa: {isa_in_use()}"] if device.type == "cpu" else []),  # the CPU kernels' (a probe compile)
              f"chunks of about {args.batch_phonemes} phonemes; eager = synthesize_batch without compile or graphs; "
              + (f"{served_name} = synthesize_batch of the served engine; " if has_served else "")
              + f"one by one = the same chunks, synthesize() each on the {'served' if device.type == 'cuda' else 'eager'} engine",
@@ -374,8 +387,11 @@ def isa_in_use() -> str:
     from worker.cpu_features import isa_cap
     from worker.cpu_runtime import vector_isa
 
-    return (f"aten={torch.backends.cpu.get_cpu_capability()} inductor={vector_isa()} "
-            f"onednn={isa_cap() or 'native'}")
+    # torch finds inductor's by compiling a probe (minutes on a cold cache and 2 busy cores): not when
+    # TORCH_COMPILE_OVERRIDE_BACKENDS keeps inductor from generating any kernel
+    inductor = "not used (TORCH_COMPILE_OVERRIDE_BACKENDS)" if os.environ.get("TORCH_COMPILE_OVERRIDE_BACKENDS") \
+        else vector_isa()
+    return f"aten={torch.backends.cpu.get_cpu_capability()} inductor={inductor} onednn={isa_cap() or 'native'}"
 
 
 def run(args: argparse.Namespace) -> int:

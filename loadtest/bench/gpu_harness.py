@@ -4,20 +4,24 @@ A lent GPU comes for about 15 minutes, its start included, and a call may run 10
 a fixed list of steps, each a subprocess in its own process group with its own time limit (SIGTERM
 at its limit less a grace, SIGKILL at its limit, whatever it prints or does not print), in order:
 
+  every call first installs the carried bundle (`.fleet`: what the GPU image lacks, loadtest/gpu_image.py)
+  once, for every step, and says so; then
   first call (`--call first`, the default; limits in STEPS, their sum within --budget-s):
     smoke     one engine in the serving configuration (loadtest/bench/gpu_smoke.py): compile,
               capture, graphed replay against the same engine's eager run, into DIR/smoke.json at
-              once; the steps after it take their fallback from it (compile failed: eager batches
-              and the uncompiled tests; capture failed: compiled batches without graphs)
-    batch     `kokoro-fleet bench --batch 8,32`: compiled-and-graphed batches of 120-phoneme
-              chunks beside eager batches and one by one, and a lone 60-phoneme chunk
+              once; the steps after it take their fallback from it (failed before its engine was
+              ready: eager, no graphs; compile failed: eager batches and the uncompiled tests;
+              capture failed: compiled batches without graphs), each saying the smoke's phase and
+              the exception's last line
+    batch     `kokoro-fleet bench --batch 8,32`: eager batches and one by one first (written before
+              anything compiles), then compiled-and-graphed batches beside them, and a lone
+              60-phoneme chunk
     fleet     `python -m loadtest.gpu_fleet`: `serve` with its GPU defaults on the compile cache
-              the smoke left, c = 1, 128, 256 (needs the carried `.fleet` bundle)
-    tests     pytest tests/unit/test_engine_gpu.py
-    startup   if time is left: eight serving engines starting together on the warm cache
-  second call (`--call second`): faults (an out-of-memory pass, a replica SIGKILLed under MPS),
-    then arithmetic (eager batches under exact, exact-nondeterministic and fast stage-2
-    arithmetic: no compile, so it fits).
+              the smoke left, c = 1, then c = 128 and c = 256 each for its whole window
+  second call (`--call second`): faults (an out-of-memory pass, a replica SIGKILLed under MPS), tests
+    (pytest tests/unit/test_engine_gpu.py), arithmetic (eager batches under exact,
+    exact-nondeterministic and fast stage-2 arithmetic: no compile, so it fits), then startup if time
+    is left (eight serving engines starting together on the warm cache).
 
 When time runs short, the steps cut are those of lowest priority (STEPS), not the last ones. Every
 step's output goes to DIR/harness.log as it comes; DIR/gpu_results.json and DIR/gpu_results.md
@@ -26,8 +30,10 @@ or the harness stopped by SIGTERM or SIGINT (it stops every step's process group
 leaves every figure measured. DIR holds at most 8 files, each under 16 MiB: what a device call
 brings back.
 
-`--rehearse-cpu` runs the same call on a CPU: the same steps, code and plumbing, with tiny weights,
-no CUDA graphs and no MPS, smaller batches and levels, and torch.compile through dynamo's eager
+`--rehearse-cpu` (or GPU_CALL_REHEARSAL=cpu in the environment: loadtest/image_rehearsal.py runs the
+prepared command line so on a replica of the GPU image) runs the same call on a CPU: the same steps,
+code and plumbing, with tiny weights, no CUDA graphs and no MPS, smaller batches, the fleet's levels
+with shorter windows, and torch.compile through dynamo's eager
 backend (TORCH_COMPILE_OVERRIDE_BACKENDS: inductor's C++ compile of the tiny decoder takes minutes
 a family on a 2-core CPU); `--short` cuts it to about a minute on a quiet machine, compiled passes
 off and without the optional step (the CI test).
@@ -81,29 +87,36 @@ class Step:
 
 
 # The GPU estimates behind the limits (H100/H200: a torch.compile of one shape family about a
-# minute; 8 workers capture at once in 13-30 s) are in docs/performance.md's prepared calls.
+# minute; 8 workers capture at once in 13-30 s; the fleet's last 8-worker start-up, and its levels'
+# windows) are in docs/performance.md's prepared calls.
 STEPS = {
-    "smoke": Step("smoke", 1, 130, 90),
-    "batch": Step("batch", 3, 150, 100),
-    "fleet": Step("fleet", 2, 160, 110, grace_s=15),
-    "tests": Step("tests", 4, 70, 40),
+    "smoke": Step("smoke", 1, 120, 90),
+    "batch": Step("batch", 3, 135, 100),
+    "fleet": Step("fleet", 2, 245, 235, grace_s=15),
+    "tests": Step("tests", 2, 60, 40),
     "startup": Step("startup", 5, 90, 45, optional=True),
-    "faults": Step("faults", 1, 115, 80),
-    "arithmetic": Step("arithmetic", 2, 50, 35),
+    "faults": Step("faults", 1, 110, 80),
+    "arithmetic": Step("arithmetic", 3, 45, 35),
     # not in the prepared calls: by --steps only
     "check": Step("check", 3, 200, 120),
     "replicas": Step("replicas", 3, 300, 150),
 }
-CALLS = {"first": ("smoke", "batch", "fleet", "tests", "startup"), "second": ("faults", "arithmetic")}
-BUDGETS = {"first": 520.0, "second": 170.0}
+CALLS = {"first": ("smoke", "batch", "fleet"), "second": ("faults", "tests", "arithmetic", "startup")}
+BUDGETS = {"first": 525.0, "second": 240.0}
+BUNDLE_INSTALL_S = 20.0      # the bundle's install at a call's start, out of its budget (15-20 s on the H200)
+# The fleet step's levels on a GPU: c = 128 and c = 256 each get their whole window, c = 1 what is left.
+FLEET_LEVELS, FLEET_WINDOW_S = "1,128,256", 15
 # The CPU rehearsal's (limit, floor) per step: tiny weights on 2 shared cores, not a GPU's times.
-REHEARSAL_LIMITS = {"smoke": (100, 60), "batch": (170, 60), "fleet": (180, 60), "tests": (70, 20), "startup": (90, 45),
+REHEARSAL_LIMITS = {"smoke": (110, 60), "batch": (180, 60), "fleet": (210, 120), "tests": (70, 20), "startup": (90, 45),
                     "faults": (120, 60), "arithmetic": (120, 50), "check": (60, 30), "replicas": (120, 60)}
 # Generous caps, for a 2-core machine shared with other jobs (imports alone took 10-60 s there
 # under a load average of 10-14); on a quiet one the short call's steps end long before them.
 SHORT_LIMITS = {"smoke": (90, 30), "batch": (90, 30), "fleet": (150, 60), "tests": (60, 20), "startup": (60, 30),
                 "faults": (60, 30), "arithmetic": (60, 20), "check": (30, 15), "replicas": (60, 30)}
-REHEARSAL_BUDGETS = {"full": 575.0, "short": 400.0}
+REHEARSAL_BUDGETS = {"full": 525.0, "short": 400.0}
+# A rehearsal of the prepared command line as written (loadtest/image_rehearsal.py): set to `cpu`, the
+# harness runs as with --rehearse-cpu, the call's budget and bundle as the command line gives them.
+REHEARSAL_VARIABLE = "GPU_CALL_REHEARSAL"
 
 
 def steps_for(ctx: "Context") -> dict[str, Step]:
@@ -138,6 +151,7 @@ class Context:
     batch_family_ok: bool | None = None  # False: the batch step's compiled engine never got ready
     replica_counts: str = "1,2,4,8,12,16"
     mps: str = "both"
+    bundle_env: dict[str, str] = dataclasses.field(default_factory=dict)  # what finds the installed bundle
 
     @property
     def cpu(self) -> bool:
@@ -184,18 +198,18 @@ def step_command(name: str, ctx: Context, seconds: float) -> list[str]:
                           "--compiled", "on" if fb["compiled"] else "off",
                           "--cuda-graphs", "on" if fb["graphs"] else "off",
                           "--batch-graphs", "on" if fb["batch_graphs"] else "off"]
-    if name == "fleet":
-        bundle = str(ctx.fleet_bundle) if ctx.fleet_bundle else "none"
-        command = [PY, "-m", "loadtest.gpu_fleet", "--bundle", bundle, "--out", str(work / "fleet"), *device,
+    if name == "fleet":  # the bundle was installed at the call's start (install_bundle): --bundle none
+        command = [PY, "-m", "loadtest.gpu_fleet", "--bundle", "none", "--out", str(work / "fleet"), *device,
                    "--budget-s", str(int(seconds - grace_of(steps_for(ctx)["fleet"], seconds))),
                    "--stop-reserve-s", "8" if cpu else "15",
                    *(["--compile-cache-dir", fb["compile_dir"]] if fb["compile_dir"] else []),
                    "--compile" if fb["compiled"] else "--no-compile",
                    "--cuda-graphs" if fb["graphs"] else "--no-cuda-graphs"]
-        if cpu:  # tiny on 2 shared cores: a few clients, one-sentence texts
+        if cpu:  # tiny on 2 shared cores: the GPU's levels, shorter windows, one-sentence texts
             return command + ["--workers", "1" if ctx.short else "2", "--mps", "off", "--levels",
-                              "1" if ctx.short else "1,2,4", "--duration", "3" if ctx.short else "5", "--texts", "short"]
-        return command + ["--levels", "1,128,256", "--duration", "15"]
+                              "1" if ctx.short else FLEET_LEVELS, "--duration", "3" if ctx.short else "8",
+                              "--texts", "short"]
+        return command + ["--levels", FLEET_LEVELS, "--duration", str(FLEET_WINDOW_S)]
     if name == "tests":  # the compiled tests batch: without the batch family in the cache they would compile it
         compiled = fb["compiled"] and ctx.batch_family_ok is not False
         return [PY, "-m", "pytest", "tests/unit/test_engine_gpu.py", "-v", "-p", "no:cacheprovider",
@@ -220,10 +234,14 @@ def step_command(name: str, ctx: Context, seconds: float) -> list[str]:
 
 
 def step_environment(ctx: Context) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, **ctx.bundle_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     if ctx.rehearsal:
         # dynamo traces, guards and counts as on the GPU; inductor's C++ compile would take minutes here
         env["TORCH_COMPILE_OVERRIDE_BACKENDS"] = ">=0:eager"
+        # a chosen inductor cache: no process probes the vector ISA (a C++ probe compiled, then loaded by a
+        # python -c that imports torch, per ISA and process: minutes on 2 loaded cores, and no C++ kernel
+        # is generated under the eager backend)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ctx.work / "inductor"))
         env["CUDA_VISIBLE_DEVICES"] = ""
         # one thread a process: two OpenMP threads per process on 2 cores shared with other jobs
         # spun against each other (a tiny 30-phoneme chunk took 14-19 s, against 1.2 s with one)
@@ -413,6 +431,31 @@ def _cpu_model() -> str | None:
 # --- the call ---------------------------------------------------------------------------------------------
 
 
+def install_bundle(ctx: Context, harness: Harness, names: list[str]) -> None:
+    """The carried bundle, once, before any step: its wheels that this machine lacks (or holds older)
+    and its libraries and programs (redis-server, espeak-ng) into the scratch folder; every step's
+    environment finds them (ctx.bundle_env). Its absence or failure is said, and the steps run on."""
+    from loadtest import gpu_fleet
+
+    record = harness.summary["bundle"] = {"folder": str(ctx.fleet_bundle) if ctx.fleet_bundle else None}
+    if ctx.fleet_bundle is None or not ctx.fleet_bundle.is_dir():
+        record["status"] = "none: this machine's packages" if ctx.rehearsal else f"no bundle at {ctx.fleet_bundle}"
+        harness.say(f"bundle: {record['status']}")
+        return
+    started = time.monotonic()
+    try:
+        env, installed = gpu_fleet.install_bundle(ctx.fleet_bundle, ctx.work / "site", ctx.work / "root",
+                                                  keep_libs=False, log=lambda m: harness.say(f"bundle: {m}"))
+    except Exception as error:  # noqa: BLE001 (said, and the steps run on: each says what it lacks)
+        record.update(status="failed", error=gpu_report.last_line(error))
+        harness.say(f"bundle: install FAILED: {record['error']}")
+        return
+    ctx.bundle_env = {k: env[k] for k in ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "ESPEAK_DATA_PATH") if k in env}
+    record.update(status="installed", seconds=round(time.monotonic() - started, 1), **installed)
+    harness.say(f"bundle: installed in {record['seconds']:.1f} s for every step ({', '.join(names)})")
+
+
+
 def run_call(ctx: Context, names: list[str], budget_s: float) -> int:
     """Run the steps `names` in order within `budget_s`; the report is rewritten as figures come."""
     harness = Harness(ctx.out, ctx.work, budget_s)
@@ -429,6 +472,8 @@ def run_call(ctx: Context, names: list[str], budget_s: float) -> int:
     harness.say("plan: " + ", ".join(f"{n} ({table[n].limit_s:.0f} s, priority {table[n].priority}"
                                       + (", if time is left" if table[n].optional else "") + ")" for n in names)
                 + f"; budget {budget_s:.0f} s")
+    install_bundle(ctx, harness, names)
+    write_report()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def stop(signum, frame):
@@ -499,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                         "earlier call on the same card and torch (its compile-artifacts-*.bin): the smoke loads them "
                         "before it compiles")
     parser.add_argument("--rehearse-cpu", action="store_true", help="the same call on this CPU: tiny weights, "
-                        "no CUDA graphs, no MPS")
+                        f"no CUDA graphs, no MPS (also: {REHEARSAL_VARIABLE}=cpu in the environment)")
     parser.add_argument("--short", action="store_true",
                         help="--rehearse-cpu in about a minute: compiled passes off, no optional step")
     parser.add_argument("--replica-counts", default="1,2,4,8,12,16", help="replicas step: the counts to measure")
@@ -516,17 +561,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown steps {unknown}: one of {', '.join(STEPS)}")
     bundle = Path(args.fleet_bundle).resolve()  # the steps run in the repository's root
-    if args.rehearse_cpu and not bundle.is_dir():
+    rehearse = args.rehearse_cpu or os.environ.get(REHEARSAL_VARIABLE) == "cpu"
+    if rehearse and not bundle.is_dir():
         bundle = None  # this machine's packages
     ctx = Context(out=out, work=work, fleet_bundle=bundle,
                   compile_dir=args.compile_cache_dir or None,
                   artifacts_in=Path(args.compile_artifacts).resolve() if args.compile_artifacts else None,
                   replica_counts=args.replica_counts, mps=args.mps)
     ctx.smoke_planned = "smoke" in names
-    if args.rehearse_cpu:
+    if rehearse:
         ctx.device, ctx.weights, ctx.rehearsal, ctx.short = "cpu", "tiny", True, args.short
         ctx.compile_dir = ctx.compile_dir or str(work / "compile-cache")
-    budget = args.budget_s or (REHEARSAL_BUDGETS["short" if args.short else "full"] if args.rehearse_cpu
+    budget = args.budget_s or (REHEARSAL_BUDGETS["short" if args.short else "full"] if rehearse
                                else BUDGETS[args.call])
     return run_call(ctx, names, budget)
 

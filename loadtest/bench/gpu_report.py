@@ -15,7 +15,9 @@ from pathlib import Path
 
 from loadtest.bench.compile_artifacts import FILE_LIMIT
 
-ARTIFACTS = "compile-artifacts-{step}.bin"  # the steps that compile: the smoke (single chunks), batch
+ARTIFACTS = "compile-artifacts-{step}.bin"
+# gpu_smoke.py's phases before its engine is ready: a smoke that stopped in one compiled and captured nothing
+PHASES_BEFORE_READY = ("started", "weights", "warmup")  # the steps that compile: the smoke (single chunks), batch
 FILES_BACK = 8              # files that come back from a device call
 # The steps' own files worth keeping beside the report (their figures are in gpu_results.json too):
 # the fleet's log holds the serve log's head, tail and start-up lines, the only record of where a
@@ -41,26 +43,43 @@ def write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
+def last_line(error) -> str:
+    """An exception's, or a traceback's, last line: what a report says of a failure."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 def fallback(smoke: dict | None, cpu: bool, compile_off: bool = False) -> dict:
     """What the steps after the smoke run, from what it found: compiled passes only if it compiled
     them, CUDA graphs (single chunks, batches) only if it captured them, on the compile cache it
-    used. `why` names a fallback ('' when there is none)."""
+    used. `why` names a fallback ('' when there is none) with the smoke's phase where it failed and
+    the exception's last line."""
     if smoke is None:
         return {"compiled": False, "graphs": False, "batch_graphs": False, "compile_dir": None,
-                "why": "no smoke figures: eager passes, no graphs"}
+                "why": "no smoke figures (smoke.json never written): eager passes, no graphs"}
     compile_ = smoke.get("compile") or {}
     graphs = smoke.get("graphs") or {}
     compiled = compile_.get("ok") is True and not compile_off
     single = (graphs.get("single") or {}).get("ok") is True
     batch = (graphs.get("batch") or {}).get("ok") is True
     why = []
-    if compile_.get("wanted") and not compiled and not compile_off:
-        why.append("the smoke's compile " + ("failed" if compile_.get("ok") is False else "did not finish")
-                   + ": eager batches and the uncompiled tests")
-    if not cpu and (graphs.get("single") or {}).get("wanted") and not single:
-        why.append("the smoke's capture of single-chunk graphs failed: no CUDA graphs")
-    elif not cpu and compiled and (graphs.get("batch") or {}).get("wanted") and not batch:
-        why.append("the smoke's capture of batch graphs failed: compiled batches without graphs")
+    phase = smoke.get("failed_phase") or smoke.get("phase")
+    stopped = phase if phase in PHASES_BEFORE_READY else None
+    if stopped:  # before the engine was ready: nothing compiled or captured
+        cause = last_line(smoke["error"]) if smoke.get("error") else "no exception: stopped at its limit"
+        why.append(f"the smoke failed in its {stopped} phase ({cause}): eager passes, no graphs")
+    else:
+        if compile_.get("wanted") and not compiled and not compile_off:
+            cause = last_line(compile_.get("error") or smoke.get("error") or "") or "no exception: stopped at its limit"
+            why.append("the smoke's compile " + ("failed" if compile_.get("ok") is False else "did not finish")
+                       + f" in its warmup phase ({cause}): eager batches and the uncompiled tests")
+        if not cpu and (graphs.get("single") or {}).get("wanted") and not single:
+            cause = last_line(graphs["single"].get("error") or "") or "no exception"
+            why.append(f"the smoke's capture of single-chunk graphs failed ({cause}): no CUDA graphs")
+        elif not cpu and compiled and (graphs.get("batch") or {}).get("wanted") and not batch:
+            cause = last_line(graphs["batch"].get("error") or "") or "no exception"
+            why.append(f"the smoke's capture of batch graphs failed ({cause}): compiled batches without graphs")
     # batch graphs: where the smoke's serving engine did not want them (serve's default batch bound is
     # 1), the batch step tries them once the single-chunk graphs captured
     batch_tried = (graphs.get("batch") or {}).get("wanted")
@@ -181,6 +200,13 @@ def markdown(figures: dict) -> str:
         lines += [f"**Rehearsal on the CPU ({figures['rehearsal']})**: {env.get('host_cpu')}, {env.get('cores')} cores; "
                   "tiny weights, no CUDA graphs, no MPS, torch.compile through dynamo's eager backend. The figures "
                   "check the plumbing, not the speed.", ""]
+    fallbacks = [f"{name}: {s['fallback']}" for name, s in figures.get("steps", {}).items() if s.get("fallback")]
+    if fallbacks:
+        lines += ["**Fallbacks:** " + "; ".join(fallbacks), ""]
+    bundle = figures.get("bundle")
+    if bundle:
+        lines += [f"Bundle: {bundle.get('status')}" + (f" in {bundle['seconds']} s" if bundle.get("seconds") else "")
+                  + (f" ({bundle['error']})" if bundle.get("error") else "") + ".", ""]
     lines += [f"torch {env.get('torch')}, python {env.get('python')}; {env.get('nvidia_smi', 'no nvidia-smi')}; "
               f"host {env.get('host_cpu')}, {env.get('cores')} cores", "",
               "| step | status | seconds | limit s | fallback or why |", "|---|---|---|---|---|"]

@@ -102,11 +102,24 @@ def memory(device) -> dict:
 
 
 def smoke(args: argparse.Namespace) -> int:
+    """The phases below; an exception in any is written into FILE first (the phase it stopped in and
+    its last line: the later steps' fallback says them), then raised."""
     path = Path(args.json)
-    started = time.perf_counter()
     report: dict = {"phase": "started", "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     save = lambda: write_json(path, report)  # noqa: E731
     save()
+    try:
+        return smoke_phases(args, report, save)
+    except BaseException as error:
+        from loadtest.bench.gpu_report import last_line
+
+        report.update(failed_phase=report["phase"], error=last_line(error))
+        save()
+        raise
+
+
+def smoke_phases(args: argparse.Namespace, report: dict, save) -> int:
+    started = time.perf_counter()
     import torch
 
     from loadtest.bench.engine_bench import bench_weights

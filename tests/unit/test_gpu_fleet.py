@@ -68,9 +68,28 @@ def test_the_script_imports_only_the_standard_library():
     assert out == "[] ['api', 'api.ports']"
 
 
-def test_the_bundle_carries_one_wheel_per_package_and_no_cjk_dictionaries():
-    assert len({gpu_fleet._norm(n) for n in gpu_fleet.WHEELS}) == len(gpu_fleet.WHEELS)
-    assert not {"jieba", "pypinyin", "unidic-lite", "fugashi", "cn2an"} & set(gpu_fleet.WHEELS)
+def test_the_bundle_carries_no_cjk_dictionaries_and_what_serving_imports_at_start():
+    from loadtest import gpu_image
+
+    carried, _ = gpu_image.read_plan()
+    assert not {"jieba", "pypinyin", "unidic-lite", "fugashi", "cn2an"} & set(carried)
+    assert {"num2words", "fastapi-offline", "fastapi", "uvicorn", "redis", "av", "misaki"} <= set(carried)
+
+
+def test_c128_and_c256_get_their_whole_window_and_c1_what_is_left():
+    full, levels = {128, 256}, [1, 128, 256]
+    need = gpu_fleet.levels_need_s(levels, full, 15, 5)
+    overhead = gpu_fleet.LEVEL_OVERHEAD_S
+    assert need == 5 + 15 + 15 + 3 * overhead
+    # plenty: c = 1 its whole window too
+    assert gpu_fleet.level_window(1, [128, 256], full, 200, 15, 5) == 15
+    # short: c = 1 shrinks, the full levels keep theirs
+    left = 2 * (15 + overhead) + 7 + overhead
+    assert gpu_fleet.level_window(1, [128, 256], full, left, 15, 5) == 7
+    assert gpu_fleet.level_window(128, [256], full, 2 * (15 + overhead), 15, 5) == 15
+    # a full level that cannot have its window is skipped, not shortened; c = 1 under its least too
+    assert gpu_fleet.level_window(256, [], full, 15 + overhead - 1, 15, 5) is None
+    assert gpu_fleet.level_window(1, [128, 256], full, 2 * (15 + overhead) + 4 + overhead, 15, 5) is None
 
 
 @pytest.mark.parametrize("processes, listed", [("nvidia-cuda-mps-server\n", True),

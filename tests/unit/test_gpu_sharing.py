@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from api import serve_cli
-from api.gpu_sharing import TIME_SLICED_BATCH_MAX, TIME_SLICED_REPLICAS, plan_replicas
+from api.gpu_sharing import MPS_BATCH_MAX, TIME_SLICED_BATCH_MAX, TIME_SLICED_REPLICAS, plan_replicas
 from api.settings import Settings
 
 
@@ -26,10 +26,12 @@ def test_without_mps_fewer_replicas_each_batching():
                                   "KOKORO_BATCH_MAX": str(TIME_SLICED_BATCH_MAX)}
 
 
-def test_under_mps_a_replica_in_every_worker_as_set():
+def test_under_mps_a_replica_in_every_worker_each_batching():
     plan = plan_replicas(8, replicas=0, batch_max=1, mps=True, shared_queue=True, environ={})
-    assert (plan.replicas, plan.batch_max) == (8, 1)
-    assert "MPS" in plan.reason
+    assert (plan.replicas, plan.batch_max) == (8, MPS_BATCH_MAX)
+    assert "MPS" in plan.reason and plan.batch_max > 1
+    chosen = plan_replicas(8, replicas=0, batch_max=2, mps=True, shared_queue=True, environ={"KOKORO_BATCH_MAX": "2"})
+    assert (chosen.replicas, chosen.batch_max) == (8, 2)
 
 
 def test_what_the_user_set_is_kept_without_mps():
