@@ -25,6 +25,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -72,18 +73,24 @@ def unavailable_as_error(what: str) -> Iterator[None]:
 
 class TracksAvailability:
     """Both ends of the queue call Redis through `_call`, which turns a lost connection into
-    `QueueUnavailable` and remembers in `degraded` whether the last call failed (for /health)."""
+    `QueueUnavailable` and reports to the worker's queue owner (`worker_queue`) whether the call got
+    an answer, as its `side`; `degraded` reads back whether this side's last call failed."""
 
-    degraded = False
+    worker_queue: Any  # api.speech.worker_queue.WorkerQueueOwner
+    side: str
+
+    @property
+    def degraded(self) -> bool:
+        return self.worker_queue.unreachable(self.side)
 
     async def _call(self, what: str, fn, *args):
         try:
             with unavailable_as_error(what):
                 reply = await fn(*args)
         except QueueUnavailable:
-            self.degraded = True
+            self.worker_queue.redis_answered(self.side, False)
             raise
-        self.degraded = False
+        self.worker_queue.redis_answered(self.side, True)
         stop_if_cancelled(what)
         return reply
 

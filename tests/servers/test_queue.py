@@ -38,15 +38,16 @@ def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:
     return [ChunkJob(fake_payload(p, work_s), p) for p in phonemes]
 
 
-def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None, **kw) -> AdmissionClient:
+def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None, *, worker_queue=None,
+          **kw) -> AdmissionClient:
     return AdmissionClient(connect(url), worker_id, bounds or AdmissionBounds(0, 0),
-                           ms_per_phoneme=MS_PER_PHONEME, **kw)
+                           worker_queue=worker_queue or WorkerQueueOwner(worker_id), ms_per_phoneme=MS_PER_PHONEME, **kw)
 
 
 def replica(url: str, name: str, run_job=fake_run_job, *, run_batch=None, worker_queue=None, engine: str = "",
             **config) -> Dispatcher:
     return Dispatcher(connect(url), name, run_job, DispatcherConfig(**config), run_batch=run_batch,
-                      worker_queue=worker_queue, engine=engine)
+                      worker_queue=worker_queue or WorkerQueueOwner(name), engine=engine)
 
 
 async def assert_idle(client: AdmissionClient) -> None:
