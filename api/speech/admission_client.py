@@ -4,7 +4,7 @@ A worker holding a client's connection calls, per request:
 
     rid = await admission.reserve()                   # a slot before any planning, or Refused -> 503
     ...plan the text (a 400 gives the slot back: await admission.withdraw(rid))...
-    ticket = await admission.admit([ChunkJob(payload, phonemes), ...], speed, rid)   # or Refused -> 503
+    ticket = await admission.admit([ChunkJob(payload, phonemes, speed), ...], rid)   # or Refused -> 503
     async for result in admission.results(ticket):                             # chunk 0, 1, ... in order
         ...encode result.pcm and send it...
     await admission.release(ticket.request_id)        # or cancel(...) when the client went away
@@ -120,6 +120,11 @@ def first_audio_places(replicas: int, rate: float | None, target_s: float, first
 class ChunkJob:
     payload: bytes   # what the replica's job runner needs (opaque to the queue)
     phonemes: int    # for the audio-duration estimate that orders the queue and bounds admission
+    speed: float = 1.0  # the chunk's speaking rate, as its payload gives it to the replica: the estimate's too
+
+    def __post_init__(self):
+        if not self.speed > 0:
+            raise ValueError(f"a chunk's speed must be positive, got {self.speed}")
 
 
 @dataclass(frozen=True)
@@ -280,7 +285,7 @@ class AdmissionClient(TracksAvailability):
         """Give back a reservation whose request will not be admitted (its text was refused)."""
         return bool(await self._call("withdrawal", self.scripts.withdraw, self.prefix, request_id))
 
-    async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None,
+    async def admit(self, jobs: Sequence[ChunkJob], request_id: str | None = None,
                     lease_for: Sequence | None = None, key: str | None = None) -> Ticket:
         """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`.
         With the id of a reservation, only the work bound is left to check (its key's was checked
@@ -289,14 +294,12 @@ class AdmissionClient(TracksAvailability):
         what it got (the replica must run it: `Dispatcher.run_claimed`)."""
         if not jobs:
             raise ValueError("a request needs at least one chunk job")
-        if speed <= 0:
-            raise ValueError("speed must be positive")
         rid = request_id or uuid.uuid4().hex
         args: list = [self.prefix, rid, self.worker_id, self.owner_ttl_ms, self.bounds.max_requests,
-                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs),
+                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, len(jobs),
                       key or "", self.bounds.key_max_requests, int(self.bounds.key_max_queued_seconds * 1000)]
         for job in jobs:
-            args += [int(job.phonemes), job.payload]
+            args += [int(job.phonemes), float(job.speed), job.payload]
         if lease_for:
             args += list(lease_for)
         reply = await self._call("admission", self.scripts.admit, *args)
@@ -404,11 +407,10 @@ class AdmissionClient(TracksAvailability):
         return bool(await self._call("release", self.scripts.release, self.prefix, request_id))
 
     @contextlib.asynccontextmanager
-    async def session(self, jobs: Sequence[ChunkJob], speed: float = 1.0,
-                      request_id: str | None = None) -> AsyncIterator[Ticket]:
+    async def session(self, jobs: Sequence[ChunkJob], request_id: str | None = None) -> AsyncIterator[Ticket]:
         """Admit, yield the ticket, then release (finished normally) or cancel (an exception or
         cancellation left the body early). A failure to reach Redis at exit is left to the reaper."""
-        ticket = await self.admit(jobs, speed, request_id)
+        ticket = await self.admit(jobs, request_id)
         finished = False
         try:
             yield ticket

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from api.settings import Settings
 from api.speech.admission_client import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused,
                                          Ticket)
-from api.speech.contract import KeyShareFull, Overloaded, SpeechPlan, SpeechRequest
+from api.speech.contract import KeyShareFull, Overloaded, SpeechPlan, SpeechRequest, VoicedRequest
 from api.speech.dispatcher import Dispatcher, NoReplica
 from api.speech.local import SpeechService
 from api.speech.redis_link import QueueStats, encode_job
@@ -93,12 +93,12 @@ class FleetAdmission:
         against that key's share of the fleet (KOKORO_KEY_MAX_SHARE; KeyShareFull beyond it)."""
         self._admitting += 1
         try:
-            voice = self.local.voice_for(request)  # resolved once for this request
-            inline = self._plans_inline(request, voice)
+            voiced = self.local.voiced(request)  # its voice resolved once for this request
+            inline = self._plans_inline(request, voiced)
             if self.worker_queue.degraded:  # this replica serves this worker's requests
-                plan = await self.local.plan_off_loop(request, voice, inline)
+                plan = await self.local.plan_off_loop(request, voiced, inline)
                 return self._from_cache(plan) or self._served_here(plan)
-            return await self._admit_to_queue(request, voice, inline, key)
+            return await self._admit_to_queue(request, voiced, inline, key)
         finally:
             self._admitting -= 1
 
@@ -146,12 +146,12 @@ class FleetAdmission:
             self.admission.bounds = bounds
 
     # --- the admission's steps --------------------------------------------------------------------
-    def _plans_inline(self, request: SpeechRequest, voice: Voice | None) -> bool:
+    def _plans_inline(self, request: SpeechRequest, voiced: VoicedRequest) -> bool:
         """Whether to plan a short text before its one admission call. In a burst beyond the
         fleet's bound, planning every text before learning it is refused would put each refusal
         behind all the planning before it on this loop: once this worker is admitting more than its
         share of the bound at once, or the fleet refused lately, texts are reserved first."""
-        return (self.local.plans_inline(request, voice) and self._admitting <= self._share_of_bound()
+        return (self.local.plans_inline(request, voiced) and self._admitting <= self._share_of_bound()
                 and time.monotonic() - self._refused_at > REFUSAL_MEMORY_S)
 
     def _share_of_bound(self) -> float:
@@ -174,7 +174,7 @@ class FleetAdmission:
         self.worker_queue.served_here(from_cache=False)
         return FleetPlan.admitted(plan, None)
 
-    async def _admit_to_queue(self, request: SpeechRequest, voice: Voice | None, inline: bool,
+    async def _admit_to_queue(self, request: SpeechRequest, voiced: VoicedRequest, inline: bool,
                               key: str | None) -> FleetPlan:
         """Reserve (a longer text), plan, enqueue; falls back to this replica when Redis stops answering."""
         rid, reserved = None, False
@@ -189,8 +189,8 @@ class FleetAdmission:
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
         try:
-            plan = self.local.plan(request, voice) if inline else await self.local.plan_off_loop(request, voice,
-                                                                                                  inline=False)
+            plan = self.local.plan(request, voiced) if inline else await self.local.plan_off_loop(request, voiced,
+                                                                                                   inline=False)
         except BaseException:  # a 400, or the client left: the slot goes back at once
             if reserved:
                 await self._drop_quietly(rid)
@@ -202,17 +202,16 @@ class FleetAdmission:
             return cached
         if rid is None:  # Redis went away at the reservation
             return self._served_here(plan)
-        jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), plan.speed_of(c)), len(c.ids))
-                for c in plan.chunks if c.ids]
+        jobs = [chunk_job(c.ids, plan.voice_of(c), plan.speed_of(c)) for c in plan.chunks if c.ids]
         # This worker's replica waiting for work: the admission leases for it in the same call
         # (the earliest deadline first, as ever; usually this request's first chunk, which then
         # never crosses processes or waits for a wake-up).
         claimed = self.dispatcher.claim()
         try:
             if claimed:
-                ticket = await self._admit_and_lease(jobs, plan.request.speed, rid, key)
+                ticket = await self._admit_and_lease(jobs, rid, key)
             else:
-                ticket = await self.admission.admit(jobs, plan.request.speed, rid, key=key)
+                ticket = await self.admission.admit(jobs, rid, key=key)
         except Refused as e:  # a bound: admit.lua has given any reservation back
             raise self._refused(e) from None
         except QueueUnavailable as e:
@@ -246,13 +245,12 @@ class FleetAdmission:
         self.worker_queue.served_here(from_cache=True)
         return FleetPlan.admitted(plan, None)
 
-    async def _admit_and_lease(self, jobs: list[ChunkJob], speed: float, rid: str, key: str | None) -> Ticket:
+    async def _admit_and_lease(self, jobs: list[ChunkJob], rid: str, key: str | None) -> Ticket:
         """`admit` with a lease for this worker's claimed replica. The call runs in a task of its
         own: if the client leaves meanwhile, whatever it leased (maybe another request's job) is
         still run and completed, and only then is this request dropped, so no lease is left to
         expire. The replica is given back when the call fails or leased nothing."""
-        call = asyncio.ensure_future(self.admission.admit(jobs, speed, rid, self.dispatcher.lease_arguments(),
-                                                          key=key))
+        call = asyncio.ensure_future(self.admission.admit(jobs, rid, self.dispatcher.lease_arguments(), key=key))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
@@ -281,3 +279,10 @@ class FleetAdmission:
 
         with contextlib.suppress(QueueUnavailable):
             await asyncio.shield(drop())
+
+
+def chunk_job(ids, voice: Voice, speed: float) -> ChunkJob:
+    """A chunk's job: its ids, its voice in the one form that travels (the canonical spec, which the
+    replica's VoiceBank turns into the very same pack) and its speed, decided once by the plan and
+    used both by the queue's audio estimate and by the replica."""
+    return ChunkJob(encode_job(ids, voice.canonical, speed), len(ids), speed)

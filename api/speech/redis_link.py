@@ -9,8 +9,10 @@ transparently after a Redis restart), opens connections that fail fast, and turn
 can be unreachable into one exception, `QueueUnavailable`, so callers can fall back to local
 serving. It imports neither torch nor FastAPI.
 
-A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
-own VoiceBank (every worker loads the same voices) and returns 16-bit PCM (little-endian; its
+A job's payload is JSON `{"ids", "voice", "speed"}`: the voice is the request's, resolved once at
+admission, in its canonical form (`Voice.canonical`: names and exact weights), which the replica's
+VoiceBank (every worker loads the same voices) turns into the very same pack; the speed is the one
+admit.lua's estimate uses too and returns 16-bit PCM (little-endian; its
 replica's audio is on that grid already: worker/audio.py), so the owner's audio is bit-identical to
 what its own replica would have made.
 """

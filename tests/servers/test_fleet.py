@@ -81,6 +81,28 @@ def test_job_payload_round_trips():
     assert decode_job(payload) == ([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
 
 
+def test_the_queues_estimate_uses_the_speed_each_chunks_job_gives_the_replica(local_service, redis_server):
+    """A <prosody rate> part's chunks run at their own speed: admit.lua's audio estimate (which orders
+    the queue and bounds admission) divides by that same speed, not by the request's."""
+    from worker.audio import SECONDS_PER_PHONEME
+
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            plan = await fleet.admit(SpeechRequest('Normal pace for these words. <prosody rate="50%">And then '
+                                                   'slowly, very slowly.</prosody>', "af_heart"))
+            await collect(fleet, plan)
+            return plan
+        finally:
+            await fleet.aclose()
+
+    plan = asyncio.run(go())
+    spoken = [c for c in plan.chunks if c.ids]
+    assert len({plan.speed_of(c) for c in spoken}) == 2, "the test needs chunks at two speeds"
+    speech_s = sum(len(c.ids) * SECONDS_PER_PHONEME / plan.speed_of(c) for c in spoken)
+    assert plan.ticket.estimated_seconds == pytest.approx(speech_s, abs=0.001 * len(spoken))
+
+
 @pytest.mark.parametrize("runner, text", [("own replica", TWO_CHUNKS), ("another worker's replica", TWO_CHUNKS),
                                           ("another worker's replica", TWO_VOICES)])
 def test_fleet_gives_the_same_audio_and_words_as_the_local_service(local_service, redis_server, runner, text):

@@ -34,8 +34,8 @@ from api.speech.dispatcher import DELIVERED, DROPPED, STALE, Dispatcher, Dispatc
 from api.speech.worker_queue import WorkerQueueOwner
 
 
-def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:
-    return [ChunkJob(fake_payload(p, work_s), p) for p in phonemes]
+def jobs(*phonemes: int, work_s: float = 0.0, speed: float = 1.0) -> list[ChunkJob]:
+    return [ChunkJob(fake_payload(p, work_s), p, speed) for p in phonemes]
 
 
 def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None, *, worker_queue=None,
@@ -189,7 +189,7 @@ def test_work_bound_refuses_beyond_queued_audio_but_an_empty_queue_admits_anythi
         rep = replica(redis_server.url, "r0")
         job = await rep.lease()                      # the big job leaves the queue (now in flight)
         assert job is not None and job.estimated_seconds == pytest.approx(15.0)
-        fast = await client.admit(jobs(100), speed=2.0)
+        fast = await client.admit(jobs(100, speed=2.0))
         assert fast.estimated_seconds == pytest.approx(100 * MS_PER_PHONEME / 2000)
         for t in (big, fast):
             await client.cancel(t.request_id)
