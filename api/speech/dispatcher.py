@@ -487,7 +487,7 @@ class ReplicaJobRunner:
         the others' forward pass."""
         from worker.engine import BatchItem  # the engine's module needs torch, loaded by now
 
-        outputs: list[JobOutput | Exception | None] = [None] * len(jobs)
+        outputs: dict[int, JobOutput | Exception] = {}  # by the job's place in `jobs`
         items, slots = [], []
         for k, job in enumerate(jobs):
             try:
@@ -500,7 +500,7 @@ class ReplicaJobRunner:
         if items:
             for k, result in zip(slots, await self.replica.synthesize_batch(items), strict=True):
                 outputs[k] = self._output(result)
-        return outputs  # type: ignore[return-value]
+        return [outputs[k] for k in range(len(jobs))]
 
     def _decode(self, job: Job):
         if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:
