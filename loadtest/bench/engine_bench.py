@@ -168,7 +168,7 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     captured as graphs, unless switched off) and the same chunks one by one, alternating within each
     repeat so other processes' load hits all alike; with several `--stage2` modes, the eager batch in
     each, against the one-by-one results. `--json` is rewritten after every batch size."""
-    from worker.engine import BatchItem, Engine
+    from worker.engine import BatchItem, Engine, EngineConfig
 
     mode = [m for m in args.modes.split(",") if m][0]
     sizes = [int(b) for b in args.batch.split(",") if b]
@@ -178,7 +178,7 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     batch_graphs = None if args.batch_graphs == "auto" else args.batch_graphs == "on"
     cache = {"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {}
     _progress(f"building ours-{mode}, eager" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
-    eager = {m: Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False, stage2=m)
+    eager = {m: Engine(weights, EngineConfig(str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False, stage2=m))
              for m in arithmetic}
     for engine in eager.values():
         engine.warmup()
@@ -187,8 +187,8 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         _progress(f"building ours-{mode}, " + ("compiled" if compiled else "not compiled")
                   + (", CUDA-graphed" if graphs else "") + " (a compile per shape family on a cold cache)")
         options = {"batch_graph_frames": args.batch_graph_frames} if args.batch_graph_frames else {}
-        served = Engine(weights, str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs, compiled=compiled,
-                        max_batch=max(sizes), stage2=arithmetic[0], **options, **cache)
+        served = Engine(weights, EngineConfig(str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs, compiled=compiled,
+                        max_batch=max(sizes), stage2=arithmetic[0], **options, **cache))
         start = time.perf_counter()
         served.warmup()
         record = served.compile_record
@@ -379,7 +379,7 @@ def isa_in_use() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.engine import Engine, resolve_device, resolve_dtype
+    from worker.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 
     if args.isa != "native":
         emulate_isa(args.isa)
@@ -412,9 +412,9 @@ def run(args: argparse.Namespace) -> int:
             # graphed: the serving path, compiled for the dtype a replica serves (auto's) only: a compile
             # per dtype would cost minutes for figures the served dtype's already give
             serving = resolved == resolve_dtype("auto", device)
-            engine = Engine(weights, str(device), mode, cuda_graphs=graphs, fused_kernels=fused,
+            engine = Engine(weights, EngineConfig(str(device), mode, cuda_graphs=graphs, fused_kernels=fused,
                             compiled=graphs and (args.compiled == "on" or (args.compiled == "auto" and serving)),
-                            **({"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {}))
+                            **({"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {})))
             engine.warmup()
             engines[name] = engine
             contenders[name] = (lambda e: (lambda ids: e.synthesize(ids, voice[len(ids) - 1])))(engine)

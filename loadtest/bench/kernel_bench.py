@@ -45,13 +45,13 @@ def timed(engine, ids, style) -> tuple[float, float]:
 
 def bench_mode(weights, dtype: str, phonemes: int, runs: int) -> dict:
     from worker.compile_cache import CompileTally
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
     vocab = weights.config["vocab"]
     ids = chunk_ids(vocab, phonemes)
     style = weights.voices["af_heart"][len(ids) - 1]
     started = time.perf_counter()
-    engine = Engine(weights, "cpu", dtype)
+    engine = Engine(weights, EngineConfig("cpu", dtype))
     engine.warmup(compile_kernels=False)
     ready_s = time.perf_counter() - started
     first_eager_s, _ = timed(engine, ids, style)

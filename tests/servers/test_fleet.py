@@ -34,9 +34,9 @@ TWO_VOICES = (TWO_CHUNKS.replace("The second", '<voice name="bm_george"><prosody
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_weights):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    return Engine(tiny_weights, "cpu", "fp32")
+    return Engine(tiny_weights, EngineConfig("cpu", "fp32"))
 
 
 @pytest.fixture
@@ -417,9 +417,9 @@ def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
 
 
 def test_baseline_runs_up_to_four_chunks_at_once_with_the_same_audio(tiny_weights):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    engine = Engine(tiny_weights, "cpu", "fp32")
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32"))
     baseline = BaselineReplica(engine)
     style = tiny_weights.voices["af_heart"][20]
     ids = list(range(16, 60))

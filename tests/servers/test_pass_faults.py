@@ -23,7 +23,7 @@ from api.speech.redis_link import connect, encode_job
 from api.speech.dispatcher import DELIVERED, Dispatcher, DispatcherConfig, ReplicaJobRunner
 from api.speech.worker_queue import WorkerQueueOwner
 from worker import engine as engine_module
-from worker.engine import Engine
+from worker.engine import Engine, EngineConfig
 from worker.replica import Replica
 from worker.voices import VoiceBank
 
@@ -55,7 +55,7 @@ class OutOfMemoryPasses:
 
 @pytest.fixture
 def faulty_engine(tiny_weights):
-    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False, max_batch=4)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", fused_kernels=False, max_batch=4))
     engine.model.stage2 = OutOfMemoryPasses(engine.model.stage2, batch_ooms=1)
     return engine
 
