@@ -27,6 +27,7 @@ import numpy as np
 import httpx
 import openai
 import pytest
+from api.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAGRAPHS = [p for p in (ROOT / "tests/data/texts/paragraphs.txt").read_text(encoding="utf-8").splitlines() if p.strip()]
@@ -39,12 +40,6 @@ CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "
 READY_DEADLINE_S = 900
 # MPEG audio and ADTS cannot tell a streaming decoder about the encoder's priming and padding.
 CODEC_SLACK_S = {"mp3": 0.1, "aac": 0.12}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,8 @@ import numpy as np
 import pytest
 from fake_kokoro_fleet import install_fake_kokoro_fleet  # tests/fake_kokoro_fleet.py
 from inflight_stream import InFlightStream  # tests/inflight_stream.py
+
+from api.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -155,12 +156,6 @@ def dockerfile_arg(name: str) -> str:
     match = re.search(rf"^ARG {name}=(\S+)$", DOCKERFILE.read_text(), re.M)
     assert match, f"docker/Dockerfile has no `ARG {name}=...`"
     return match.group(1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def entrypoint_env(**extra: str) -> dict[str, str]:

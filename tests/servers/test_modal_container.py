@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from fake_kokoro_fleet import install_fake_kokoro_fleet  # tests/fake_kokoro_fleet.py
+
+from api.ports import free_port
 
 pytest.importorskip("modal", reason="the `modal` package (dev extra) is needed to import modal_app.py")
 
@@ -64,12 +65,6 @@ modal_app.serve.local()
 print(f"TEST: serve returned after {time.monotonic() - started:.1f} s", flush=True)
 time.sleep(600)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_fleet_env(tmp_path: Path, **modal_fields: str) -> dict[str, str]:
