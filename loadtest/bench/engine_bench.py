@@ -1,4 +1,4 @@
-"""`kokoro-fleet bench`: our engine against the reference KModel, same run, same inputs, same threads.
+"""`python -m loadtest.bench`: our engine against the reference KModel, same run, same inputs, same threads.
 
 For chunks of about 30, 100, 250 and 500 phonemes it runs, interleaved (so load from other
 processes hits every contender alike): the reference KModel (CPU runs; float32, noise as shipped),
@@ -315,7 +315,7 @@ def print_batches(args, device, mode, results, lone, served, compiled, graphs) -
     card = torch.cuda.get_device_name() if device.type == "cuda" else None
     served_name = ("compiled" if compiled else "eager") + ("+graphs" if graphs else "")
     has_served = "served" in next(iter(results.values()), {})
-    lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
+    lines = [f"python -m loadtest.bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
              f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} stage2={args.stage2}",
              f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
              f"isa: {isa_in_use()}",
@@ -474,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
     from worker.cpu_features import REPORTED_FLAGS, cpu_info
 
     cpu = cpu_info()
-    lines = [f"kokoro-fleet bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
+    lines = [f"python -m loadtest.bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
              f"fused={fused} torch={torch.__version__}",
              f"cpu: {cpu.summary()}",
              f"isa: {isa_in_use()} (onnxruntime: its own choice, native)",

@@ -9,7 +9,7 @@ at its limit less a grace, SIGKILL at its limit, whatever it prints or does not 
               capture, graphed replay against the same engine's eager run, into DIR/smoke.json at
               once; the steps after it take their fallback from it (compile failed: eager batches
               and the uncompiled tests; capture failed: compiled batches without graphs)
-    batch     `kokoro-fleet bench --batch 8,32`: compiled-and-graphed batches of 120-phoneme
+    batch     `python -m loadtest.bench --batch 8,32`: compiled-and-graphed batches of 120-phoneme
               chunks beside eager batches and one by one, and a lone 60-phoneme chunk
     fleet     `python -m loadtest.gpu_fleet`: `serve` with its GPU defaults on the compile cache
               the smoke left, c = 1, 128, 256 (needs the carried `.fleet` bundle)
@@ -171,7 +171,7 @@ def step_command(name: str, ctx: Context, seconds: float) -> list[str]:
                 *(["--compile", "off"] if ctx.short else [])]
     if name in ("batch", "arithmetic"):
         batches = ("2" if ctx.short else "2,4") if cpu else "8,32"
-        command = [PY, "-m", "api.cli", "bench", *device, *cache, "--modes", "auto", "--batch", batches,
+        command = [PY, "-m", "loadtest.bench", *device, *cache, "--modes", "auto", "--batch", batches,
                    "--batch-phonemes", "40" if cpu else "120", "--repeats", "2" if cpu else "3",
                    "--json", str(work / f"{name}.json")]
         if cpu:

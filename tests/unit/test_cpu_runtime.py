@@ -80,7 +80,7 @@ def test_int8_weights_are_7_bit_without_vnni():
 
 
 def test_an_isa_cap_hides_the_flags_above_it(monkeypatch):
-    """ONEDNN_MAX_CPU_ISA=AVX2 (what `kokoro-fleet bench --isa avx2` sets) makes cpu_info() report
+    """ONEDNN_MAX_CPU_ISA=AVX2 (what `python -m loadtest.bench --isa avx2` sets) makes cpu_info() report
     the CPU as oneDNN may use it: `auto` then picks what it picks on an AVX2-only CPU."""
     flags = parse_cpuinfo(SAPPHIRE_RAPIDS).flags
     assert cpu_features.capped_flags(flags, "AVX2") == {"fpu", "sse2", "avx", "avx2", "fma"}

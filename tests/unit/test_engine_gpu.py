@@ -127,7 +127,7 @@ BATCH_GRAPH_FRAMES = 4096
 @pytest.fixture(scope="module")
 def compiled_engine(weights):
     """What a replica serves with (bf16, noise on, the default frame grid, so it shares the host's
-    compile cache with `kokoro-fleet bench`), batches up to 8 on a small batch grid."""
+    compile cache with `python -m loadtest.bench`), batches up to 8 on a small batch grid."""
     engine = Engine(weights, EngineConfig("cuda", "bf16", compiled=True, cuda_graphs=True, max_batch=8,
                     batch_graph_frames=BATCH_GRAPH_FRAMES))
     engine.warmup()
