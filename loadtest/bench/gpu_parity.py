@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.startup:
         return startup(args.startup, args.cache_dir, args.json_path)
     from worker.engine import Engine, EngineConfig
-    from worker.model.random_init import random_full_weights
+    from worker.weights.random_full import random_full_weights
     from worker.reference import log_spectral_distance_db, snr_db
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
@@ -147,7 +147,7 @@ def start_one(cache_dir: str) -> int:
     """One serving engine's start (compile or load, capture, warm-up); its figures as a JSON line."""
     start = time.perf_counter()
     from worker.engine import Engine, EngineConfig
-    from worker.model.random_init import random_full_weights
+    from worker.weights.random_full import random_full_weights
 
     weights = random_full_weights()
     built = time.perf_counter()

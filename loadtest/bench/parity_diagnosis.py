@@ -20,7 +20,7 @@ def main(mode: str) -> None:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
     from worker.engine import Engine, EngineConfig, BatchItem
-    from worker.model.random_init import random_full_weights
+    from worker.weights.random_full import random_full_weights
     from worker.reference import log_spectral_distance_db as lsd, snr_db
     GRID = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 2560)
     w = random_full_weights(); voice = w.voices["af_heart"]

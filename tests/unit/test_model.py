@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from worker.engine import Engine, EngineConfig
 from worker.model import COMPONENTS, KokoroModel
-from worker.model.random_init import random_full_weights
+from worker.weights.random_full import random_full_weights
 from worker.reference import (build_reference, log_spectral_distance_db, reference_noise_off,
                               reference_synthesize, snr_db)
 

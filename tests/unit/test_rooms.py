@@ -1,11 +1,13 @@
 """Rooms that say what they hold: one `free_port` for the tests too (api/ports.py's); nothing in the
-product imports `loadtest/`."""
+product imports `loadtest/`; no import cycle between the parts of `worker/`, lazy imports counted."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+from test_import_cycles import import_cycles, import_graph, project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("api", "worker")  # what a deployment runs; loadtest/ and tests/ measure and check it
@@ -53,3 +55,18 @@ def test_a_string_import_of_the_load_tests_is_found():
     tree = ast.parse("import importlib\nCOMMANDS = {'bench': ('loadtest.bench.engine_bench', 'benchmark')}\n"
                      "mod = importlib.import_module(COMMANDS['bench'][0])\nfrom loadtest import texts\n")
     assert _loadtest_imports(tree) == [2, 4]
+
+
+def test_the_parts_of_the_replica_library_import_each_other_one_way():
+    """worker.model, worker.weights, worker.text, ... as parts: no two import each other, however
+    deep the modules and wherever the import (a lazy import inside a function counts too)."""
+    graph = import_graph(project_modules())
+    part = lambda module: ".".join(module.split(".")[:2])  # noqa: E731  worker.model.kokoro -> worker.model
+    parts: dict[str, dict[str, int]] = {}
+    for module, edges in graph.items():
+        if module.startswith("worker."):
+            targets = parts.setdefault(part(module), {})
+            for target, line in edges.items():
+                if target.startswith("worker.") and part(target) != part(module):
+                    targets.setdefault(part(target), line)
+    assert import_cycles(parts) == []
