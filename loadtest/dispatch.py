@@ -74,7 +74,7 @@ class FleetProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
-        self.args = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        self.args = [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                      "--weights", weights]
         self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
         if redis_url:

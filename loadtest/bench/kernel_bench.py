@@ -9,7 +9,7 @@ fused ones, interleaved (so other processes' load hits both alike); then chunks 
 with the fused kernels, counting every graph dynamo traces and inductor compiles while they serve
 (0 is the goal: the compile covered them). Prints the CPU model and load average beside every
 figure, ms per chunk (median) and audio-s/s for each, and the audio a one-shot command must make
-before a compile pays for itself (`say`'s choice: api/say_cli.py). DIR defaults to a fresh temporary
+before a compile pays for itself (`say`'s choice: cli/say_cli.py). DIR defaults to a fresh temporary
 directory (a cold compile); the weights come from KOKORO_CACHE_DIR as usual.
 """
 

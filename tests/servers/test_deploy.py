@@ -188,12 +188,12 @@ def test_modal_function_runs_on_an_h100_behind_a_web_server(monkeypatch):
 def test_kokoro_fleet_serve_accepts_the_flags_modal_passes(monkeypatch):
     import argparse
 
-    from api import serve_cli
+    from cli import serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.configure(parser)
     if "--limit-concurrency" not in parser._option_string_actions:
-        pytest.skip("`kokoro-fleet serve --limit-concurrency` has not landed in api/serve_cli.py yet")
+        pytest.skip("`kokoro-fleet serve --limit-concurrency` has not landed in cli/serve_cli.py yet")
     args = parser.parse_args(load_modal_app(monkeypatch).CONFIG.serve_command()[1:])
     assert args.workers == 8
 
@@ -429,7 +429,7 @@ def test_modal_image_layers_let_a_code_edit_reuse_the_weights(monkeypatch):
         before = {path.relative_to(ROOT).as_posix() for layer in layers[:step + 1] for path in layer["copied"]}
         assert before == {"worker/__init__.py", "worker/kokoro_config.json", "worker/weights"}, before
         mounted = {path.relative_to(ROOT).as_posix() for layer in layers[step:] for path in layer["mounted"]}
-        assert mounted == {"api", "worker", "loadtest", "queue", "docker/entrypoint.sh"}, mounted
+        assert mounted == {"api", "cli", "worker", "loadtest", "queue", "docker/entrypoint.sh"}, mounted
         assert all(not layer["commands"] for layer in layers if layer["mounted"])
 
 
@@ -720,7 +720,7 @@ def test_entrypoint_kills_a_server_that_outlives_the_grace_period(tmp_path):
 
 
 def _server_missing() -> str | None:
-    for path in ("api/serve_cli.py", "api/app.py", "worker/engine.py", "api/speech/local.py"):
+    for path in ("cli/serve_cli.py", "api/app.py", "worker/engine.py", "api/speech/local.py"):
         if not (ROOT / path).exists():
             return f"{path} has not landed yet: the entrypoint's serve-and-drain test needs the whole server"
     return None

@@ -19,7 +19,7 @@ from api.speech.redis_link import GAUGES, connect, decode_job, encode_job, read_
 from api.speech.fleet import FleetPlan, FleetSpeechService
 from api.metrics import Metrics
 from api.embedded_redis import EmbeddedRedis
-from api.serve_cli import Mps, check_gpu_memory
+from cli.serve_cli import Mps, check_gpu_memory
 from api.replica_table import parse_metrics, rows_from_metrics
 from worker.replica import BaselineReplica, served
 from api.speech.contract import Overloaded, SpeechRequest
@@ -334,7 +334,7 @@ def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, re
 def test_a_fleet_worker_that_has_not_read_the_replica_table_yet_says_fleet_not_single(local_service, redis_server):
     """Before its first read of Redis a fleet worker's /metrics has no replica rows; `status` and the
     playground must not take its own replica's figures for a single worker's."""
-    from api.status_cli import format_replica_table
+    from cli.status_cli import format_replica_table
 
     fleet = fleet_for(local_service, redis_server.url)  # not started: nothing read from Redis
     metrics = Metrics()
@@ -366,7 +366,7 @@ def test_status_asks_a_worker_that_has_not_read_the_replica_table_again(monkeypa
     asked again (up to a few seconds) before it is shown, and a single worker is never asked twice."""
     import argparse
 
-    from api import status_cli
+    from cli import status_cli
 
     answers = [([], {"mode": "fleet"}), ([], {"mode": "fleet"}),
                ([status_cli.ReplicaRow("w0-r0", True, False, None, 0, 0.0, 0.0, "sim")], {"mode": "fleet"})]

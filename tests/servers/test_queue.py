@@ -677,7 +677,7 @@ def test_status_watch_reads_redis_again_and_measures_busy_over_each_interval(red
         client = owner(redis_server.url)
         ticket = await client.admit(jobs(*[40] * 40, work_s=0.1))  # 4 s of back-to-back jobs
         status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "api.cli", "status", "--redis-url", redis_server.url, "--watch", "0.6",
+            sys.executable, "-m", "cli.main", "status", "--redis-url", redis_server.url, "--watch", "0.6",
             "--count", "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
         out, err = await status.communicate()
         await collect(client, ticket)
@@ -713,7 +713,7 @@ def test_status_counts_the_running_job_so_a_watch_shorter_than_a_job_reads_busy(
         await asyncio.sleep(0.5)
         running = (await read_replicas(client.client))[0]
         status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "api.cli", "status", "--redis-url", redis_server.url, "--watch", "0.5",
+            sys.executable, "-m", "cli.main", "status", "--redis-url", redis_server.url, "--watch", "0.5",
             "--count", "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
         out, err = await status.communicate()
         await collect(client, ticket, timeout_s=30)

@@ -10,7 +10,7 @@ from pathlib import Path
 from test_import_cycles import import_cycles, import_graph, project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("api", "worker")  # what a deployment runs; loadtest/ and tests/ measure and check it
+PRODUCT = ("api", "cli", "worker")  # what a deployment runs; loadtest/ and tests/ measure and check it
 PRODUCT_SCRIPTS = ("modal_app.py",)
 
 

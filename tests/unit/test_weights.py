@@ -150,7 +150,7 @@ def test_interrupted_conversion_leaves_nothing_that_loads(real_weights, tmp_path
 
 
 def test_prepare_is_idempotent_and_fast_when_ready(real_weights, capsys):
-    from api.cli import main
+    from cli.main import main
 
     assert main(["weights", "--prepare"]) == 0
     out = capsys.readouterr().out
@@ -222,7 +222,7 @@ def test_cli_prints_the_error_and_exits_1_without_traceback(copied_parts, monkey
     monkeypatch.setenv("KOKORO_WEIGHTS", "offline")
     monkeypatch.setattr("api.settings._current", None)
     monkeypatch.setattr("worker.weights.offline.find_onnx_parts", lambda _settings: parts)
-    from api.cli import main
+    from cli.main import main
 
     assert main(["weights", "--prepare"]) == 1
     captured = capsys.readouterr()

@@ -13,7 +13,7 @@ from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
 from worker.weights import VOICE_NAMES, load_weights, official_config
 from api.settings import weights_source
-from api.weights_cli import describe
+from cli.weights_cli import describe
 from worker.weights.common import STYLE_WIDTH, VOICE_ROWS
 
 
