@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # The CPU wheel that lies on our machines; GPU images pick their own torch build.
 TORCH_SPEC ?= torch==2.13.0
-# Tests only: the reference implementation, for the parity tests (and `kokoro-fleet bench`; its own
+# Tests only: the reference implementation, for the parity tests (and `python -m loadtest.bench`; its own
 # dependencies would pull spaCy and a hub download, so it is installed without them).
 REFERENCE_SPEC ?= kokoro==0.9.4 loguru
 # Serving: espeak-ng reads what the lexicons lack, redis-server is the fleet's embedded queue.

@@ -146,7 +146,7 @@ APT_PACKAGES = ("espeak-ng", "redis-server", *TRITON_BUILD_PACKAGES)
 TRITON_BUILD_CHECK = "docker/triton_build_check.py"
 # The sources the server needs, the same paths the Dockerfile copies: packages, Redis scripts, the
 # entrypoint. (Listed, not probed: inside a container this module is imported without the checkout.)
-SOURCE_DIRS = ("api", "worker", "loadtest", "queue")
+SOURCE_DIRS = ("api", "cli", "worker", "loadtest", "queue")
 # pyproject.toml and README.md are built in (the install reads them); the rest arrives at start.
 PROJECT_FILES = ("pyproject.toml", "README.md")
 SOURCE_FILES = (*PROJECT_FILES, "docker/entrypoint.sh")
@@ -448,7 +448,8 @@ def build_image(cfg: Deployment) -> modal.Image:
     for source in PROJECT_FILES:
         image = image.add_local_file(ROOT / source, f"{APP_DIR}/{source}", copy=True)
     image = image.run_commands(
-        f"cd {APP_DIR} && mkdir -p api worker loadtest && touch api/__init__.py worker/__init__.py loadtest/__init__.py"
+        f"cd {APP_DIR} && mkdir -p api cli worker loadtest && touch api/__init__.py cli/__init__.py worker/__init__.py"
+        " loadtest/__init__.py"
         f" && python -m pip install --no-deps -e {APP_DIR}")
     if cfg.lexicon:  # `serve` checks it as the container starts, and refuses a malformed one
         image = image.env({"KOKORO_LEXICON": LEXICON_PATH})

@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
+                      field_validator, model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from api.speech.contract import SpeechRequest
 
@@ -47,8 +49,8 @@ def _normalization_model() -> type[BaseModel]:
     for f in dataclasses.fields(NormalizationOptions):
         if f.default is not dataclasses.MISSING:
             fields[f.name] = (hints[f.name], f.default)
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))  # type: ignore[misc]
+        elif callable(f.default_factory):  # (MISSING is not)
+            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
         else:
             fields[f.name] = (hints[f.name], ...)
     return create_model(
@@ -56,7 +58,10 @@ def _normalization_model() -> type[BaseModel]:
         __doc__="Text normalization switches (Kokoro-FastAPI's `normalization_options`).", **fields)
 
 
-NormalizationOptionsModel = _normalization_model()
+if TYPE_CHECKING:  # built at import from the dataclass; a pydantic model to a type checker
+    NormalizationOptionsModel = BaseModel
+else:
+    NormalizationOptionsModel = _normalization_model()
 
 
 def _checked_text(value: str, info: ValidationInfo, name: str) -> str:
@@ -159,53 +164,12 @@ VOICE_ALIASES_DESCRIPTION = (
 
 
 class SpeechOptions(BaseModel):
-    """The checks and readings a speech request and a live session's `start` share; each declares
-    its own fields (their defaults and descriptions differ), `response_format` before `sample_rate`."""
-
-    @field_validator("model", check_fields=False)
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        return _checked_model(value)
-
-    @field_validator("sample_rate", check_fields=False)
-    @classmethod
-    def _carried_sample_rate(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _checked_sample_rate(value, info)
-
-    @property
-    def voice_spec(self) -> str:
-        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()  # type: ignore[attr-defined]
-
-    def normalization(self):
-        """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
-        return _frontend_options(self.normalization_options)  # type: ignore[attr-defined]
-
-    def reads_voice_tags(self) -> bool:
-        """Whether the text's `[voice:...]` tags are read: a speech request's `allow_voice_tags`."""
-        return False
-
-    def speech_request(self, text: str, phonemes: bool = False) -> SpeechRequest:
-        """What the speech service gets: `text` spoken with these options."""
-        return SpeechRequest(text=text, voice=self.voice_spec, speed=self.speed,  # type: ignore[attr-defined]
-                             lang_code=self.lang_code, normalization=self.normalization(),  # type: ignore[attr-defined]
-                             phonemes=phonemes, voice_tags=self.reads_voice_tags(),
-                             voice_aliases=self.frontend_aliases())
-
-    def frontend_aliases(self) -> dict[str, tuple[str, float]]:
-        """`voice_aliases` as the speech planner takes them: lowercase name -> (voice spec, pace)."""
-        aliases = getattr(self, "voice_aliases", None) or {}
-        return {name.lower(): (a.strip(), 1.0) if isinstance(a, str) else (a.voice.strip(), a.rate)
-                for name, a in aliases.items()}
-
-
-class SpeechRequestBody(SpeechOptions):
-    """Body of `POST /v1/audio/speech` (and of the captioned variant); api.speech's `SpeechRequest`
-    is what the speech service gets from it. Documented under OpenAI's name for it."""
-
-    model_config = ConfigDict(extra="forbid", title="SpeechRequest")
+    """The options a speech request and a live session's `start` share, declared once: what the
+    speech path reads (`speech_request` makes the speech service's `SpeechRequest` of them; the
+    encoders take `response_format`, `volume_multiplier` and `sample_rate`). A body re-declares one
+    only where its default differs."""
 
     model: str = Field(MODEL_ID, description=f"`{MODEL_ID}`; OpenAI's {', '.join(MODEL_ALIASES)} are accepted as aliases.")
-    input: str = Field(..., description="The text to speak. At most KOKORO_MAX_INPUT_CHARS characters (4096 by default).")
     voice: VoiceSpec = Field(
         "af_heart",
         description="A voice name (`af_heart`), an OpenAI voice alias (`alloy`), or a mix: `af_bella+af_sky` "
@@ -215,6 +179,69 @@ class SpeechRequestBody(SpeechOptions):
         "mp3", description="Audio container and codec; `mulaw` and `alaw` are raw G.711 (telephone audio), "
                            "one byte a sample, 8 kHz unless `sample_rate` says otherwise.")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
+    lang_code: str | None = Field(
+        None, description="Language of the text (`a` American English, `b` British English, `e`, `f`, `h`, `i`, "
+                          "`j`, `p`, `z`); by default the voice's own language.")
+    normalization_options: NormalizationOptionsModel | None = Field(
+        None, description="How numbers, units, URLs and the like are spelled out before phonemization.")
+    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="Gain applied to the audio (clipped at full scale).")
+    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _checked_model(value)
+
+    @model_validator(mode="after")
+    def _carried_sample_rate(self) -> "SpeechOptions":
+        """`sample_rate` against every format the audio is encoded in (`audio_formats`): checked once
+        all fields are read, so a body's later `download_format` counts too."""
+        from api.encoders import check_sample_rate
+
+        if self.sample_rate is not None:
+            for fmt in dict.fromkeys(self.audio_formats()):
+                try:
+                    check_sample_rate(fmt, self.sample_rate)
+                except ValueError as error:
+                    raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                        type=PydanticCustomError("value_error", "Value error, {error}", {"error": str(error)}),
+                        loc=("sample_rate",), input=self.sample_rate)]) from None
+        return self
+
+    def audio_formats(self) -> tuple[ResponseFormat, ...]:
+        """The formats this request's audio is encoded in: the response's (and a body's download file's)."""
+        return (self.response_format,)
+
+    @property
+    def voice_spec(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice.strip()
+
+    def normalization(self):
+        """The text frontend's `NormalizationOptions` for this request, or None for its defaults."""
+        return _frontend_options(self.normalization_options)
+
+    def reads_voice_tags(self) -> bool:
+        """Whether the text's `[voice:...]` tags are read: a speech request's `allow_voice_tags`."""
+        return False
+
+    def frontend_aliases(self) -> dict[str, tuple[str, float]]:
+        """Short names for voices, as the speech planner takes them: a speech request's `voice_aliases`."""
+        return {}
+
+    def speech_request(self, text: str, phonemes: bool = False) -> SpeechRequest:
+        """What the speech service gets: `text` spoken with these options."""
+        return SpeechRequest(text=text, voice=self.voice_spec, speed=self.speed, lang_code=self.lang_code,
+                             normalization=self.normalization(), phonemes=phonemes,
+                             voice_tags=self.reads_voice_tags(), voice_aliases=self.frontend_aliases())
+
+
+class SpeechRequestBody(SpeechOptions):
+    """Body of `POST /v1/audio/speech` (and of the captioned variant); api.speech's `SpeechRequest`
+    is what the speech service gets from it. Documented under OpenAI's name for it."""
+
+    model_config = ConfigDict(extra="forbid", title="SpeechRequest")
+
+    input: str = Field(..., description="The text to speak. At most KOKORO_MAX_INPUT_CHARS characters (4096 by default).")
     stream_format: StreamFormat = Field(
         "audio", description="`audio`: the encoded file as a chunked body. `sse`: Server-Sent Events carrying "
                              "base64 audio deltas, then a done event with usage.")
@@ -223,19 +250,12 @@ class SpeechRequestBody(SpeechOptions):
         description="Accepted for compatibility with gpt-4o-mini-tts clients and ignored: Kokoro has no "
                     "instruction-following voice control.")
     stream: bool = Field(True, description="Send audio as it is synthesized (chunked). False: one body with Content-Length.")
-    lang_code: str | None = Field(
-        None, description="Language of the text (`a` American English, `b` British English, `e`, `f`, `h`, `i`, "
-                          "`j`, `p`, `z`); by default the voice's own language.")
-    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
-        None, description="How numbers, units, URLs and the like are spelled out before phonemization.")
-    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="Gain applied to the audio (clipped at full scale).")
     return_download_link: bool = Field(
         False, description="Kokoro-FastAPI's download link: also save the audio on the server and name it in the "
                            "`X-Download-Path` header (`/download/NAME`); `GET /v1/download/NAME` serves it, once "
                            "the response has ended, for KOKORO_DOWNLOAD_MAX_AGE_SECONDS.")
     download_format: ResponseFormat | None = Field(
         None, description="Format of the saved download file, when it should differ from `response_format`.")
-    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
     allow_voice_tags: bool = Field(False, description=VOICE_TAGS_DESCRIPTION)
     voice_aliases: VoiceAliases = Field(None, description=VOICE_ALIASES_DESCRIPTION)
     ssml: bool = Field(False, description="Kokoro-FastAPI's switch for SSML input. Here SSML (`<speak>`, `<break>`, "
@@ -245,6 +265,19 @@ class SpeechRequestBody(SpeechOptions):
 
     def reads_voice_tags(self) -> bool:
         return self.allow_voice_tags
+
+    def audio_formats(self) -> tuple[ResponseFormat, ...]:
+        return (self.response_format,) + ((self.download_format,) if self.download_format is not None else ())
+
+    def frontend_aliases(self) -> dict[str, tuple[str, float]]:
+        """`voice_aliases` as the speech planner takes them: lowercase name -> (voice spec, pace)."""
+        return {name.lower(): (a.strip(), 1.0) if isinstance(a, str) else (a.voice.strip(), a.rate)
+                for name, a in (self.voice_aliases or {}).items()}
+
+    def captions(self) -> tuple[bool, CaptionFormat]:
+        """(word timestamps sent, caption file format): a captioned request's `return_timestamps` and
+        `caption_format`; a plain one sends its words (SSE) and no caption file."""
+        return True, "json"
 
     @field_validator("input")
     @classmethod
@@ -264,6 +297,9 @@ class CaptionedSpeechRequest(SpeechRequestBody):
                             "file of the input's own text in cues of at most two lines. Streamed, each line's "
                             "`captions` holds the cues that became final; joined they are the file.")
 
+    def captions(self) -> tuple[bool, CaptionFormat]:
+        return self.return_timestamps, self.caption_format
+
 
 # --- phonemes (Kokoro-FastAPI's /dev endpoints) ----------------------------------------------
 
@@ -274,7 +310,7 @@ class PhonemizeRequest(BaseModel):
 
     text: str = Field(..., description="The text to phonemize, as `input` of a speech request.")
     language: str = Field("a", description="Language code, as `lang_code` of a speech request.")
-    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
+    normalization_options: NormalizationOptionsModel | None = Field(
         None, description="As in a speech request.")
 
     @field_validator("text")
@@ -360,7 +396,7 @@ class DialogueRequest(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0, description="As in a speech request.")
     stream: bool = Field(True, description="As in a speech request.")
     lang_code: str | None = Field(None, description="As in a speech request (by default each speaker's language).")
-    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
+    normalization_options: NormalizationOptionsModel | None = Field(
         None, description="As in a speech request.")
     volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
     sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
@@ -472,17 +508,9 @@ class LiveStart(SpeechOptions):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["start"]
-    model: str = Field(MODEL_ID, description="As in a speech request.")
-    voice: VoiceSpec = Field("af_heart", description="As in a speech request.")
     response_format: ResponseFormat = Field(
         "pcm", description="Format of the one audio stream the session sends as binary frames; `pcm` (24 kHz "
                            "s16le) or `mulaw` for a phone line play as they arrive.")
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate, 0.25 to 4.0.")
-    lang_code: str | None = Field(None, description="As in a speech request.")
-    normalization_options: NormalizationOptionsModel | None = Field(  # type: ignore[valid-type]
-        None, description="As in a speech request.")
-    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="As in a speech request.")
-    sample_rate: int | None = Field(None, ge=8000, le=48000, description=SAMPLE_RATE_DESCRIPTION)
     timestamps: bool = Field(True, description="Send a `words` message with each piece's word timings.")
     pause_ms: int | None = Field(
         DEFAULT_LIVE_PAUSE_MS, ge=0, le=60_000,

@@ -170,12 +170,6 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
     """Read, validate, admit and plan; every refusal here is a clean 4xx/5xx before any audio."""
     info: RequestInfo = request.state.info
     data = await read_json_object(request, state.settings.max_body_bytes)
-    text_field, default_format = ("phonemes", "wav") if phonemes else ("input", "mp3")
-    # Best effort for the access log, so a refused request still shows what it asked for.
-    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
-    info.chars = len(data[text_field]) if isinstance(data.get(text_field), str) else None
-    fmt = data.get("response_format", default_format)
-    info.format = fmt if isinstance(fmt, str) else None
     context = {"max_input_chars": state.settings.max_input_chars}
     try:
         if phonemes:
@@ -185,6 +179,7 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
         else:
             req = (CaptionedSpeechRequest if captioned else SpeechRequestBody).model_validate(data, context=context)
     except ValidationError as e:
+        _note_refused_body(info, data, phonemes)
         raise validation_error(e) from None
     info.voice, info.chars, info.format, info.stream = req.voice_spec, len(req.input), req.response_format, req.stream
     service = state.require_service()
@@ -201,6 +196,15 @@ async def _prepare(request: Request, state: AppState, phonemes: bool = False,
             download.discard()
         raise
     return AdmittedRequest(req, plan, slot, info, download)
+
+
+def _note_refused_body(info: RequestInfo, data: dict, phonemes: bool) -> None:
+    """What a body that failed validation asked for, best effort, so the access log still shows it."""
+    text_field, default_format = ("phonemes", "wav") if phonemes else ("input", "mp3")
+    info.voice = data.get("voice") if isinstance(data.get("voice"), str) else None
+    info.chars = len(data[text_field]) if isinstance(data.get(text_field), str) else None
+    fmt = data.get("response_format", default_format)
+    info.format = fmt if isinstance(fmt, str) else None
 
 
 def _dialogue_as_speech(dialogue: DialogueRequest, context: dict) -> SpeechRequestBody:
@@ -400,7 +404,7 @@ async def _caption_lines(state: AppState, job: AdmittedRequest) -> AsyncIterator
 
 
 def _word_models(job: AdmittedRequest, piece: AudioPiece) -> list[WordTimestampModel]:
-    if not getattr(job.req, "return_timestamps", True):
+    if not job.req.captions()[0]:  # a captioned request's return_timestamps
         return []
     voice = job.plan.voice_spec_of(job.plan.chunks[piece.index]) if job.req.allow_voice_tags else None
     return [WordTimestampModel(word=w.word, start_time=round(float(w.start), 3), end_time=round(float(w.end), 3),
@@ -409,7 +413,7 @@ def _word_models(job: AdmittedRequest, piece: AudioPiece) -> list[WordTimestampM
 
 def _caption_file(req: SpeechRequestBody) -> CaptionFile | None:
     """The subtitle file a captioned request asks for (`caption_format` srt or vtt), else None."""
-    fmt = getattr(req, "caption_format", "json")
+    fmt = req.captions()[1]
     return CaptionFile(fmt, req.input) if fmt != "json" else None
 
 

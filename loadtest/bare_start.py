@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
         if args.skip_install:
-            clone, program = REPO, [sys.executable, "-m", "api.cli"]
+            clone, program = REPO, [sys.executable, "-m", "cli.main"]
         else:
             clone = work / "clone"
             figures["clone_s"] = timed(["git", "clone", "-q", "--no-local", args.repo, str(clone)])

@@ -76,7 +76,7 @@ class FleetProcess:
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
         self.name = name
-        self.args = [*(launch or []), sys.executable, "-m", "api.cli", "serve", "--host", host,
+        self.args = [*(launch or []), sys.executable, "-m", "cli.main", "serve", "--host", host,
                      "--port", str(self.port), "--weights", weights]
         self.args += ["--baseline"] if baseline else ["--workers", str(workers), "--dispatch", dispatch]
         if redis_url:

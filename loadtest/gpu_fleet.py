@@ -25,7 +25,7 @@ packages nor redis-server nor espeak-ng, and no network. So they travel in a bun
   dictionary alone (the other 100-odd languages' dictionaries are 10 MB unpacked; the fleet preloads
   and is sent English only).
 
-Then it starts the fleet (`python3 -m api.cli serve`, its embedded redis-server from the unpacked
+Then it starts the fleet (`python3 -m cli.main serve`, its embedded redis-server from the unpacked
 package) with KOKORO_SYNTHESIS_CACHE_MIB=0 (the texts repeat), waits until every worker is ready
 (CUDA graph capture: progress printed), runs `python -m loadtest run` once per level (streamed,
 closed loop; TTFA / E2E p50 p95 p99, audio-s/s, requests/s, 503s), samples nvidia-smi (GPU
@@ -348,7 +348,7 @@ def child_env(site: Path, root: Path, base: dict[str, str] | None = None) -> dic
 def check_imports(env: dict[str, str], engine: str) -> str:
     """Import what `serve` and the load generator import, and find redis-server and espeak-ng, in a
     child with the fleet's environment: a missing piece is named here, not in a worker's traceback."""
-    code = ("import api.app, api.serve_cli, api.speech.fleet, api.encoders, uvicorn, redis, av, fastapi, "
+    code = ("import api.app, cli.serve_cli, api.speech.fleet, api.encoders, uvicorn, redis, av, fastapi, "
             "loadtest.loadtest_cli, loadtest.runner, worker.text; "
             "import uvicorn.protocols.http.httptools_impl, websockets; "
             "import shutil, subprocess; assert shutil.which('redis-server'), 'no redis-server on PATH'; "
@@ -424,7 +424,7 @@ class Fleet:
         if args.batch_max:
             self.env["KOKORO_BATCH_MAX"] = str(args.batch_max)
         self.env.pop("REDIS_URL", None)
-        self.cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        self.cmd = [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                     "--workers", str(args.workers), "--device", args.device, "--engine", args.engine,
                     "--weights", args.weights]
         self.proc: subprocess.Popen | None = None

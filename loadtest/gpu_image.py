@@ -336,7 +336,7 @@ def entry_points() -> tuple[list[str], list[Path]]:
     for test in list(files):  # pytest loads the conftest files above a test, up to the repository's root
         files += [d / "conftest.py" for d in test.parents if (d == REPO or REPO in d.parents)
                   and (d / "conftest.py").is_file()]
-    modules += ["api.serve_cli", "api.app", "loadtest.loadtest_cli"]  # what `serve` and `loadtest run` reach by name
+    modules += ["cli.serve_cli", "api.app", "loadtest.loadtest_cli"]  # what `serve` and `loadtest run` reach by name
     return sorted(set(modules) - {"pytest"}), sorted(set(files))
 
 

@@ -205,7 +205,7 @@ def engine_env(args: argparse.Namespace) -> dict[str, str]:
 
 def replica_table(url: str) -> list[dict[str, Any]]:
     """`kokoro-fleet status --url URL --json`'s replica rows (the fleet-wide table a server shows)."""
-    out = subprocess.run([sys.executable, "-m", "api.cli", "status", "--url", url, "--json"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "cli.main", "status", "--url", url, "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"kokoro-fleet status failed: {out.stderr[-2000:]}")

@@ -109,7 +109,7 @@ def _process_name(pid: int) -> str:
         return "worker"
     if "resource_tracker" in cmd:
         return "resource-tracker"
-    return "launcher" if "api.cli" in cmd else Path(cmd.split(" ", 1)[0]).name or "process"
+    return "launcher" if "cli.main" in cmd else Path(cmd.split(" ", 1)[0]).name or "process"
 
 
 def server_processes(fleets: list[FleetProcess], redis_pid: int) -> dict[str, int]:

@@ -1,13 +1,13 @@
 -- admit.lua: admit one request and enqueue its chunk jobs, or refuse it, atomically.
 -- ARGV: prefix, request_id, owner_id, owner_ttl_ms, max_requests, max_queued_work_ms,
---       default_ms_per_phoneme, speed, n, key (the API key's name, '' for none), key_max (the
+--       default_ms_per_phoneme, n, key (the API key's name, '' for none), key_max (the
 --       most requests one key may hold), key_max_work_ms (that key's share of the work bound),
---       then n pairs (phonemes_i, payload_i).
+--       then n triples (phonemes_i, speed_i, payload_i) (speed_i: the one its payload gives the replica).
 -- A request id that reserve.lua holds already has its slot: only the work bound is checked, and a
 -- refusal gives the reservation back (withdrawn_total), and so does its key's share of the work
 -- bound. Any other id is checked against all of them.
 -- A bound <= 0 means unbounded.
--- Optionally, after the pairs: replica_id, lease_ms, replica_ttl_ms, own_owner, own_slack_ms,
+-- Optionally, after the triples: replica_id, lease_ms, replica_ttl_ms, own_owner, own_slack_ms,
 -- batch_max, batch_window_ms, batch_size_ratio (lease.lua's arguments): the caller's own replica is
 -- idle, so once the jobs are queued the same call leases for it exactly as lease.lua would (the
 -- earliest deadline, its own owner's within the slack, a batch): when that is this request's first
@@ -22,11 +22,10 @@
 local rid, owner = ARGV[2], ARGV[3]
 local owner_ttl = tonumber(ARGV[4])
 local max_requests, max_work = tonumber(ARGV[5]), tonumber(ARGV[6])
-local speed = tonumber(ARGV[8])
-local n = tonumber(ARGV[9])
-local key, key_max = ARGV[10], tonumber(ARGV[11]) or 0
-local key_max_work = tonumber(ARGV[12]) or 0
-local PAIRS = 13  -- ARGV index of the first pair
+local n = tonumber(ARGV[8])
+local key, key_max = ARGV[9], tonumber(ARGV[10]) or 0
+local key_max_work = tonumber(ARGV[11]) or 0
+local JOBS = 12  -- ARGV index of the first triple
 local now = now_ms()
 local rk = req_key(rid)
 
@@ -43,7 +42,7 @@ local mpp = num(redis.call('HGET', K_STATS, 'ms_per_phoneme'), tonumber(ARGV[7])
 local est = {}
 local new_work = 0
 for i = 0, n - 1 do
-  local phonemes = tonumber(ARGV[PAIRS + 2 * i])
+  local phonemes, speed = tonumber(ARGV[JOBS + 3 * i]), tonumber(ARGV[JOBS + 3 * i + 1])
   est[i] = math.floor(phonemes * mpp / speed + 0.5)
   new_work = new_work + est[i]
 end
@@ -144,16 +143,16 @@ else
   hold_for_key(rk, key)
 end
 redis.call('SET', alive_key(owner), '1', 'PX', owner_ttl)
-redis.call('HSET', rk, 'owner', owner, 'arrival', now, 'n', n, 'state', 'active', 'speed', ARGV[8],
-           'total_est', new_work)
+redis.call('HSET', rk, 'owner', owner, 'arrival', now, 'n', n, 'state', 'active', 'total_est', new_work)
 
 -- Chunk i's deadline: arrival plus the (estimated) audio of chunks 0..i-1, i.e. when a listener
 -- who started at arrival needs it. Earliest deadline first puts every first chunk up front.
 local deadline = now
 for i = 0, n - 1 do
   local job = job_id(rid, i)
-  redis.call('HSET', rk, 'est:' .. i, est[i], 'dl:' .. i, deadline, 'ph:' .. i, ARGV[PAIRS + 2 * i])
-  redis.call('HSET', payload_key(rid), i, ARGV[PAIRS + 1 + 2 * i])
+  redis.call('HSET', rk, 'est:' .. i, est[i], 'dl:' .. i, deadline, 'ph:' .. i, ARGV[JOBS + 3 * i],
+             'sp:' .. i, ARGV[JOBS + 3 * i + 1])
+  redis.call('HSET', payload_key(rid), i, ARGV[JOBS + 3 * i + 2])
   redis.call('ZADD', K_QUEUE, deadline, job)
   redis.call('RPUSH', K_READY, '1')
   deadline = deadline + est[i]
@@ -162,7 +161,7 @@ redis.call('HINCRBY', K_STATS, 'queued_jobs', n)
 redis.call('HINCRBY', K_STATS, 'queued_work_ms', new_work)
 
 local leased = {}
-local at = PAIRS + 2 * n  -- the optional lease arguments
+local at = JOBS + 3 * n  -- the optional lease arguments
 if ARGV[at] and ARGV[at] ~= '' then
   leased = lease_for(ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), ARGV[at + 3] or '',
                      tonumber(ARGV[at + 4] or '0') or 0, tonumber(ARGV[at + 5] or '1') or 1,

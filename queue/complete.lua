@@ -76,7 +76,7 @@ if delta ~= 0 then
 end
 local phonemes = num(redis.call('HGET', rk, 'ph:' .. idx), 0)
 if phonemes > 0 and audio_ms > 0 then
-  local sample = audio_ms * num(redis.call('HGET', rk, 'speed'), 1) / phonemes
+  local sample = audio_ms * num(redis.call('HGET', rk, 'sp:' .. idx), 1) / phonemes
   local mpp = tonumber(redis.call('HGET', K_STATS, 'ms_per_phoneme') or '')
   mpp = mpp and (mpp + alpha * (sample - mpp)) or sample
   redis.call('HSET', K_STATS, 'ms_per_phoneme', tostring(mpp))

@@ -34,16 +34,20 @@ from api.speech.admission_client import (  # noqa: E402
 )
 from api.speech.redis_link import connect  # noqa: E402
 from api.speech.dispatcher import Dispatcher, DispatcherConfig  # noqa: E402
+from api.speech.worker_queue import WorkerQueueOwner  # noqa: E402
 
 
 async def main(args) -> None:
     rng = random.Random(args.seed)
+    worker_queue = WorkerQueueOwner(args.worker)  # one per worker, shared by its two sides
     admission = AdmissionClient(connect(args.url), args.worker, AdmissionBounds(args.max_requests, 0),
-                                owner_ttl_s=args.owner_ttl_s, ms_per_phoneme=MS_PER_PHONEME, poll_s=0.5)
+                                worker_queue=worker_queue, owner_ttl_s=args.owner_ttl_s, ms_per_phoneme=MS_PER_PHONEME,
+                                poll_s=0.5)
     await admission.start()
     config = DispatcherConfig(lease_s=args.lease_s, heartbeat_s=args.lease_s / 4, replica_ttl_s=args.owner_ttl_s,
                               reap_interval_s=0.2, idle_wait_s=0.5, batch_max=args.batch_max)
-    dispatcher = Dispatcher(connect(args.url), args.worker, fake_run_job, config, run_batch=fake_run_batch)
+    dispatcher = Dispatcher(connect(args.url), args.worker, fake_run_job, config, run_batch=fake_run_batch,
+                            worker_queue=worker_queue)
     dispatcher.start()
     stop_clients, stop_replica = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -6,7 +6,7 @@ AVX512-FP16 or AMX-FP16. `auto` never picks a precision the CPU lacks, and a for
 warning naming the missing feature (`precision_warning`).
 
 Emulating an older CPU: `ISA_CAPS` lists the variables that make oneDNN, ATen, torch.compile's
-C++ kernels and MKL stop at AVX2 (`kokoro-fleet bench --isa avx2` re-runs itself with them set).
+C++ kernels and MKL stop at AVX2 (`python -m loadtest.bench --isa avx2` re-runs itself with them set).
 With ONEDNN_MAX_CPU_ISA set, `cpu_info()` leaves out the flags above that cap, so `auto` picks
 what it would pick on such a CPU.
 """
@@ -18,7 +18,7 @@ import os
 import platform
 from dataclasses import dataclass
 
-# The flags `kokoro-fleet bench` prints, in the order it prints them (Linux /proc/cpuinfo names).
+# The flags `python -m loadtest.bench` prints, in the order it prints them (Linux /proc/cpuinfo names).
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
                   "amx_bf16", "amx_int8", "amx_fp16")
 

@@ -8,9 +8,10 @@ captures; padding is masked or trimmed, so a replay gives the eager run's audio.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +23,30 @@ log = logging.getLogger("kokoro_fleet.engine")
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512)
 BATCH_BUCKETS = (2, 4, 8, 16, 32, 64)
 HARMONICS = 9  # the sine source's 1 + 8 harmonics (noise is drawn per harmonic)
+
+
+@contextlib.contextmanager
+def capture_session(graphs: "CudaGraphs | BatchGraphs") -> Iterator[None]:
+    """Around the captures of `graphs`: first its eager `warm_up` on a side stream (torch's recipe for
+    capturing: cuDNN / cuFFT plans, allocator, lazy init off the capture stream), then, once the
+    captures in the body are done, the warm-up's activations (every bucket, eagerly) given back to
+    the device (the replays need only the graphs' private pool), and what it all took in
+    `capture_seconds`, `graph_bytes` and `reserved_bytes`."""
+    start = time.perf_counter()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graphs.warm_up()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    yield
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    graphs.capture_seconds = time.perf_counter() - start
+    graphs.graph_bytes = torch.cuda.memory_allocated() - before
+    graphs.reserved_bytes = torch.cuda.memory_reserved()
 
 
 class CudaGraphs:
@@ -106,36 +131,20 @@ class CudaGraphs:
                     self._stage2(bucket)
 
     def capture(self) -> None:
-        start = time.perf_counter()
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        grid = sorted(self.engine.frame_grid, reverse=True)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.warm_up()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        self.pool = torch.cuda.graph_pool_handle()
-        for bucket in grid:  # largest first, so smaller ones reuse its pool memory
-            self.n_frames.fill_(bucket)
-            graph = torch.cuda.CUDAGraph()
-            with self.engine._stage2_arithmetic(), torch.cuda.graph(graph, pool=self.pool):
-                audio = self._stage2(bucket)
-            self.stage2_graphs[bucket] = (graph, audio)
-        for bucket in sorted(TOKEN_BUCKETS, reverse=True):
-            self.n_tokens.fill_(bucket)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._stage1(bucket)
-            self.stage1_graphs[bucket] = graph
-        torch.cuda.synchronize()
-        # The warm-up's activations (every bucket, eagerly) stay cached by the allocator unless given
-        # back; the replays need only the graphs' private pool.
-        torch.cuda.empty_cache()
-        self.capture_seconds = time.perf_counter() - start
-        self.graph_bytes = torch.cuda.memory_allocated() - before
-        self.reserved_bytes = torch.cuda.memory_reserved()
+        with capture_session(self):
+            self.pool = torch.cuda.graph_pool_handle()
+            for bucket in sorted(self.engine.frame_grid, reverse=True):  # largest first: smaller ones reuse its pool
+                self.n_frames.fill_(bucket)
+                graph = torch.cuda.CUDAGraph()
+                with self.engine._stage2_arithmetic(), torch.cuda.graph(graph, pool=self.pool):
+                    audio = self._stage2(bucket)
+                self.stage2_graphs[bucket] = (graph, audio)
+            for bucket in sorted(TOKEN_BUCKETS, reverse=True):
+                self.n_tokens.fill_(bucket)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._stage1(bucket)
+                self.stage1_graphs[bucket] = graph
         log.info("captured %d stage-1 and %d stage-2 CUDA graphs in %.1f s, %.0f MiB allocated (static buffers and "
                  "outputs), %.0f MiB reserved by torch in all", len(self.stage1_graphs), len(self.stage2_graphs),
                  self.capture_seconds, self.graph_bytes / 2**20, self.reserved_bytes / 2**20)
@@ -233,28 +242,15 @@ class BatchGraphs:
 
     def capture(self) -> None:
         engine = self.engine
-        start = time.perf_counter()
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.warm_up()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        # one pool with the single-chunk graphs: their replays never interleave with these
-        pool = engine.graphs.pool if engine.graphs is not None else torch.cuda.graph_pool_handle()
-        for batch, frames in self.cells:  # largest first, so smaller ones reuse its pool memory
-            self.n_frames.fill_(frames)
-            graph = torch.cuda.CUDAGraph()
-            with engine._stage2_arithmetic(), torch.cuda.graph(graph, pool=pool):
-                self._stage2(batch, frames)
-            self.graphs[(batch, frames)] = graph
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # the warm-up's activations (see CudaGraphs.capture)
-        self.capture_seconds = time.perf_counter() - start
-        self.graph_bytes = torch.cuda.memory_allocated() - before
-        self.reserved_bytes = torch.cuda.memory_reserved()
+        with capture_session(self):
+            # one pool with the single-chunk graphs: their replays never interleave with these
+            pool = engine.graphs.pool if engine.graphs is not None else torch.cuda.graph_pool_handle()
+            for batch, frames in self.cells:  # largest first, so smaller ones reuse its pool memory
+                self.n_frames.fill_(frames)
+                graph = torch.cuda.CUDAGraph()
+                with engine._stage2_arithmetic(), torch.cuda.graph(graph, pool=pool):
+                    self._stage2(batch, frames)
+                self.graphs[(batch, frames)] = graph
         log.info("captured %d batch graphs (batch buckets %s, batch x frames <= %d) in %.1f s, %.0f MiB allocated, "
                  "%.0f MiB reserved by torch in all", len(self.graphs), self.batch_buckets,
                  engine.batch_graph_frames, self.capture_seconds, self.graph_bytes / 2**20, self.reserved_bytes / 2**20)

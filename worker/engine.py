@@ -1,5 +1,9 @@
 """The inference engine: one KokoroModel on one device, token ids + style -> audio + durations.
 
+`Engine(weights, EngineConfig(...))` is the one way to build one; which passes it runs (precision,
+padded or exact shapes, compiled / fused / eager decoder kernels, CUDA graphs for single chunks and
+for batches) is decided once, at construction, in `EnginePasses.choose`, read top to bottom there.
+
 On CUDA both stages run as CUDA graphs captured per bucket at start-up (stage 1 per token-count
 bucket, stage 2 per frame-count bucket on a geometric grid), replayed per chunk; a chunk beyond
 the largest frame bucket runs eagerly. Between the stages the engine reads the total frame count:
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -168,21 +173,78 @@ class EngineConfig:
     batch_graphs: bool | None = None
 
 
+@dataclass(frozen=True)
+class EnginePasses:
+    """Which passes an engine runs, chosen once, at construction, from its config and device
+    (`choose`); `Engine.run_report` shows them. Every synthesis takes one of two paths:
+
+    - one chunk (`Engine.synthesize`): replayed CUDA graphs of both stages (`graphs`), else stage 1
+      then stage 2 run eagerly (`Engine._run_eager`);
+    - a batch (`Engine.synthesize_batch`): stage 1 eagerly, then stage 2 as a replayed batch graph
+      (`batch_graphs`), else eagerly (`Engine._run_batch`).
+
+    Each path runs its stage 2 with the decoder's kernels: `compiled` (torch.compile'd stage 2),
+    `fused` (the CPU's torch.compile'd elementwise kernels once compiled, eager until then) or
+    `eager`, on `bucketed` shapes (padded to buckets: what graphs and compiled passes need) or exact
+    ones, with the generator's convolutions in int8 where `dtype` is int8.
+    """
+
+    dtype: str            # resolved precision: fp32, bf16, fp16 or int8
+    bucketed: bool        # pad to token and frame buckets (default: on CUDA)
+    decoder: str          # "compiled", "fused" or "eager"
+    graphs: bool          # capture the single-chunk passes as CUDA graphs
+    batch_graphs: bool    # capture batches' stage 2 as CUDA graphs (compiled engines that batch)
+
+    @classmethod
+    def choose(cls, config: EngineConfig, device: torch.device) -> "EnginePasses":
+        dtype = resolve_dtype(config.dtype, device)
+        cuda = device.type == "cuda"
+        compiled = (cuda if config.compiled is None else config.compiled) and dtype != "int8"
+        # The compiled decoder fuses what the CPU's fused kernels would (and cannot trace through them).
+        fused = (device.type == "cpu" and not compiled) if config.fused_kernels is None else config.fused_kernels
+        decoder = "compiled" if compiled else "fused" if fused else "eager"
+        graphs = config.cuda_graphs and cuda
+        batch_graphs = config.cuda_graphs if config.batch_graphs is None else config.batch_graphs
+        batch_graphs = (bool(batch_graphs) and cuda and compiled and config.max_batch > 1
+                        and config.batch_graph_frames > 0)
+        bucketed = cuda if config.bucketed is None else config.bucketed
+        return cls(dtype, bucketed, decoder, graphs, batch_graphs)
+
+
 class Engine:
     sample_rate = SAMPLE_RATE
     frame_samples = SAMPLES_PER_FRAME
     max_phonemes = 510
 
-    def __init__(self, weights, *fields: Any, config: EngineConfig | None = None, **named: Any):
-        """weights: a worker.weights.Weights; how it runs: `config`, or the EngineConfig that
-        `fields` and `named` make (`Engine(weights, "cpu", "fp32", noise=False)`)."""
-        if config is None:
-            config = EngineConfig(*fields, **named)
-        elif fields or named:
-            raise TypeError("Engine takes a config or its fields, not both")
+    def __init__(self, weights, config: EngineConfig = EngineConfig()):
+        """weights: a worker.weights.Weights; config: how it runs (`Engine(weights, EngineConfig("cpu",
+        "fp32", noise=False))`)."""
         self.config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.passes = EnginePasses.choose(config, self.device)
+        self.dtype = self.passes.dtype
+        self._prepare_host()
+        # Read per synthesis (tests switch them between runs).
+        self.seed = config.seed
+        self.noise = config.noise
+        self.frame_grid = tuple(config.frame_grid) if config.frame_grid is not None else frame_buckets()
+        self.stage2 = check_stage2_mode(config.stage2)
+        self.compile_record = None  # what the start-up compile did (compiled passes, or the fused CPU kernels)
+        # Dynamo's counters from here: the record counts every compile of the engine's start.
+        self._tally = self._new_tally() if self.compiled else None
+        self._kernels_compiled = False  # the fused kernels in service (set between passes only)
+        self.model = self._served_model(weights)
+        self.generator = torch.Generator(device=self.device)
+        self._noise = torch.empty(0, device=self.device)
+        self._speed = torch.ones(1, device=self.device)
+        self.model.positions(SAMPLES_PER_FRAME * self.frame_grid[-1] + 64)  # reserve the largest bucket
+        self.graphs: CudaGraphs | None = None  # captured by `warmup` when the passes want them
+        self.batch_graphs: BatchGraphs | None = None
+        self.capture_errors: dict[str, str | None] = {"single": None, "batch": None}
+        self.pass_frames: int | None = None  # the longest item's frames in the pass in hand, once stage 1 has said
+
+    def _prepare_host(self) -> None:
+        """What the device and precision ask of the process, once."""
         if self.device.type == "cuda":
             use_exact_cuda_arithmetic()
         if self.device.type == "cpu" and (warning := cpu_features.precision_warning(self.dtype)):
@@ -192,44 +254,40 @@ class Engine:
             # pages: measured to pay in int8 mode (AVX2 CPUs), not in bf16, so bf16 keeps the
             # lower resident memory of glibc's default.
             keep_freed_memory()
-        self.seed = config.seed
-        self.noise = config.noise
-        self.bucketed = (self.device.type == "cuda") if config.bucketed is None else config.bucketed
-        self.frame_grid = tuple(config.frame_grid) if config.frame_grid is not None else frame_buckets()
-        self.compiled = (self.device.type == "cuda") if config.compiled is None else config.compiled
-        self.compiled = self.compiled and self.dtype != "int8"
-        self.stage2 = check_stage2_mode(config.stage2)
-        self.max_batch = config.max_batch
-        self.batch_graph_frames = config.batch_graph_frames
-        self.compile_cache_dir = config.compile_cache_dir
-        self.compile_record = None  # what the start-up compile did (compiled passes, or the fused CPU kernels)
-        # Dynamo's counters from here: the record counts every compile of the engine's start.
-        self._tally = self._new_tally() if self.compiled else None
-        # The compiled decoder fuses what the CPU's fused kernels would (and cannot trace through them).
-        fused_default = self.device.type == "cpu" and not self.compiled
-        self.fused_kernels = fused_default if config.fused_kernels is None else (config.fused_kernels and not self.compiled)
-        self._kernels_compiled = False  # the fused kernels in service (set between passes only)
-        # Built on `meta` around the served parameters themselves. On the CPU they are the pages of
-        # the host's serving file, shared by every replica on the host; a GPU holds its own copy
-        # anyway, so there they are folded in memory on their way to it.
+
+    def _served_model(self, weights) -> KokoroModel:
+        """The model, built on `meta` around the served parameters themselves. On the CPU they are the
+        pages of the host's serving file, shared by every replica on the host; a GPU holds its own copy
+        anyway, so there they are folded in memory on their way to it."""
         decoder_dtype = DTYPES[self.dtype]
         served = serving_state_dict(weights, decoder_dtype) if self.device.type == "cpu" else fold(weights, decoder_dtype)
-        self.model = KokoroModel.for_serving(weights.config, served, decoder_dtype, self.device)
+        model = KokoroModel.for_serving(weights.config, served, decoder_dtype, self.device)
         if self.dtype == "int8":
-            self.model.use_int8(cpu_features.int8_weight_levels())
-        self.model.use_compiled_decode(self.compiled)
-        self.generator = torch.Generator(device=self.device)
-        self._noise = torch.empty(0, device=self.device)
-        self._speed = torch.ones(1, device=self.device)
-        self.model.positions(SAMPLES_PER_FRAME * self.frame_grid[-1] + 64)  # reserve the largest bucket
-        self.graphs: CudaGraphs | None = None
-        self.batch_graphs: BatchGraphs | None = None
-        self.want_graphs = config.cuda_graphs and self.device.type == "cuda"
-        batch_graphs = config.cuda_graphs if config.batch_graphs is None else config.batch_graphs
-        self.want_batch_graphs = (bool(batch_graphs) and self.device.type == "cuda" and self.compiled and self.max_batch > 1
-                                  and config.batch_graph_frames > 0)
-        self.capture_errors: dict[str, str | None] = {"single": None, "batch": None}
-        self.pass_frames: int | None = None  # the longest item's frames in the pass in hand, once stage 1 has said
+            model.use_int8(cpu_features.int8_weight_levels())
+        model.use_compiled_decode(self.compiled)
+        return model
+
+    # --- the passes chosen (EnginePasses), and the config, as the rest of the engine reads them ----
+
+    @property
+    def bucketed(self) -> bool:
+        return self.passes.bucketed
+
+    @property
+    def compiled(self) -> bool:
+        return self.passes.decoder == "compiled"
+
+    @property
+    def fused_kernels(self) -> bool:
+        return self.passes.decoder == "fused"
+
+    @property
+    def max_batch(self) -> int:
+        return self.config.max_batch
+
+    @property
+    def batch_graph_frames(self) -> int:
+        return self.config.batch_graph_frames
 
     @property
     def label(self) -> str:
@@ -316,7 +374,7 @@ class Engine:
         `then` (the start's warm-ups and captures) still holding it; the record counts both."""
         from worker.compile_cache import default_compile_cache_dir, shared_compile
 
-        directory = Path(self.compile_cache_dir or default_compile_cache_dir(self.device))
+        directory = Path(self.config.compile_cache_dir or default_compile_cache_dir(self.device))
         key = (f"decode-{self.dtype}-{'-'.join(families)}-noise{int(self.noise)}-"
                f"{'fast' if uses_tf32(self.stage2) else 'exact'}")
         tally = self._tally = self._tally or self._new_tally()
@@ -387,7 +445,7 @@ class Engine:
         compile) that must not touch the buffers of the passes in hand."""
         view = copy.copy(self)
         view.graphs = view.batch_graphs = None
-        view.want_graphs = view.want_batch_graphs = False
+        view.passes = dataclasses.replace(self.passes, graphs=False, batch_graphs=False)
         view.generator = torch.Generator(device=self.device)
         view._noise = torch.empty(0, device=self.device)
         view._speed = torch.ones(1, device=self.device)
@@ -404,10 +462,10 @@ class Engine:
             "device": self.device.type, "card": device_name(self.device), "torch": torch.__version__,
             "dtype": self.dtype, "compiled": self.compiled, "stage2": self.stage2, "kernels": self.kernels,
             "graphs": {
-                "single": {"wanted": self.want_graphs, "captured": single.count if single else 0,
+                "single": {"wanted": self.passes.graphs, "captured": single.count if single else 0,
                            "error": self.capture_errors["single"], "replays": single.replays if single else 0,
                            "beyond_grid": single.beyond_grid if single else 0},
-                "batch": {"wanted": self.want_batch_graphs, "captured": len(batch.graphs) if batch else 0,
+                "batch": {"wanted": self.passes.batch_graphs, "captured": len(batch.graphs) if batch else 0,
                           "error": self.capture_errors["batch"], "replays": batch.replays if batch else 0,
                           "beyond_grid": batch.beyond_grid if batch else 0}},
             "compile": None if self.compile_record is None else self.compile_record.as_dict(),
@@ -424,7 +482,7 @@ class Engine:
     def _capture_graphs(self) -> None:
         """The single-chunk and batch CUDA graphs this engine wants. A capture that fails must not
         take the replica down: it serves without those graphs, and says why (log, `run_report`)."""
-        if self.want_graphs and self.graphs is None:
+        if self.passes.graphs and self.graphs is None:
             try:
                 graphs = CudaGraphs(self)
                 graphs.capture()
@@ -434,7 +492,7 @@ class Engine:
                 self.capture_errors["single"] = f"{type(error).__name__}: {error}"
                 self.graphs = None
                 torch.cuda.synchronize()
-        if self.want_batch_graphs and self.batch_graphs is None:
+        if self.passes.batch_graphs and self.batch_graphs is None:
             try:
                 batch_graphs = BatchGraphs(self)
                 batch_graphs.capture()

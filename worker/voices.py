@@ -122,6 +122,12 @@ class Voice:
     name: str            # a Kokoro name, or the normalized mix spec ("af_bella(0.667)+af_sky(0.333)")
     lang_code: str       # the language the voice speaks (the first voice's, for a mix)
     pack: torch.Tensor   # float32 [510, 256]
+    # The spec that resolves to this very pack on any worker: the name, or for a mix each part's
+    # name with its exact weight (`name` rounds them). What a chunk job carries to the replica.
+    canonical: str = ""
+
+    def __post_init__(self):
+        self.canonical = self.canonical or self.name
 
 
 @dataclass(frozen=True)
@@ -363,8 +369,12 @@ class VoiceBank:
 
     def find(self, spec: str) -> Voice | None:
         """The voice `spec` names, or None where `resolve` would refuse it (and say why)."""
-        voice = self._resolution(spec, VoiceError)
+        voice = self.resolution(spec)
         return voice if isinstance(voice, Voice) else None
+
+    def resolution(self, spec: str) -> Voice | RequestFieldError:
+        """The voice `spec` names, or the VoiceError `resolve` would raise (returned, not raised)."""
+        return self._resolution(spec, VoiceError)
 
     def _resolution(self, spec: str, refuse: Refusal) -> Voice | RequestFieldError:
         """The voice `spec` names, or the error that says what to fix (returned, not raised)."""
@@ -376,7 +386,8 @@ class VoiceBank:
         parts = self._parse(spec, refuse)
         if not isinstance(parts, list):
             return parts
-        key = "".join(f"{sign}{name}({weight:g})" for sign, name, weight in parts) if len(parts) > 1 else parts[0][1]
+        # exact weights (repr): the key is also the mix's canonical spec, which must make the same pack
+        key = "".join(f"{sign}{name}({weight!r})" for sign, name, weight in parts)[1:] if len(parts) > 1 else parts[0][1]
         with self._lock:
             cached = self._mixes.get(key)
             if cached is not None:
@@ -394,7 +405,7 @@ class VoiceBank:
         pack = sum(packs[name] * (weight / total if sign == "+" else -weight / total)
                    for sign, name, weight in parts)
         normalized = "".join(f"{sign}{name}({weight / total:.3g})" for sign, name, weight in parts)[1:]
-        voice = Voice(normalized, voice_language(parts[0][1]), pack)
+        voice = Voice(normalized, voice_language(parts[0][1]), pack, canonical=key)
         with self._lock:
             if version != self._directory_version:
                 return voice  # made from voices since replaced: used once, not kept

@@ -4,7 +4,7 @@ A worker holding a client's connection calls, per request:
 
     rid = await admission.reserve()                   # a slot before any planning, or Refused -> 503
     ...plan the text (a 400 gives the slot back: await admission.withdraw(rid))...
-    ticket = await admission.admit([ChunkJob(payload, phonemes), ...], speed, rid)   # or Refused -> 503
+    ticket = await admission.admit([ChunkJob(payload, phonemes, speed), ...], rid)   # or Refused -> 503
     async for result in admission.results(ticket):                             # chunk 0, 1, ... in order
         ...encode result.pcm and send it...
     await admission.release(ticket.request_id)        # or cancel(...) when the client went away
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 import uuid
@@ -41,9 +42,8 @@ from api.speech.redis_link import (
     TracksAvailability,
     read_stats,
     stop_if_cancelled,
-    unavailable_as_error,
 )
-from api.speech.worker_queue import WorkerQueueOwner
+from api.speech.worker_queue import ADMISSION, WorkerQueueOwner
 
 __all__ = [
     "AdmissionBounds", "AdmissionClient", "ChunkJob", "first_audio_places", "ChunkResult", "QueueUnavailable", "Refused",
@@ -120,6 +120,11 @@ def first_audio_places(replicas: int, rate: float | None, target_s: float, first
 class ChunkJob:
     payload: bytes   # what the replica's job runner needs (opaque to the queue)
     phonemes: int    # for the audio-duration estimate that orders the queue and bounds admission
+    speed: float = 1.0  # the chunk's speaking rate, as its payload gives it to the replica: the estimate's too
+
+    def __post_init__(self):
+        if not self.speed > 0:
+            raise ValueError(f"a chunk's speed must be positive, got {self.speed}")
 
 
 @dataclass(frozen=True)
@@ -216,19 +221,18 @@ def place_spacing_ms(reason: str, work_ahead_ms: float, admitted: int, new_work_
 class AdmissionClient(TracksAvailability):
     """One worker's admission client. `worker_id` names this process; the reaper frees the
     requests of a worker whose alive key (refreshed by `start()`'s heartbeat and by every
-    read) expires."""
+    read) expires. `worker_queue`, the worker's queue owner, holds what this side shares with the
+    replica side: the PCM this process's own replica made for these requests (fetch.lua answers
+    "local" for those chunks; once Redis accepted a completion, the chunk is read from memory with no
+    Redis call at all), the requests Redis released already, and whether Redis answers."""
+
+    side = ADMISSION
 
     def __init__(self, client: aioredis.Redis, worker_id: str, bounds: AdmissionBounds, *,
-                 ms_per_phoneme: float, prefix: str = DEFAULT_PREFIX, owner_ttl_s: float = 5.0, poll_s: float = 1.0,
-                 worker_queue: WorkerQueueOwner | None = None):
+                 worker_queue: WorkerQueueOwner, ms_per_phoneme: float, prefix: str = DEFAULT_PREFIX,
+                 owner_ttl_s: float = 5.0, poll_s: float = 1.0):
         self.client = client
-        # The worker's queue owner holds the PCM this process's own replica made for this owner's
-        # requests (fetch.lua answers "local" for those chunks; once Redis accepted a completion, the
-        # chunk is read from memory with no Redis call at all).
-        self.worker_queue = worker_queue if worker_queue is not None else WorkerQueueOwner(worker_id)
-        # Requests already released by the call that handed over their last chunk (fetch.lua or
-        # complete.lua); `release` and `cancel` then have nothing left to do in Redis.
-        self._released: set[str] = set()
+        self.worker_queue = worker_queue
         self.worker_id = worker_id
         self.bounds = bounds
         self.prefix = prefix
@@ -239,7 +243,6 @@ class AdmissionClient(TracksAvailability):
         self.poll_s = poll_s  # longest single blocking read; must stay below the socket timeout
         self.scripts = Scripts(client)
         self._heartbeat: asyncio.Task | None = None
-        self.degraded = False  # the last Redis call failed
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -257,12 +260,9 @@ class AdmissionClient(TracksAvailability):
     async def _beat(self) -> None:
         key = f"{self.prefix}:alive:{self.worker_id}"
         while True:
-            try:
-                with unavailable_as_error("owner heartbeat"):
-                    await self.client.set(key, b"1", px=self.owner_ttl_ms)
-                self.degraded = False
-            except QueueUnavailable:
-                self.degraded = True
+            with contextlib.suppress(QueueUnavailable):  # reported to the owner: degraded
+                await self._call("owner heartbeat", functools.partial(self.client.set, px=self.owner_ttl_ms),
+                                 key, b"1")
             stop_if_cancelled("owner heartbeat")
             await asyncio.sleep(self.owner_ttl_ms / 3000)
 
@@ -285,7 +285,7 @@ class AdmissionClient(TracksAvailability):
         """Give back a reservation whose request will not be admitted (its text was refused)."""
         return bool(await self._call("withdrawal", self.scripts.withdraw, self.prefix, request_id))
 
-    async def admit(self, jobs: Sequence[ChunkJob], speed: float = 1.0, request_id: str | None = None,
+    async def admit(self, jobs: Sequence[ChunkJob], request_id: str | None = None,
                     lease_for: Sequence | None = None, key: str | None = None) -> Ticket:
         """Admit a request of `jobs` (its chunks, in order) and enqueue them, or raise `Refused`.
         With the id of a reservation, only the work bound is left to check (its key's was checked
@@ -294,14 +294,12 @@ class AdmissionClient(TracksAvailability):
         what it got (the replica must run it: `Dispatcher.run_claimed`)."""
         if not jobs:
             raise ValueError("a request needs at least one chunk job")
-        if speed <= 0:
-            raise ValueError("speed must be positive")
         rid = request_id or uuid.uuid4().hex
         args: list = [self.prefix, rid, self.worker_id, self.owner_ttl_ms, self.bounds.max_requests,
-                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, speed, len(jobs),
+                      int(self.bounds.max_queued_seconds * 1000), self.ms_per_phoneme, len(jobs),
                       key or "", self.bounds.key_max_requests, int(self.bounds.key_max_queued_seconds * 1000)]
         for job in jobs:
-            args += [int(job.phonemes), job.payload]
+            args += [int(job.phonemes), float(job.speed), job.payload]
         if lease_for:
             args += list(lease_for)
         reply = await self._call("admission", self.scripts.admit, *args)
@@ -354,14 +352,9 @@ class AdmissionClient(TracksAvailability):
             if local_run is not None and job_id in leased and not local_run.done():
                 with contextlib.suppress(Exception):  # its failure shows in Redis: read from there
                     await asyncio.shield(local_run)
-            accepted = None
-            if self.worker_queue.holds_accepted(job_id):
-                accepted = await self.worker_queue.take_accepted(job_id)
+            accepted = self.worker_queue.take_accepted(job_id)
             if accepted is not None:
-                pcm, durations, released = accepted
-                if released:
-                    self._released.add(ticket.request_id)
-                yield ChunkResult(index, pcm, durations)
+                yield ChunkResult(index, *accepted)
                 continue
             last = index == ticket.chunks - 1
             give_up = None if timeout_s is None else time.monotonic() + timeout_s
@@ -370,12 +363,12 @@ class AdmissionClient(TracksAvailability):
                                          index, self.worker_id, self.owner_ttl_ms, int(last))
                 status = reply[0]
                 if reply[-1] == b"released":
-                    self._released.add(ticket.request_id)
+                    self.worker_queue.released_by_redis(ticket.request_id)
                 if status == b"ok":
                     yield ChunkResult(index, reply[1], np.frombuffer(reply[2], dtype="<i8").astype(np.int64))
                     break
                 if status == b"local":
-                    pcm = await self.worker_queue.take_made(job_id)
+                    pcm = self.worker_queue.take_made(job_id)
                     if pcm is None:  # only if another process shares this worker id: a bug
                         raise RequestLost(f"chunk {index} of request {ticket.request_id} was made by this "
                                           "worker's replica but its audio is not in this process")
@@ -402,27 +395,22 @@ class AdmissionClient(TracksAvailability):
 
     async def cancel(self, request_id: str) -> bool:
         """The client went away: drop the request's queued jobs and free its slot."""
-        await self.worker_queue.forget_request(request_id)
-        if request_id in self._released:  # its last chunk was read: nothing left to cancel
-            self._released.discard(request_id)
+        if self.worker_queue.end_request(request_id):  # its last chunk was read: nothing left to cancel
             return False
         return bool(await self._call("cancel", self.scripts.cancel, self.prefix, request_id))
 
     async def release(self, request_id: str) -> bool:
         """The last chunk has been streamed (or the error read): free the slot (already done when
         the last chunk's read released it)."""
-        await self.worker_queue.forget_request(request_id)
-        if request_id in self._released:
-            self._released.discard(request_id)
+        if self.worker_queue.end_request(request_id):
             return True
         return bool(await self._call("release", self.scripts.release, self.prefix, request_id))
 
     @contextlib.asynccontextmanager
-    async def session(self, jobs: Sequence[ChunkJob], speed: float = 1.0,
-                      request_id: str | None = None) -> AsyncIterator[Ticket]:
+    async def session(self, jobs: Sequence[ChunkJob], request_id: str | None = None) -> AsyncIterator[Ticket]:
         """Admit, yield the ticket, then release (finished normally) or cancel (an exception or
         cancellation left the body early). A failure to reach Redis at exit is left to the reaper."""
-        ticket = await self.admit(jobs, speed, request_id)
+        ticket = await self.admit(jobs, request_id)
         finished = False
         try:
             yield ticket

@@ -57,7 +57,7 @@ def build_engine(weights, settings: Settings):
     """The engine a replica serves with, on the host's compile cache."""
     from worker.engine import Engine
 
-    return Engine(weights, config=engine_config_from_settings(settings))
+    return Engine(weights, engine_config_from_settings(settings))
 
 
 def engine_config_from_settings(settings: Settings) -> "EngineConfig":

@@ -47,6 +47,17 @@ class SpeechRequest:
     voice_aliases: dict[str, tuple[str, float]] = field(default_factory=dict, hash=False)
 
 
+@dataclass(frozen=True)
+class VoicedRequest:
+    """A request with its voice resolved, once (`SpeechService.voiced`): `request` with its alias
+    replaced by what it stands for (its speed times the alias's pace, `alias_rate`), and `voice`, the
+    voice that names, or the VoiceError that says what to fix (raised when the request is planned)."""
+
+    request: SpeechRequest
+    voice: Voice | Exception
+    alias_rate: float = 1.0
+
+
 @dataclass
 class SpeechPlan:
     request: SpeechRequest
@@ -60,6 +71,7 @@ class SpeechPlan:
         return self.voices[chunk.voice] if chunk.voice else self.voice
 
     def voice_spec_of(self, chunk: Chunk) -> str:
+        """The voice of `chunk` as the request wrote it (for captions)."""
         return chunk.voice or self.request.voice
 
     def speed_of(self, chunk: Chunk) -> float:

@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from api.metrics import ReadableHistogram
 from api.speech.redis_link import (DEFAULT_PREFIX, QueueUnavailable, Scripts, TracksAvailability, decode_job,
                                    unavailable_as_error)
-from api.speech.worker_queue import WorkerQueueOwner
+from api.speech.worker_queue import REPLICA, WorkerQueueOwner
 from worker.audio import FRAME_SECONDS, SAMPLE_RATE, to_pcm16
 
 log = logging.getLogger("kokoro_fleet.dispatch")
@@ -126,12 +126,15 @@ class DispatcherConfig:
 
 
 class Dispatcher(TracksAvailability):
-    """One replica's lease loop. With `worker_queue` (its worker's `WorkerQueueOwner`), a job of a
-    request this worker owns hands its PCM over in memory and the owner side may claim the replica."""
+    """One replica's lease loop. `worker_queue` is its worker's `WorkerQueueOwner`: a job of a
+    request this worker owns (job.owner == replica_id) hands its PCM over there, in memory, the owner
+    side may claim the replica there, and whether Redis answers is reported there."""
+
+    side = REPLICA
 
     def __init__(self, client: aioredis.Redis, replica_id: str, run_job: RunJob,
-                 config: DispatcherConfig = DispatcherConfig(), *, run_batch: RunBatch | None = None,
-                 worker_queue: WorkerQueueOwner | None = None, engine: str = "", leases: bool = True):
+                 config: DispatcherConfig = DispatcherConfig(), *, worker_queue: WorkerQueueOwner,
+                 run_batch: RunBatch | None = None, engine: str = "", leases: bool = True):
         self.client = client
         self.replica_id = replica_id
         self.config = config
@@ -149,11 +152,9 @@ class Dispatcher(TracksAvailability):
         self.scripts = Scripts(client)
         # "Keep the bytes cheap": a job of a request this worker owns (job.owner == replica_id)
         # leaves its PCM with the worker's queue owner instead of in Redis, and leasing prefers such
-        # jobs when they are due within own_slack_ms of the fleet's earliest. Without one, this
-        # replica keeps its own claim state and hands nothing over.
-        self.hands_over = worker_queue is not None
-        self.worker_queue = worker_queue if worker_queue is not None else WorkerQueueOwner(replica_id)
-        self.own_slack_ms = int(config.own_slack_ms) if self.hands_over else 0
+        # jobs when they are due within own_slack_ms of the fleet's earliest.
+        self.worker_queue = worker_queue
+        self.own_slack_ms = int(config.own_slack_ms)
         # Figures for /metrics, named as worker/replica.py's Replica names them.
         self.busy = False
         self.jobs_done = 0
@@ -164,7 +165,6 @@ class Dispatcher(TracksAvailability):
                                              "replica took (at most KOKORO_BATCH_MAX).", buckets=BATCH_SIZE_BUCKETS,
                                              registry=None)
         self.batch_fallbacks = 0    # batches whose pass failed and ran again one job at a time
-        self.degraded = False       # the last Redis call failed
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -375,20 +375,19 @@ class Dispatcher(TracksAvailability):
         if isinstance(output, tuple):
             output = JobOutput(*output)
         durations = np.asarray(output.durations, dtype="<i8")
-        if self.hands_over and job.owner == self.replica_id:
+        if job.owner == self.replica_id:
             # The owner is this process: hand the PCM over in memory, before the completion
             # makes the result visible; take it back if the completion is refused.
             status = STALE
             try:
-                await self.worker_queue.hand_over(job.job_id, bytes(output.pcm))
+                self.worker_queue.hand_over(job.job_id, bytes(output.pcm))
                 status = await self._complete(job, "local", b"", durations.tobytes(), audio_s, busy_s,
                                               release=release)
             finally:
                 if status not in (DELIVERED, RELEASED):
-                    await asyncio.shield(self.worker_queue.completion_refused(job.job_id))
+                    self.worker_queue.completion_refused(job.job_id)
                 else:
-                    await asyncio.shield(self.worker_queue.completion_accepted(job.job_id, durations,
-                                                                               status == RELEASED))
+                    self.worker_queue.completion_accepted(job.job_id, durations, status == RELEASED)
         else:
             status = await self._complete(job, "ok", bytes(output.pcm), durations.tobytes(), audio_s, busy_s)
         if status in (DELIVERED, RELEASED):
@@ -488,7 +487,7 @@ class ReplicaJobRunner:
         the others' forward pass."""
         from worker.engine import BatchItem  # the engine's module needs torch, loaded by now
 
-        outputs: list[JobOutput | Exception | None] = [None] * len(jobs)
+        outputs: dict[int, JobOutput | Exception] = {}  # by the job's place in `jobs`
         items, slots = [], []
         for k, job in enumerate(jobs):
             try:
@@ -501,7 +500,7 @@ class ReplicaJobRunner:
         if items:
             for k, result in zip(slots, await self.replica.synthesize_batch(items), strict=True):
                 outputs[k] = self._output(result)
-        return outputs  # type: ignore[return-value]
+        return [outputs[k] for k in range(len(jobs))]
 
     def _decode(self, job: Job):
         if job.index == 0 and job.attempt == 1 and self.wait_histogram is not None:

@@ -15,8 +15,8 @@ workers). It only assembles one worker's parts and hands each call to the part t
 - /metrics: `FleetFigures` (api/speech/fleet_figures.py), re-read by the housekeeping task here.
 
 What the admission side and the lease side share (the audio this worker's replica made for its own
-requests, the replica's claim, the requests not streaming yet, degraded mode) belongs to one
-`WorkerQueueOwner` (api/speech/worker_queue.py). When Redis is unreachable (at start or mid-run) the
+requests, the replica's claim, the requests not streaming yet, degraded mode, the counters) belongs to
+one plain `WorkerQueueOwner` (api/speech/worker_queue.py). When Redis is unreachable (at start or mid-run) the
 owner is degraded and the service serves its own requests on its own replica (still bounded by the
 HTTP layer's per-process `ProcessAdmission`), says so in /health and /metrics, and goes back to the
 queue as soon as Redis answers; a stream whose Redis died under it finishes its remaining chunks
@@ -46,12 +46,12 @@ from api.speech.admission_client import (AdmissionBounds, AdmissionClient, Chunk
                                          RequestFailed, RequestLost)
 from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest
 from api.speech.dispatcher import Dispatcher, DispatcherConfig, NoReplica, ReplicaJobRunner
-from api.speech.fleet_admission import FleetAdmission, FleetCounters, FleetPlan
+from api.speech.fleet_admission import FleetAdmission, FleetPlan
 from api.speech.fleet_figures import STATS_REFRESH_S, FleetFigures, FleetSnapshot
 from api.speech.local import SpeechService
 from api.speech.redis_link import (DEFAULT_PREFIX, connect, open_connections, redacted_url, stop_if_cancelled,
                                     worker_id)
-from api.speech.worker_queue import WorkerQueueOwner
+from api.speech.worker_queue import FleetCounters, WorkerQueueOwner
 from worker.audio import SECONDS_PER_PHONEME, from_pcm16
 from worker.text import Chunk
 
@@ -85,9 +85,9 @@ class FleetSpeechService:
         # hold it, and neither holds the other's state.
         self.worker_queue = WorkerQueueOwner(self.name)
         self.admission = AdmissionClient(connect(redis_url), self.name,
-                                         AdmissionBounds.from_settings(settings, self.replicas), prefix=self.prefix,
-                                         owner_ttl_s=owner_ttl_s, ms_per_phoneme=SECONDS_PER_PHONEME * 1000,
-                                         worker_queue=self.worker_queue)
+                                         AdmissionBounds.from_settings(settings, self.replicas),
+                                         worker_queue=self.worker_queue, prefix=self.prefix,
+                                         owner_ttl_s=owner_ttl_s, ms_per_phoneme=SECONDS_PER_PHONEME * 1000)
         runner = ReplicaJobRunner(local.replica, local.voices, self.figures.wait_histogram)
         self.dispatcher = Dispatcher(connect(redis_url), self.name, runner,
                                      DispatcherConfig.from_settings(settings, prefix=self.prefix,
@@ -96,7 +96,6 @@ class FleetSpeechService:
                                      run_batch=runner.run_batch, worker_queue=self.worker_queue,
                                      engine=local.replica.engine.label,
                                      leases=not isinstance(local.replica, NoReplica))
-        self.worker_queue.watch_availability(lambda: self.admission.degraded, lambda: self.dispatcher.degraded)
         self.entry = FleetAdmission(local, self.admission, self.dispatcher, self.worker_queue, settings,
                                     replicas=self.replicas, follows_fleet=dispatch == "shared")
         self._tasks: list[asyncio.Task] = []
@@ -138,7 +137,7 @@ class FleetSpeechService:
 
     @property
     def counters(self) -> FleetCounters:
-        return self.entry.counters
+        return self.worker_queue.counters
 
     @property
     def snapshot(self) -> FleetSnapshot:
@@ -146,7 +145,6 @@ class FleetSpeechService:
 
     def health(self) -> dict[str, Any]:
         """The fleet's part of /health."""
-        self.worker_queue.note_mode()  # the counters agree with the mode this reports, even between requests
         s = self.snapshot.stats
         return {**self.local.health(),  # which kernels this worker's replica serves with
                 "mode": "degraded" if self.degraded else "fleet", "dispatch": self.dispatch, "worker": self.name,
@@ -154,7 +152,7 @@ class FleetSpeechService:
                    else {})}
 
     def register_metrics(self, m: Metrics) -> None:
-        self.figures.register(m, self.entry.counters, self.worker_queue, self.dispatcher, self.stats, self.started)
+        self.figures.register(m, self.worker_queue, self.dispatcher, self.stats, self.started)
 
     # --- the request's life ---------------------------------------------------------------------
     def stats(self) -> ReplicaStats:
@@ -174,7 +172,7 @@ class FleetSpeechService:
                 async for piece in pieces:
                     yield piece
             return
-        await self.worker_queue.stream_started(plan.ticket.request_id)
+        self.worker_queue.stream_started(plan.ticket.request_id)
         results = self.admission.results(plan.ticket, timeout_s=self.chunk_timeout_s, local_run=plan.local_run)
         audio = QueuedAudio(self, plan, results)
         finished = False
@@ -197,7 +195,6 @@ class FleetSpeechService:
         while True:
             await asyncio.sleep(delay)
             delay = STATS_REFRESH_S
-            self.worker_queue.note_mode()
             await self.entry.cancel_unstarted()
             try:
                 stats = await self.figures.refresh()
@@ -232,10 +229,9 @@ class QueuedAudio:
                 log.warning("request %s: %s; finishing its chunks %d.. on this replica",
                             self.plan.ticket.request_id, e, index)
                 self.remote = False
-                self.fleet.counters.finished_locally += 1
-                self.fleet.worker_queue.note_mode()
+                self.fleet.worker_queue.finished_here()
             except RequestFailed:
-                self.fleet.counters.failed += 1
+                self.fleet.worker_queue.request_failed()
                 self.failed = True
                 raise
         return await self.fleet.local.synthesize_chunk(plan, index, chunk)

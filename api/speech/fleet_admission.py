@@ -13,8 +13,8 @@ one-chunk request then costs two Redis round trips (admit-and-lease, complete-an
 about eight.
 
 What this flow shares with the lease side (the replica's claim, the requests not streaming yet,
-degraded mode) is asked of the worker's `WorkerQueueOwner` (api/speech/worker_queue.py); the
-counters below are this flow's own, read by /metrics.
+degraded mode) and the counters /metrics reads are held by the worker's `WorkerQueueOwner`
+(api/speech/worker_queue.py); this flow reports to it and reads from it.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from api.settings import Settings
 from api.speech.admission_client import (AdmissionBounds, AdmissionClient, ChunkJob, QueueUnavailable, Refused,
                                          Ticket)
-from api.speech.contract import KeyShareFull, Overloaded, SpeechPlan, SpeechRequest
+from api.speech.contract import KeyShareFull, Overloaded, SpeechPlan, SpeechRequest, VoicedRequest
 from api.speech.dispatcher import Dispatcher, NoReplica
 from api.speech.local import SpeechService
 from api.speech.redis_link import QueueStats, encode_job
@@ -61,27 +61,6 @@ class FleetPlan(SpeechPlan):
         return cls(plan.request, plan.voice, plan.lang_code, plan.chunks, plan.voices, ticket=ticket)
 
 
-@dataclass
-class FleetCounters:
-    admitted: int = 0             # requests this worker put in the shared queue
-    refused: int = 0              # 503s from the shared queue's bound
-    served_locally: int = 0       # admitted while Redis was unreachable: ran on this replica
-    from_cache: int = 0           # every chunk in this worker's replica's synthesis cache: no queue
-    finished_locally: int = 0     # lost Redis mid-stream: remaining chunks ran on this replica
-    failed: int = 0               # the queue ended the request with an error
-    cancelled: int = 0            # client gone (or response never started): jobs cancelled
-    # degraded mode is the worker queue owner's state: read here, changed there
-    worker_queue: WorkerQueueOwner | None = field(default=None, repr=False)
-
-    @property
-    def degraded_since(self) -> float | None:
-        return self.worker_queue.degraded_since if self.worker_queue else None
-
-    @property
-    def degraded_seconds(self) -> float:
-        return self.worker_queue.degraded_seconds if self.worker_queue else 0.0
-
-
 class FleetAdmission:
     """Admits this worker's requests into the shared queue and frees their slots afterwards."""
 
@@ -95,7 +74,6 @@ class FleetAdmission:
         self.name = admission.worker_id
         self.replicas = replicas  # this fleet's own replicas
         self.follows_fleet = follows_fleet  # bounds follow every replica alive on the queue (shared dispatch)
-        self.counters = FleetCounters(worker_queue=worker_queue)
         self._bounds_replicas = replicas  # the replica count the bounds were last derived from
         self._live_replicas = 0  # alive on the queue, as last read from Redis
         # When a short text may skip the reservation (see `_plans_inline`): while fewer of this
@@ -115,12 +93,12 @@ class FleetAdmission:
         against that key's share of the fleet (KOKORO_KEY_MAX_SHARE; KeyShareFull beyond it)."""
         self._admitting += 1
         try:
-            voice = self.local.voice_for(request)  # resolved once for this request
-            inline = self._plans_inline(request, voice)
-            if self.worker_queue.note_mode():  # degraded: this replica serves this worker's requests
-                plan = await self.local.plan_off_loop(request, voice, inline)
+            voiced = self.local.voiced(request)  # its voice resolved once for this request
+            inline = self._plans_inline(request, voiced)
+            if self.worker_queue.degraded:  # this replica serves this worker's requests
+                plan = await self.local.plan_off_loop(request, voiced, inline)
                 return self._from_cache(plan) or self._served_here(plan)
-            return await self._admit_to_queue(request, voice, inline, key)
+            return await self._admit_to_queue(request, voiced, inline, key)
         finally:
             self._admitting -= 1
 
@@ -130,7 +108,7 @@ class FleetAdmission:
         reached leaves it to the reaper (the owner's heartbeat stops covering it only when this
         worker dies) or to the Redis restart that already dropped it."""
         if not finished if cancelled is None else cancelled:
-            self.counters.cancelled += 1
+            self.worker_queue.request_cancelled()
         call = self.admission.release if finished else self.admission.cancel
         with contextlib.suppress(QueueUnavailable):
             await asyncio.shield(call(plan.ticket.request_id))
@@ -138,7 +116,7 @@ class FleetAdmission:
     async def cancel_unstarted(self, older_than_s: float | None = UNCLAIMED_TICKET_S) -> None:
         """Cancel the admitted requests whose response has not started streaming for `older_than_s`
         (None: all of them, at shutdown)."""
-        for plan in await self.worker_queue.unstarted_since(older_than_s):
+        for plan in self.worker_queue.take_unstarted(older_than_s):
             if older_than_s is not None:
                 log.warning("request %s was admitted but its response never started: cancelling it",
                             plan.ticket.request_id)
@@ -168,12 +146,12 @@ class FleetAdmission:
             self.admission.bounds = bounds
 
     # --- the admission's steps --------------------------------------------------------------------
-    def _plans_inline(self, request: SpeechRequest, voice: Voice | None) -> bool:
+    def _plans_inline(self, request: SpeechRequest, voiced: VoicedRequest) -> bool:
         """Whether to plan a short text before its one admission call. In a burst beyond the
         fleet's bound, planning every text before learning it is refused would put each refusal
         behind all the planning before it on this loop: once this worker is admitting more than its
         share of the bound at once, or the fleet refused lately, texts are reserved first."""
-        return (self.local.plans_inline(request, voice) and self._admitting <= self._share_of_bound()
+        return (self.local.plans_inline(request, voiced) and self._admitting <= self._share_of_bound()
                 and time.monotonic() - self._refused_at > REFUSAL_MEMORY_S)
 
     def _share_of_bound(self) -> float:
@@ -184,20 +162,19 @@ class FleetAdmission:
     def _refused(self, e: Refused) -> Overloaded:
         if e.reason in ("key", "key_work"):  # one key's share is full, not the fleet: no crowding to remember
             return KeyShareFull(e.retry_after_ms / 1000, str(e))
-        self.counters.refused += 1
+        self.worker_queue.refused()
         self._refused_at = time.monotonic()
         return Overloaded(e.retry_after_ms / 1000, str(e))
 
     def _served_here(self, plan: SpeechPlan) -> FleetPlan:
         """A plan this worker's replica serves because Redis cannot be reached."""
-        self.worker_queue.note_mode()
         if isinstance(self.local.replica, NoReplica):  # an HTTP front only: nothing to serve it on here
             raise Overloaded(1.0, "The server cannot reach its queue and this worker holds no replica; "
                                  "retry in about 1 s.")
-        self.counters.served_locally += 1
+        self.worker_queue.served_here(from_cache=False)
         return FleetPlan.admitted(plan, None)
 
-    async def _admit_to_queue(self, request: SpeechRequest, voice: Voice | None, inline: bool,
+    async def _admit_to_queue(self, request: SpeechRequest, voiced: VoicedRequest, inline: bool,
                               key: str | None) -> FleetPlan:
         """Reserve (a longer text), plan, enqueue; falls back to this replica when Redis stops answering."""
         rid, reserved = None, False
@@ -212,8 +189,8 @@ class FleetAdmission:
             except QueueUnavailable as e:
                 log.warning("fleet worker %s: %s", self.name, e)
         try:
-            plan = self.local.plan(request, voice) if inline else await self.local.plan_off_loop(request, voice,
-                                                                                                  inline=False)
+            plan = self.local.plan(request, voiced) if inline else await self.local.plan_off_loop(request, voiced,
+                                                                                                   inline=False)
         except BaseException:  # a 400, or the client left: the slot goes back at once
             if reserved:
                 await self._drop_quietly(rid)
@@ -225,17 +202,16 @@ class FleetAdmission:
             return cached
         if rid is None:  # Redis went away at the reservation
             return self._served_here(plan)
-        jobs = [ChunkJob(encode_job(c.ids, plan.voice_spec_of(c), plan.speed_of(c)), len(c.ids))
-                for c in plan.chunks if c.ids]
+        jobs = [chunk_job(c.ids, plan.voice_of(c), plan.speed_of(c)) for c in plan.chunks if c.ids]
         # This worker's replica waiting for work: the admission leases for it in the same call
         # (the earliest deadline first, as ever; usually this request's first chunk, which then
         # never crosses processes or waits for a wake-up).
         claimed = self.dispatcher.claim()
         try:
             if claimed:
-                ticket = await self._admit_and_lease(jobs, plan.request.speed, rid, key)
+                ticket = await self._admit_and_lease(jobs, rid, key)
             else:
-                ticket = await self.admission.admit(jobs, plan.request.speed, rid, key=key)
+                ticket = await self.admission.admit(jobs, rid, key=key)
         except Refused as e:  # a bound: admit.lua has given any reservation back
             raise self._refused(e) from None
         except QueueUnavailable as e:
@@ -249,11 +225,10 @@ class FleetAdmission:
         except BaseException:
             await self._drop_quietly(rid)
             raise
-        self.counters.admitted += 1
         fleet_plan = FleetPlan.admitted(plan, ticket)
         if claimed:
             fleet_plan.local_run = self.dispatcher.run_claimed(ticket.leased, ticket.request_id)
-        await asyncio.shield(self.worker_queue.admitted(ticket.request_id, fleet_plan))
+        self.worker_queue.admitted(ticket.request_id, fleet_plan)
         return fleet_plan
 
     def _from_cache(self, plan: SpeechPlan) -> FleetPlan | None:
@@ -267,16 +242,15 @@ class FleetAdmission:
         if not all(cache.key(c.ids, voices.style(plan.voice_of(c), len(c.ids)), plan.speed_of(c)) in cache
                    for c in plan.chunks if c.ids):
             return None
-        self.counters.from_cache += 1
+        self.worker_queue.served_here(from_cache=True)
         return FleetPlan.admitted(plan, None)
 
-    async def _admit_and_lease(self, jobs: list[ChunkJob], speed: float, rid: str, key: str | None) -> Ticket:
+    async def _admit_and_lease(self, jobs: list[ChunkJob], rid: str, key: str | None) -> Ticket:
         """`admit` with a lease for this worker's claimed replica. The call runs in a task of its
         own: if the client leaves meanwhile, whatever it leased (maybe another request's job) is
         still run and completed, and only then is this request dropped, so no lease is left to
         expire. The replica is given back when the call fails or leased nothing."""
-        call = asyncio.ensure_future(self.admission.admit(jobs, speed, rid, self.dispatcher.lease_arguments(),
-                                                          key=key))
+        call = asyncio.ensure_future(self.admission.admit(jobs, rid, self.dispatcher.lease_arguments(), key=key))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
@@ -305,3 +279,10 @@ class FleetAdmission:
 
         with contextlib.suppress(QueueUnavailable):
             await asyncio.shield(drop())
+
+
+def chunk_job(ids, voice: Voice, speed: float) -> ChunkJob:
+    """A chunk's job: its ids, its voice in the one form that travels (the canonical spec, which the
+    replica's VoiceBank turns into the very same pack) and its speed, decided once by the plan and
+    used both by the queue's audio estimate and by the replica."""
+    return ChunkJob(encode_job(ids, voice.canonical, speed), len(ids), speed)

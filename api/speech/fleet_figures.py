@@ -21,7 +21,6 @@ from api.speech.redis_link import QueueStats, ReplicaStatus, read_replicas, read
 if TYPE_CHECKING:
     from api.speech.contract import ReplicaStats
     from api.speech.dispatcher import Dispatcher
-    from api.speech.fleet_admission import FleetCounters
     from api.speech.worker_queue import WorkerQueueOwner
 
 # How often the fleet figures shown in /metrics are re-read from Redis.
@@ -68,11 +67,11 @@ class FleetFigures:
         self.snapshot = FleetSnapshot(stats, replicas, busy, now)
         return stats
 
-    def register(self, m: Metrics, counters: FleetCounters, worker_queue: WorkerQueueOwner, dispatcher: Dispatcher,
+    def register(self, m: Metrics, worker_queue: WorkerQueueOwner, dispatcher: Dispatcher,
                  replica_stats: Callable[[], ReplicaStats], started: float) -> None:
-        """Every fleet figure of this worker's /metrics: `counters` are its admissions', `dispatcher`
-        runs its replica, `replica_stats` reads that replica's, `started` (monotonic) is its start."""
-        c = counters
+        """Every fleet figure of this worker's /metrics: `worker_queue` holds its mode and counters,
+        `dispatcher` runs its replica, `replica_stats` reads that replica's, `started` (monotonic) is its start."""
+        c = worker_queue.counters
         m.gauge("kokoro_fleet_degraded", "1 while this worker cannot reach Redis and serves its own requests locally.",
                 lambda: float(worker_queue.degraded))
         m.counter("kokoro_fleet_degraded_seconds_total", "Seconds this worker spent degraded (Redis unreachable).",

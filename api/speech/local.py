@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, chunk_piece
+from api.speech.contract import AudioPiece, ReplicaStats, SpeechPlan, SpeechRequest, VoicedRequest, chunk_piece
 from api.settings import Settings, get_settings
 from worker.text import (Chunk, NormalizationOptions, NothingToSay, TextError, language_loaded, language_problem,
                          load_language, load_lexicon, phonemes_to_chunks, text_to_chunks)
@@ -69,25 +69,28 @@ class SpeechService:
         for lang_code in self.settings.preload_language_codes():
             await asyncio.to_thread(load_language, lang_code)
 
-    @staticmethod
-    def _through_alias(request: SpeechRequest) -> tuple[SpeechRequest, float]:
-        """The request with its voice alias replaced by what it stands for, and the alias's rate."""
+    def voiced(self, request: SpeechRequest) -> VoicedRequest:
+        """The request's voice, resolved once for the request: its alias (if `voice` is one) replaced
+        by what it stands for, and the voice that names (or the error that says what to fix)."""
         alias = request.voice_aliases.get(request.voice.strip().lower())
-        if alias is None:
-            return request, 1.0
-        return dataclasses.replace(request, voice=alias[0], speed=request.speed * alias[1]), alias[1]
+        if alias is not None:
+            request = dataclasses.replace(request, voice=alias[0], speed=request.speed * alias[1])
+        return VoicedRequest(request, self.voices.resolution(request.voice), alias[1] if alias else 1.0)
 
     def voice_for(self, request: SpeechRequest) -> Voice | None:
-        """The request's voice (through its aliases), resolved once per request for `plans_inline`
-        and `plan`; None when the spec names no voice (`plan` then refuses it with its message)."""
-        return self.voices.find(self._through_alias(request)[0].voice)
+        """The request's voice (through its aliases); None when the spec names no voice (`plan`
+        then refuses it with its message)."""
+        voice = self.voiced(request).voice
+        return voice if isinstance(voice, Voice) else None
 
-    def plan(self, request: SpeechRequest, voice: Voice | None = None) -> SpeechPlan:
+    def plan(self, request: SpeechRequest, voiced: VoicedRequest | None = None) -> SpeechPlan:
         """Validate and prepare a request; raises VoiceError or TextError with a user-facing message.
-        `voice`: the request's voice if `voice_for` resolved it already."""
+        `voiced`: the request's voice if the caller resolved it already (`voiced`)."""
         # the plan (and a fleet's jobs) carry what an alias stands for
-        request, base_rate = self._through_alias(request)
-        voice = voice or self.voices.resolve(request.voice)
+        voiced = voiced or self.voiced(request)
+        request, voice, base_rate = voiced.request, voiced.voice, voiced.alias_rate
+        if not isinstance(voice, Voice):
+            raise voice
         lang_code = request.lang_code or voice.lang_code
         sizes = {"first_chunk_phonemes": self.settings.first_chunk_phonemes,
                  "chunk_phonemes": self.settings.chunk_phonemes}
@@ -140,29 +143,29 @@ class SpeechService:
             chunks += [dataclasses.replace(c, voice=spec, rate=how.rate) for c in part] if how != Delivery() else part
         return chunks
 
-    def plans_inline(self, request: SpeechRequest, voice: Voice | None = None) -> bool:
+    def plans_inline(self, request: SpeechRequest, voiced: VoicedRequest | None = None) -> bool:
         """A short text costs less to plan (about 0.2 ms) than to hand to the text-frontend thread,
         once its language's reader is loaded: loading one (up to 0.7 s) would stall the event loop.
-        `voice`: the request's voice if `voice_for` resolved it already."""
+        `voiced`: the request's voice if the caller resolved it already."""
         lowered = request.text.lower()
         if len(request.text) > INLINE_PLAN_CHARS or "<voice" in lowered or "[voice" in lowered:  # other readers
             return False
         if request.phonemes:
             return True
-        voice = voice or self.voice_for(request)
-        if voice is None and not request.lang_code:  # no such voice: plan() refuses it at once
-            return True
+        voice = (voiced or self.voiced(request)).voice
+        if not isinstance(voice, Voice):  # no such voice: plan() refuses it at once
+            return not request.lang_code or language_loaded(request.lang_code)
         return language_loaded(request.lang_code or voice.lang_code)
 
-    async def plan_off_loop(self, request: SpeechRequest, voice: Voice | None = None,
+    async def plan_off_loop(self, request: SpeechRequest, voiced: VoicedRequest | None = None,
                             inline: bool | None = None) -> SpeechPlan:
         """`plan` in the text-frontend thread, so the event loop keeps answering meanwhile (a short
-        text, cheaper to plan than to hand over, is planned at once). `voice` and `inline`: the
-        caller's `voice_for` and `plans_inline` answers, when it has them."""
-        voice = voice or self.voice_for(request)
-        if inline if inline is not None else self.plans_inline(request, voice):
-            return self.plan(request, voice)
-        return await asyncio.get_running_loop().run_in_executor(self._text_thread, self.plan, request, voice)
+        text, cheaper to plan than to hand over, is planned at once). `voiced` and `inline`: the
+        caller's `voiced` and `plans_inline` answers, when it has them."""
+        voiced = voiced or self.voiced(request)
+        if inline if inline is not None else self.plans_inline(request, voiced):
+            return self.plan(request, voiced)
+        return await asyncio.get_running_loop().run_in_executor(self._text_thread, self.plan, request, voiced)
 
     async def admit(self, request: SpeechRequest, key: str | None = None) -> SpeechPlan:
         """The request's plan: nothing to reserve beyond the HTTP layer's per-process bound, which

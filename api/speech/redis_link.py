@@ -9,8 +9,10 @@ transparently after a Redis restart), opens connections that fail fast, and turn
 can be unreachable into one exception, `QueueUnavailable`, so callers can fall back to local
 serving. It imports neither torch nor FastAPI.
 
-A job's payload is JSON `{"ids", "voice", "speed"}`: the replica resolves the voice spec with its
-own VoiceBank (every worker loads the same voices) and returns 16-bit PCM (little-endian; its
+A job's payload is JSON `{"ids", "voice", "speed"}`: the voice is the request's, resolved once at
+admission, in its canonical form (`Voice.canonical`: names and exact weights), which the replica's
+VoiceBank (every worker loads the same voices) turns into the very same pack; the speed is the one
+admit.lua's estimate uses too and returns 16-bit PCM (little-endian; its
 replica's audio is on that grid already: worker/audio.py), so the owner's audio is bit-identical to
 what its own replica would have made.
 """
@@ -26,6 +28,7 @@ import ssl
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis
@@ -74,18 +77,24 @@ def unavailable_as_error(what: str) -> Iterator[None]:
 
 class TracksAvailability:
     """Both ends of the queue call Redis through `_call`, which turns a lost connection into
-    `QueueUnavailable` and remembers in `degraded` whether the last call failed (for /health)."""
+    `QueueUnavailable` and reports to the worker's queue owner (`worker_queue`) whether the call got
+    an answer, as its `side`; `degraded` reads back whether this side's last call failed."""
 
-    degraded = False
+    worker_queue: Any  # api.speech.worker_queue.WorkerQueueOwner
+    side: str
+
+    @property
+    def degraded(self) -> bool:
+        return self.worker_queue.unreachable(self.side)
 
     async def _call(self, what: str, fn, *args):
         try:
             with unavailable_as_error(what):
                 reply = await fn(*args)
         except QueueUnavailable:
-            self.degraded = True
+            self.worker_queue.redis_answered(self.side, False)
             raise
-        self.degraded = False
+        self.worker_queue.redis_answered(self.side, True)
         stop_if_cancelled(what)
         return reply
 

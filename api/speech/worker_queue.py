@@ -1,23 +1,24 @@
-"""The one owner of a worker's queue state: an actor, as text-generation-inference's router queue is.
+"""The one owner of a worker's queue state: a plain object, as text-generation-inference's `State` is.
 
 Every Uvicorn worker plays two parts toward the fleet queue: the owner of the requests whose
-connections it holds (`AdmissionClient`) and the replica that leases chunk jobs (`Dispatcher`).
-What the two parts have in common lives here, in one `WorkerQueueOwner` per worker, and nowhere else:
+connections it holds (`AdmissionClient`, `FleetAdmission`, the stream) and the replica that leases
+chunk jobs (`Dispatcher`). Everything the two parts share lives here, in one `WorkerQueueOwner` per
+worker, and nowhere else:
 
-- the audio this worker's replica made for this worker's own requests (it never crosses Redis),
-  with, once Redis accepted the completion, its durations and whether that call released the request;
+- the audio this worker's replica made for this worker's own requests (it never crosses Redis), with,
+  once Redis accepted the completion, its durations and whether that call released the request;
+- the requests Redis already released (by the call that handed over their last chunk);
 - the replica's claim: the owner side may take the replica while it waits for work, and the lease
   loop leases nothing until the claimed run gives it back;
 - the admitted requests whose response has not started streaming yet (cancelled when they wait too
   long), and the clean-ups left running for requests whose client went away;
-- whether Redis answers (degraded mode: the worker serves its own requests on its replica).
+- whether Redis answers each side (degraded mode: the worker serves its own requests on its replica),
+  and the counters the admissions and the streams keep (`FleetCounters`, read by /metrics).
 
-The state is changed by one task only: callers send it commands over an asyncio queue and await the
-reply (`_ask`), so commands are applied one at a time, in the order they were sent. The Redis calls a
-request waits on (admission, its own result reads) stay in the request's own task: serialized behind
-one task they made 503s slower under overload. Two answers are given synchronously, because a loop
-step is atomic and the caller needs them before its next await: the claim (`claim`, asked right
-before the admission call that leases for the claimed replica) and the mode (`degraded`).
+Every method that changes the state is synchronous: asyncio runs one callback at a time on one
+thread, so a method that never awaits is atomic and ordered without any lock or command queue, and a
+caller cancelled around it cannot leave it half done. Only `close` and the waits (`lease_turn`,
+`claimed_runs_done`) await. The Redis calls stay with the two sides; they report here what came back.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -34,18 +36,37 @@ import numpy as np
 
 log = logging.getLogger("kokoro_fleet.worker_queue")
 
+# The two sides that call Redis and report here whether it answered.
+ADMISSION, REPLICA = "admission", "replica"
+
+
+@dataclass
+class FleetCounters:
+    """What this worker's admissions and streams came to (/metrics); changed only by the owner."""
+
+    admitted: int = 0             # requests this worker put in the shared queue
+    refused: int = 0              # 503s from the shared queue's bound
+    served_locally: int = 0       # admitted while Redis was unreachable: ran on this replica
+    from_cache: int = 0           # every chunk in this worker's replica's synthesis cache: no queue
+    finished_locally: int = 0     # lost Redis mid-stream: remaining chunks ran on this replica
+    failed: int = 0               # the queue ended the request with an error
+    cancelled: int = 0            # client gone (or response never started): jobs cancelled
+    degraded_since: float | None = None  # monotonic time Redis stopped answering; None while it answers
+    degraded_seconds: float = 0.0        # seconds degraded before `degraded_since`
+
 
 class WorkerQueueOwner:
-    """One worker's queue state, driven by one task (started with the first command)."""
+    """One worker's queue state; both sides report to it and read from it."""
 
     def __init__(self, name: str):
         self.name = name
-        self._commands: asyncio.Queue[tuple[Callable, tuple, asyncio.Future]] = asyncio.Queue()
-        self._serving: asyncio.Task | None = None
         # job id -> PCM this worker's replica made for this worker's own requests
         self._made: dict[str, bytes] = {}
         # job id -> (durations, request released) of those whose completion Redis accepted
         self._accepted: dict[str, tuple[np.ndarray, bool]] = {}
+        # requests released by the Redis call that handed over their last chunk (fetch.lua or
+        # complete.lua): their release or cancel has nothing left to do in Redis
+        self._released: set[str] = set()
         # The replica's claim: `_idle` while its loop waits for work; `_loop_may_lease` cleared
         # while the owner side runs jobs on it.
         self._idle = False
@@ -56,88 +77,36 @@ class WorkerQueueOwner:
         # request id -> (admitted plan, monotonic admission time), until its stream starts
         self._unstarted: dict[str, tuple[Any, float]] = {}
         self._abandoned: set[asyncio.Task] = set()  # clean-ups of requests whose client left
-        # Degraded mode: the sides (admission, replica) whose last Redis call failed.
-        self._availability: list[Callable[[], bool]] = []
-        self.degraded_since: float | None = None
-        self.degraded_seconds = 0.0
-
-    # --- the actor --------------------------------------------------------------------------
-    async def _ask(self, command: Callable, *args):
-        """Send `command(*args)` to the owner's task and await its reply."""
-        if self._serving is None or self._serving.done():
-            self._serving = asyncio.create_task(self._serve(), name=f"worker-queue-{self.name}")
-        reply = asyncio.get_running_loop().create_future()
-        self._commands.put_nowait((command, args, reply))
-        return await reply
-
-    async def _serve(self) -> None:
-        while True:
-            command, args, reply = await self._commands.get()
-            try:
-                result = command(*args)
-            except Exception as e:  # the caller's to handle; the owner keeps serving
-                if not reply.done():
-                    reply.set_exception(e)
-                continue
-            if not reply.done():  # a caller cancelled meanwhile: the command still applied
-                reply.set_result(result)
+        # side -> whether its last Redis call failed
+        self._unreachable = {ADMISSION: False, REPLICA: False}
+        self.counters = FleetCounters()
 
     async def close(self) -> None:
-        """Wait for clean-ups in flight and the owner side's claimed runs; stop the owner's task."""
+        """Wait for clean-ups in flight and the owner side's claimed runs."""
         self.stop_claims()
         if self._abandoned:
             await asyncio.gather(*self._abandoned, return_exceptions=True)
         await self.claimed_runs_done()
-        if self._serving is not None:
-            self._serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._serving
-            self._serving = None
 
     # --- audio the replica made for this worker's own requests --------------------------------
-    async def hand_over(self, job_id: str, pcm: bytes) -> None:
+    def hand_over(self, job_id: str, pcm: bytes) -> None:
         """The replica made `job_id`'s audio for a request of this worker: keep it in memory (before
         the completion makes it visible to the owner side)."""
-        await self._ask(self._made.__setitem__, job_id, pcm)
+        self._made[job_id] = pcm
 
-    async def completion_accepted(self, job_id: str, durations: np.ndarray, released: bool) -> None:
+    def completion_accepted(self, job_id: str, durations: np.ndarray, released: bool) -> None:
         """Redis accepted the completion of a handed-over job (`released`: and released its request)."""
-        await self._ask(self._accepted.__setitem__, job_id, (durations, released))
+        self._accepted[job_id] = (durations, released)
 
-    async def completion_refused(self, job_id: str) -> None:
+    def completion_refused(self, job_id: str) -> None:
         """Redis refused the completion (the lease was lost, the request gone): drop the audio."""
-        await self._ask(self._drop_job, job_id)
-
-    async def take_accepted(self, job_id: str) -> tuple[bytes, np.ndarray, bool] | None:
-        """(pcm, durations, request released) of an own chunk whose completion Redis accepted, taken
-        out of memory; None when there is none (the owner side then asks Redis)."""
-        return await self._ask(self._take_accepted, job_id)
-
-    def holds_accepted(self, job_id: str) -> bool:
-        """Whether an own chunk's accepted audio is held now: a read, so a chunk read from Redis
-        costs no command. One accepted later is still found: fetch.lua then answers "local"."""
-        return job_id in self._accepted
-
-    async def take_made(self, job_id: str) -> bytes | None:
-        """The PCM of an own chunk that Redis says was made here ("local"), taken out of memory."""
-        return await self._ask(self._take_made, job_id)
-
-    async def forget_request(self, request_id: str) -> None:
-        """Drop the in-memory audio of a request that ended before its owner read it."""
-        await self._ask(self._forget_request, request_id)
-
-    def results_view(self) -> Mapping[str, bytes]:
-        """A read-only view of the audio held for own requests (for /metrics-like checks and tests)."""
-        return MappingProxyType(self._made)
-
-    def accepted_view(self) -> Mapping[str, tuple[np.ndarray, bool]]:
-        return MappingProxyType(self._accepted)
-
-    def _drop_job(self, job_id: str) -> None:
         self._made.pop(job_id, None)
         self._accepted.pop(job_id, None)
 
-    def _take_accepted(self, job_id: str) -> tuple[bytes, np.ndarray, bool] | None:
+    def take_accepted(self, job_id: str) -> tuple[bytes, np.ndarray] | None:
+        """(pcm, durations) of an own chunk whose completion Redis accepted, taken out of memory (a
+        completion that released the request marks it released); None when there is none (the owner
+        side then asks Redis; fetch.lua answers "local" for one accepted later)."""
         accepted = self._accepted.pop(job_id, None)
         if accepted is None:
             return None
@@ -145,17 +114,36 @@ class WorkerQueueOwner:
         if pcm is None:  # already read through fetch.lua
             return None
         durations, released = accepted
-        return pcm, np.asarray(durations, dtype=np.int64), released
+        if released:
+            self._released.add(_request_of(job_id))
+        return pcm, np.asarray(durations, dtype=np.int64)
 
-    def _take_made(self, job_id: str) -> bytes | None:
+    def take_made(self, job_id: str) -> bytes | None:
+        """The PCM of an own chunk that Redis says was made here ("local"), taken out of memory."""
         self._accepted.pop(job_id, None)
         return self._made.pop(job_id, None)
 
-    def _forget_request(self, request_id: str) -> None:
+    def released_by_redis(self, request_id: str) -> None:
+        """The Redis call that read the request's last chunk also released it."""
+        self._released.add(request_id)
+
+    def end_request(self, request_id: str) -> bool:
+        """The request is over (released or cancelled): drop whatever audio of it is still held;
+        True when Redis released it already (nothing left to do there)."""
         prefix = request_id + "#"
         for held in (self._made, self._accepted):
             for key in [k for k in held if k.startswith(prefix)]:
                 del held[key]
+        released = request_id in self._released
+        self._released.discard(request_id)
+        return released
+
+    def results_view(self) -> Mapping[str, bytes]:
+        """A read-only view of the audio held for own requests (for /metrics-like checks and tests)."""
+        return MappingProxyType(self._made)
+
+    def accepted_view(self) -> Mapping[str, tuple[np.ndarray, bool]]:
+        return MappingProxyType(self._accepted)
 
     # --- the replica's claim ------------------------------------------------------------------
     def claim(self, leases: bool = True) -> bool:
@@ -214,21 +202,44 @@ class WorkerQueueOwner:
         task.add_done_callback(self._claimed_runs.discard)
         return task
 
-    # --- admitted requests whose stream has not started ---------------------------------------
-    async def admitted(self, request_id: str, plan: Any) -> None:
-        await self._ask(self._unstarted.__setitem__, request_id, (plan, time.monotonic()))
+    # --- admitted requests and what became of them ----------------------------------------------
+    def admitted(self, request_id: str, plan: Any) -> None:
+        """A request entered the shared queue; its stream has not started yet."""
+        self.counters.admitted += 1
+        self._unstarted[request_id] = (plan, time.monotonic())
 
-    async def stream_started(self, request_id: str) -> None:
-        await self._ask(self._unstarted.pop, request_id, None)
+    def stream_started(self, request_id: str) -> None:
+        self._unstarted.pop(request_id, None)
 
-    async def unstarted_since(self, seconds: float | None = None) -> list[Any]:
+    def take_unstarted(self, seconds: float | None = None) -> list[Any]:
         """Take the admitted plans whose stream has not started for `seconds` (None: all of them)."""
-        return await self._ask(self._take_unstarted, seconds)
-
-    def _take_unstarted(self, seconds: float | None) -> list[Any]:
         now = time.monotonic()
         stale = [rid for rid, (_, at) in self._unstarted.items() if seconds is None or now - at > seconds]
         return [self._unstarted.pop(rid)[0] for rid in stale]
+
+    def refused(self) -> None:
+        """The fleet's bound refused a request (a 503)."""
+        self.counters.refused += 1
+
+    def served_here(self, from_cache: bool) -> None:
+        """A request runs on this worker's replica without the queue: every chunk in its synthesis
+        cache (`from_cache`), or Redis unreachable."""
+        if from_cache:
+            self.counters.from_cache += 1
+        else:
+            self.counters.served_locally += 1
+
+    def finished_here(self) -> None:
+        """Redis went away under a stream: its remaining chunks run on this worker's replica."""
+        self.counters.finished_locally += 1
+
+    def request_failed(self) -> None:
+        """The queue ended a request with an error, which its owner has read."""
+        self.counters.failed += 1
+
+    def request_cancelled(self) -> None:
+        """A request's queued jobs were cancelled (its client left, or its response never started)."""
+        self.counters.cancelled += 1
 
     def clean_up_later(self, coro: Coroutine) -> None:
         """Run a clean-up whose requester is gone (a cancelled admission); `close` awaits it."""
@@ -237,27 +248,37 @@ class WorkerQueueOwner:
         task.add_done_callback(self._abandoned.discard)
 
     # --- degraded mode ------------------------------------------------------------------------
-    def watch_availability(self, *sides: Callable[[], bool]) -> None:
-        """The sides whose `degraded` (last Redis call failed) make this worker degraded."""
-        self._availability.extend(sides)
+    def redis_answered(self, side: str, answered: bool) -> None:
+        """`side` (ADMISSION or REPLICA) reports whether its last Redis call got an answer; the
+        worker is degraded while either side's last call failed. The mode's changes are followed
+        here, as they happen (counters and log)."""
+        if self._unreachable[side] == (not answered):
+            return
+        self._unreachable[side] = not answered
+        degraded, c, now = self.degraded, self.counters, time.monotonic()
+        if degraded and c.degraded_since is None:
+            c.degraded_since = now
+            log.warning("fleet worker %s: Redis unavailable: serving this worker's requests on its own replica",
+                        self.name)
+        elif not degraded and c.degraded_since is not None:
+            c.degraded_seconds += now - c.degraded_since
+            c.degraded_since = None
+            log.warning("fleet worker %s: Redis is back: dispatching through the queue again", self.name)
+
+    def unreachable(self, side: str) -> bool:
+        """Whether `side`'s last Redis call failed."""
+        return self._unreachable[side]
 
     @property
     def degraded(self) -> bool:
         """Redis did not answer the last call of this worker's owner or replica side."""
-        return any(side() for side in self._availability)
-
-    def note_mode(self) -> bool:
-        """Follow degraded/recovered in the counters (and the log); returns `degraded`."""
-        degraded, now = self.degraded, time.monotonic()
-        if degraded and self.degraded_since is None:
-            self.degraded_since = now
-            log.warning("fleet worker %s: Redis unavailable: serving this worker's requests on its own replica",
-                        self.name)
-        elif not degraded and self.degraded_since is not None:
-            self.degraded_seconds += now - self.degraded_since
-            self.degraded_since = None
-            log.warning("fleet worker %s: Redis is back: dispatching through the queue again", self.name)
-        return degraded
+        return any(self._unreachable.values())
 
     def seconds_degraded(self) -> float:
-        return self.degraded_seconds + (time.monotonic() - self.degraded_since if self.degraded_since else 0.0)
+        c = self.counters
+        return c.degraded_seconds + (time.monotonic() - c.degraded_since if c.degraded_since else 0.0)
+
+
+def _request_of(job_id: str) -> str:
+    """The request id of a job id "<request_id>#<index>"."""
+    return job_id.rpartition("#")[0]

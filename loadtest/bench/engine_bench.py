@@ -1,4 +1,4 @@
-"""`kokoro-fleet bench`: our engine against the reference KModel, same run, same inputs, same threads.
+"""`python -m loadtest.bench`: our engine against the reference KModel, same run, same inputs, same threads.
 
 For chunks of about 30, 100, 250 and 500 phonemes it runs, interleaved (so load from other
 processes hits every contender alike): the reference KModel (CPU runs; float32, noise as shipped),
@@ -170,7 +170,7 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     each, against the one-by-one results. `--json` is rewritten after every batch size. With a served
     engine to build, the eager batches and one by one are measured and written first (`eager_first`),
     before anything compiles."""
-    from worker.engine import BatchItem, Engine
+    from worker.engine import BatchItem, Engine, EngineConfig
 
     mode = [m for m in args.modes.split(",") if m][0]
     sizes = [int(b) for b in args.batch.split(",") if b]
@@ -180,7 +180,7 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
     batch_graphs = None if args.batch_graphs == "auto" else args.batch_graphs == "on"
     cache = {"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {}
     _progress(f"building ours-{mode}, eager" + (" (compiling fused kernels: first time ~30 s)" if fused else ""))
-    eager = {m: Engine(weights, str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False, stage2=m)
+    eager = {m: Engine(weights, EngineConfig(str(device), mode, cuda_graphs=False, fused_kernels=fused, compiled=False, stage2=m))
              for m in arithmetic}
     for engine in eager.values():
         engine.warmup()
@@ -251,8 +251,9 @@ def run_batches(args: argparse.Namespace, weights, voice, device: torch.device, 
         _progress(f"building ours-{mode}, " + ("compiled" if compiled else "not compiled")
                   + (", CUDA-graphed" if graphs else "") + " (a compile per shape family on a cold cache)")
         options = {"batch_graph_frames": args.batch_graph_frames} if args.batch_graph_frames else {}
-        served = Engine(weights, str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs, compiled=compiled,
-                        max_batch=max(sizes), stage2=arithmetic[0], **options, **cache)
+        served = Engine(weights, EngineConfig(str(device), mode, cuda_graphs=graphs, batch_graphs=batch_graphs,
+                                              compiled=compiled, max_batch=max(sizes), stage2=arithmetic[0],
+                                              **options, **cache))
         start = time.perf_counter()
         served.warmup()
         record = served.compile_record
@@ -328,7 +329,7 @@ def print_batches(args, device, mode, results, lone, served, compiled, graphs) -
     card = torch.cuda.get_device_name() if device.type == "cuda" else None
     served_name = ("compiled" if compiled else "eager") + ("+graphs" if graphs else "")
     has_served = "served" in next(iter(results.values()), {})
-    lines = [f"kokoro-fleet bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
+    lines = [f"python -m loadtest.bench --batch: weights={args.weights} device={device} dtype={resolve_dtype(mode, device)} "
              f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} stage2={args.stage2}",
              f"cpu: {cpu.summary()}" + (f"  gpu: {card}" if card else ""),
              *([f"isa: {isa_in_use()}"] if device.type == "cpu" else []),  # the CPU kernels' (a probe compile)
@@ -395,7 +396,7 @@ def isa_in_use() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.engine import Engine, resolve_device, resolve_dtype
+    from worker.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 
     if args.isa != "native":
         emulate_isa(args.isa)
@@ -428,9 +429,9 @@ def run(args: argparse.Namespace) -> int:
             # graphed: the serving path, compiled for the dtype a replica serves (auto's) only: a compile
             # per dtype would cost minutes for figures the served dtype's already give
             serving = resolved == resolve_dtype("auto", device)
-            engine = Engine(weights, str(device), mode, cuda_graphs=graphs, fused_kernels=fused,
+            engine = Engine(weights, EngineConfig(str(device), mode, cuda_graphs=graphs, fused_kernels=fused,
                             compiled=graphs and (args.compiled == "on" or (args.compiled == "auto" and serving)),
-                            **({"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {}))
+                            **({"compile_cache_dir": args.compile_cache_dir} if args.compile_cache_dir else {})))
             engine.warmup()
             engines[name] = engine
             contenders[name] = (lambda e: (lambda ids: e.synthesize(ids, voice[len(ids) - 1])))(engine)
@@ -490,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
     from worker.cpu_features import REPORTED_FLAGS, cpu_info
 
     cpu = cpu_info()
-    lines = [f"kokoro-fleet bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
+    lines = [f"python -m loadtest.bench: weights={args.weights} device={device} threads={torch.get_num_threads()} "
              f"fused={fused} torch={torch.__version__}",
              f"cpu: {cpu.summary()}",
              f"isa: {isa_in_use()} (onnxruntime: its own choice, native)",

@@ -70,12 +70,12 @@ async def _oom_scenario(weights_source: str, batch: int, phonemes: int, headroom
     import torch
 
     from loadtest.bench.engine_bench import bench_weights, chunk_ids
-    from worker.engine import BatchItem, Engine
+    from worker.engine import BatchItem, Engine, EngineConfig
     from worker.replica import Replica
 
     weights = bench_weights(weights_source)
     voice = next(iter(weights.voices.values()))
-    engine = Engine(weights, "cuda", "bf16", cuda_graphs=False, compiled=False, max_batch=batch)
+    engine = Engine(weights, EngineConfig("cuda", "bf16", cuda_graphs=False, compiled=False, max_batch=batch))
     engine.warmup()
     replica = Replica(engine)
     ids = chunk_ids(weights.config["vocab"], phonemes)
@@ -141,13 +141,13 @@ def _mps_replica(index: int, device: str, weights_source: str, commands, results
         import torch
 
         from loadtest.bench.engine_bench import bench_weights, chunk_ids
-        from worker.engine import Engine
+        from worker.engine import Engine, EngineConfig
 
         torch.set_num_threads(1)
         weights = bench_weights(weights_source)
         voice = next(iter(weights.voices.values()))
-        engine = Engine(weights, device, "bf16" if device == "cuda" else "fp32", seed=index, compiled=False,
-                        fused_kernels=False)
+        engine = Engine(weights, EngineConfig(device, "bf16" if device == "cuda" else "fp32", seed=index, compiled=False,
+                        fused_kernels=False))
         engine.warmup()
         chunks = [chunk_ids(weights.config["vocab"], size) for size in MPS_CHUNKS]
         results.put(("ready", {"index": index, "pid": os.getpid()}))

@@ -13,7 +13,7 @@ at its limit less a grace, SIGKILL at its limit, whatever it prints or does not 
               ready: eager, no graphs; compile failed: eager batches and the uncompiled tests;
               capture failed: compiled batches without graphs), each saying the smoke's phase and
               the exception's last line
-    batch     `kokoro-fleet bench --batch 8,32`: eager batches and one by one first (written before
+    batch     `python -m loadtest.bench --batch 8,32`: eager batches and one by one first (written before
               anything compiles), then compiled-and-graphed batches beside them, and a lone
               60-phoneme chunk
     fleet     `python -m loadtest.gpu_fleet`: `serve` with its GPU defaults on the compile cache
@@ -185,7 +185,7 @@ def step_command(name: str, ctx: Context, seconds: float) -> list[str]:
                 *(["--compile", "off"] if ctx.short else [])]
     if name in ("batch", "arithmetic"):
         batches = ("2" if ctx.short else "2,4") if cpu else "8,32"
-        command = [PY, "-m", "api.cli", "bench", *device, *cache, "--modes", "auto", "--batch", batches,
+        command = [PY, "-m", "loadtest.bench", *device, *cache, "--modes", "auto", "--batch", batches,
                    "--batch-phonemes", "40" if cpu else "120", "--repeats", "2" if cpu else "3",
                    "--json", str(work / f"{name}.json")]
         if cpu:

@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         return start_one(args.cache_dir)
     if args.startup:
         return startup(args.startup, args.cache_dir, args.json_path)
-    from worker.engine import Engine
-    from worker.model.random_init import random_full_weights
+    from worker.engine import Engine, EngineConfig
+    from worker.weights.random_full import random_full_weights
     from worker.reference import log_spectral_distance_db, snr_db
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                     "capture": {}}
     failures: list[str] = []
 
-    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False, compiled=False)
-    padded = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=True, compiled=False)
-    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True, compiled=False)
+    eager = Engine(weights, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False, compiled=False))
+    padded = Engine(weights, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=False, bucketed=True, compiled=False))
+    graphed = Engine(weights, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=True, compiled=False))
     start = time.perf_counter()
     graphed.warmup()
     record_capture(report, failures, "fp32", graphed)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
               f"unpadded run durations equal {same}, log-spectral distance {lsd:.3f} dB, SNR {snr:.1f} dB "
               f"{'PASS' if ok else 'FAIL'}", flush=True)
     for dtype in ("bf16", "fp16"):
-        engine = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True, compiled=False)
+        engine = Engine(weights, EngineConfig("cuda", dtype, noise=False, cuda_graphs=True, compiled=False))
         engine.warmup()
         record_capture(report, failures, dtype, engine)
         for n in (30, 250):
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{dtype} graphed vs fp32 eager, {n} tokens: durations within 1 frame {within:.1%}, "
                   f"log-spectral distance {lsd:.2f} dB {'PASS' if ok else 'FAIL'}", flush=True)
         del engine
-    noisy = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, compiled=False)
+    noisy = Engine(weights, EngineConfig("cuda", "fp32", noise=True, cuda_graphs=True, compiled=False))
     noisy.warmup()
     x, y = noisy.synthesize(list(range(20, 60)), voice[39]), noisy.synthesize(list(range(20, 60)), voice[39])
     report["noise_reproducible"] = bool(np.array_equal(x.audio, y.audio))
@@ -146,14 +146,14 @@ def main(argv: list[str] | None = None) -> int:
 def start_one(cache_dir: str) -> int:
     """One serving engine's start (compile or load, capture, warm-up); its figures as a JSON line."""
     start = time.perf_counter()
-    from worker.engine import Engine
-    from worker.model.random_init import random_full_weights
+    from worker.engine import Engine, EngineConfig
+    from worker.weights.random_full import random_full_weights
 
     weights = random_full_weights()
     built = time.perf_counter()
     # a smaller batch grid than a replica's default, so that eight fit one card together
-    engine = Engine(weights, "cuda", "bf16", compiled=True, max_batch=32, batch_graph_frames=4096,
-                    compile_cache_dir=cache_dir)
+    engine = Engine(weights, EngineConfig("cuda", "bf16", compiled=True, max_batch=32, batch_graph_frames=4096,
+                    compile_cache_dir=cache_dir))
     engine.warmup()
     torch.cuda.synchronize()
     record = engine.compile_record

@@ -360,7 +360,7 @@ def check_markdown(figures: dict) -> list[str]:
             lines += ["", "FAILED: " + "; ".join(check["failures"])]
     bench = figures.get("bench")
     if bench:
-        lines += ["", "## Engine: one chunk at a time (kokoro-fleet bench --device cuda)", "",
+        lines += ["", "## Engine: one chunk at a time (python -m loadtest.bench --device cuda)", "",
                   "| phonemes | audio s | contender | p50 ms | p95 ms | audio-s/s (x real time) |", "|---|---|---|---|---|---|"]
         for size, by_name in bench["results"].items():
             for name, r in by_name.items():

@@ -86,7 +86,7 @@ def serving_engine(weights, settings, compiled: bool | None = None, cuda_graphs:
     from worker.engine import Engine
 
     config = engine_config_from_settings(settings)
-    return Engine(weights, config=dataclasses.replace(
+    return Engine(weights, dataclasses.replace(
         config, compiled=settings.compile if compiled is None else compiled,
         cuda_graphs=settings.cuda_graphs if cuda_graphs is None else cuda_graphs))
 

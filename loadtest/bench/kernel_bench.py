@@ -9,7 +9,7 @@ fused ones, interleaved (so other processes' load hits both alike); then chunks 
 with the fused kernels, counting every graph dynamo traces and inductor compiles while they serve
 (0 is the goal: the compile covered them). Prints the CPU model and load average beside every
 figure, ms per chunk (median) and audio-s/s for each, and the audio a one-shot command must make
-before a compile pays for itself (`say`'s choice: api/say_cli.py). DIR defaults to a fresh temporary
+before a compile pays for itself (`say`'s choice: cli/say_cli.py). DIR defaults to a fresh temporary
 directory (a cold compile); the weights come from KOKORO_CACHE_DIR as usual.
 """
 
@@ -45,13 +45,13 @@ def timed(engine, ids, style) -> tuple[float, float]:
 
 def bench_mode(weights, dtype: str, phonemes: int, runs: int) -> dict:
     from worker.compile_cache import CompileTally
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
     vocab = weights.config["vocab"]
     ids = chunk_ids(vocab, phonemes)
     style = weights.voices["af_heart"][len(ids) - 1]
     started = time.perf_counter()
-    engine = Engine(weights, "cpu", dtype)
+    engine = Engine(weights, EngineConfig("cpu", dtype))
     engine.warmup(compile_kernels=False)
     ready_s = time.perf_counter() - started
     first_eager_s, _ = timed(engine, ids, style)

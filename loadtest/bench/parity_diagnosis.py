@@ -19,8 +19,8 @@ def main(mode: str) -> None:
     elif mode == "notf32":
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-    from worker.engine import Engine, BatchItem
-    from worker.model.random_init import random_full_weights
+    from worker.engine import Engine, EngineConfig, BatchItem
+    from worker.weights.random_full import random_full_weights
     from worker.reference import log_spectral_distance_db as lsd, snr_db
     GRID = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 2560)
     w = random_full_weights(); voice = w.voices["af_heart"]
@@ -32,9 +32,9 @@ def main(mode: str) -> None:
         print(f"{mode:7s} {tag:45s} dur_eq={same} exact={exact} snr={snr_db(a.audio[:n], b.audio[:n]):6.1f} dB "
               f"lsd={lsd(a.audio[:n], b.audio[:n]):.3f} dB maxabs={np.abs(a.audio[:n]-b.audio[:n]).max():.2e} "
               f"rms={np.sqrt((a.audio**2).mean()):.3f} nan={np.isnan(b.audio).any()}", flush=True)
-    eager = Engine(w, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False)
-    beager = Engine(w, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=True, frame_grid=GRID)
-    graphed = Engine(w, "cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID); graphed.warmup()
+    eager = Engine(w, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False))
+    beager = Engine(w, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=False, bucketed=True, frame_grid=GRID))
+    graphed = Engine(w, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID)); graphed.warmup()
     print("graphs", graphed.graphs is not None)
     for n in (10, 100, 250):
         ids = ids_of(n); s = voice[n - 1]
@@ -47,15 +47,15 @@ def main(mode: str) -> None:
     for eng, tag in ((eager, "unbucketed"), (beager, "bucketed")):
         for it, got in zip(items, eng.synthesize_batch(items)):
             cmp(f"batch vs single {tag} {len(it.ids)}", eng.synthesize(it.ids, it.style, it.speed), got)
-    noisy = Engine(w, "cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID); noisy.warmup()
-    neager = Engine(w, "cuda", "fp32", noise=True, cuda_graphs=False, bucketed=True, frame_grid=GRID)
+    noisy = Engine(w, EngineConfig("cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID)); noisy.warmup()
+    neager = Engine(w, EngineConfig("cuda", "fp32", noise=True, cuda_graphs=False, bucketed=True, frame_grid=GRID))
     for n in (40, 250):
         ids = ids_of(n); s = voice[n - 1]
         cmp(f"noise graphed twice {n}", noisy.synthesize(ids, s), noisy.synthesize(ids, s))
         cmp(f"noise bucketed-eager twice {n}", neager.synthesize(ids, s), neager.synthesize(ids, s))
         cmp(f"noise graphed vs bucketed-eager {n}", neager.synthesize(ids, s), noisy.synthesize(ids, s))
     for dt in ("bf16",):
-        o = Engine(w, "cuda", dt, noise=False, cuda_graphs=True, frame_grid=GRID); o.warmup()
+        o = Engine(w, EngineConfig("cuda", dt, noise=False, cuda_graphs=True, frame_grid=GRID)); o.warmup()
         for n in (30, 60, 250):
             ids = ids_of(n); s = voice[n - 1]
             cmp(f"{dt} graphed vs fp32 eager {n}", eager.synthesize(ids, s), o.synthesize(ids, s))

@@ -52,14 +52,14 @@ def _replica(index: int, device: str, dtype: str, weights_source: str, commands,
     import torch
 
     from loadtest.bench.engine_bench import bench_weights, chunk_ids
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
     try:
         torch.set_num_threads(1)
         weights = bench_weights(weights_source)
         voice = next(iter(weights.voices.values()))
         started = time.perf_counter()
-        engine = Engine(weights, device, dtype, seed=index)
+        engine = Engine(weights, EngineConfig(device, dtype, seed=index))
         engine.warmup()
         chunks = [chunk_ids(weights.config["vocab"], size) for size in CHUNK_MIX]
         ready = {"index": index, "pid": os.getpid(), "build_s": time.perf_counter() - started,

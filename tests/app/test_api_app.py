@@ -17,7 +17,6 @@ import io
 import json
 import logging
 import re
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import torch
 import uvicorn
 
 from api.app import create_app
+from api.ports import free_port
 from api.settings import Settings
 from api.speech.contract import ReplicaStats, SpeechPlan
 from worker.request_errors import RequestFieldError
@@ -145,12 +145,6 @@ class ScriptedService:
                      for k, w in enumerate(sentence)]
             offset += len(pcm) / SR
             yield Piece(pcm, words, i, i == len(sentences) - 1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ThreadServer:

@@ -15,7 +15,7 @@ from app_client import started_app_client
 from api.app import create_app
 from api.settings import Settings
 from api.replica_table import parse_metrics, rows_from_metrics
-from api.status_cli import format_replica_table
+from cli.status_cli import format_replica_table
 from worker.sim_engine import SimReplica
 
 

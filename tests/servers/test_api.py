@@ -27,6 +27,7 @@ import numpy as np
 import httpx
 import openai
 import pytest
+from api.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAGRAPHS = [p for p in (ROOT / "tests/data/texts/paragraphs.txt").read_text(encoding="utf-8").splitlines() if p.strip()]
@@ -41,14 +42,8 @@ READY_DEADLINE_S = 900
 CODEC_SLACK_S = {"mp3": 0.1, "aac": 0.12}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServerProcess:
-    """`python -m api.cli serve` on a free port, its output in a log file shown on failure."""
+    """`python -m cli.main serve` on a free port, its output in a log file shown on failure."""
 
     def __init__(self, tmp: Path, name: str, **env: str):
         self.port = free_port()
@@ -65,7 +60,7 @@ class ServerProcess:
     def start(self, ready_timeout: float) -> "ServerProcess":
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
             cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.time() + ready_timeout
         while time.time() < deadline:
@@ -332,7 +327,7 @@ def test_mandarin_and_japanese_voices_speak_their_language_with_word_captions(ti
 def say_seconds(tmp_path_factory, real_weights):
     """Length of SAY_TEXT as `kokoro-fleet say` synthesizes it: the reference for every format."""
     out = tmp_path_factory.mktemp("say") / "say.wav"
-    subprocess.run([sys.executable, "-m", "api.cli", "say", SAY_TEXT, "-o", str(out), "--weights", "offline"],
+    subprocess.run([sys.executable, "-m", "cli.main", "say", SAY_TEXT, "-o", str(out), "--weights", "offline"],
                    cwd=ROOT, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     with wave.open(str(out)) as w:
         return w.getnframes() / w.getframerate()

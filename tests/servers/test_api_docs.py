@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import socket
 import threading
 import time
 import tomllib
@@ -16,6 +15,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.ports import free_port
 from api.swagger import ASSETS, ASSETS_PATH, FILES, LICENCE_FILES
 from test_playground import browser  # noqa: F401  (the chromium fixture)
 from api.settings import Settings
@@ -56,15 +56,9 @@ def test_docs_page_refers_only_to_this_server():
     assert redoc.is_redirect and redoc.headers["location"] == "/docs"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_docs_page_renders_every_route_in_a_browser_with_nothing_from_outside(browser):  # noqa: F811
     # The simulated engine: no weights to load, and /docs needs none.
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(Settings().replace(engine="sim")), host="127.0.0.1",
                                            port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

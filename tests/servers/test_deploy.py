@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,8 @@ import numpy as np
 import pytest
 from fake_kokoro_fleet import install_fake_kokoro_fleet  # tests/fake_kokoro_fleet.py
 from inflight_stream import InFlightStream  # tests/inflight_stream.py
+
+from api.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -162,12 +163,6 @@ def dockerfile_arg(name: str) -> str:
     return match.group(1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def entrypoint_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KOKORO_", "REDIS_URL"))}
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
@@ -198,12 +193,12 @@ def test_modal_function_runs_on_an_h100_behind_a_web_server(monkeypatch):
 def test_kokoro_fleet_serve_accepts_the_flags_modal_passes(monkeypatch):
     import argparse
 
-    from api import serve_cli
+    from cli import serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.configure(parser)
     if "--limit-concurrency" not in parser._option_string_actions:
-        pytest.skip("`kokoro-fleet serve --limit-concurrency` has not landed in api/serve_cli.py yet")
+        pytest.skip("`kokoro-fleet serve --limit-concurrency` has not landed in cli/serve_cli.py yet")
     args = parser.parse_args(load_modal_app(monkeypatch).CONFIG.serve_command()[1:])
     assert args.workers == 8
 
@@ -514,7 +509,7 @@ def test_modal_image_layers_let_a_code_edit_reuse_the_weights(monkeypatch):
         assert before == {"worker/__init__.py", "worker/kokoro_config.json", "worker/weights",
                           app.TRITON_BUILD_CHECK}, before
         mounted = {path.relative_to(ROOT).as_posix() for layer in layers[step:] for path in layer["mounted"]}
-        assert mounted == {"api", "worker", "loadtest", "queue", "docker/entrypoint.sh"}, mounted
+        assert mounted == {"api", "cli", "worker", "loadtest", "queue", "docker/entrypoint.sh"}, mounted
         assert all(not layer["commands"] for layer in layers if layer["mounted"])
 
 
@@ -810,7 +805,7 @@ def test_entrypoint_kills_a_server_that_outlives_the_grace_period(tmp_path):
 
 
 def _server_missing() -> str | None:
-    for path in ("api/serve_cli.py", "api/app.py", "worker/engine.py", "api/speech/local.py"):
+    for path in ("cli/serve_cli.py", "api/app.py", "worker/engine.py", "api/speech/local.py"):
         if not (ROOT / path).exists():
             return f"{path} has not landed yet: the entrypoint's serve-and-drain test needs the whole server"
     return None

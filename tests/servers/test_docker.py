@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from inflight_stream import InFlightStream  # tests/inflight_stream.py
+from api.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_LOCAL = ROOT / "docker" / "build-local.sh"
@@ -51,12 +51,6 @@ def engine_answers() -> bool:
         return docker("info", timeout=20, check=False).returncode == 0
     except subprocess.TimeoutExpired:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tail(text: str, lines: int = 60) -> str:

@@ -19,7 +19,7 @@ from api.speech.redis_link import GAUGES, connect, decode_job, encode_job, read_
 from api.speech.fleet import FleetPlan, FleetSpeechService
 from api.metrics import Metrics
 from api.embedded_redis import EmbeddedRedis
-from api.serve_cli import Mps, check_gpu_memory
+from cli.serve_cli import Mps, check_gpu_memory
 from api.replica_table import parse_metrics, rows_from_metrics
 from worker.replica import BaselineReplica, served
 from api.speech.contract import Overloaded, SpeechRequest
@@ -34,9 +34,9 @@ TWO_VOICES = (TWO_CHUNKS.replace("The second", '<voice name="bm_george"><prosody
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_weights):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    return Engine(tiny_weights, "cpu", "fp32")
+    return Engine(tiny_weights, EngineConfig("cpu", "fp32"))
 
 
 @pytest.fixture
@@ -79,6 +79,28 @@ async def idle(url: str, timeout_s: float = 60.0):
 def test_job_payload_round_trips():
     payload = encode_job([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
     assert decode_job(payload) == ([5, 16, 43], "af_heart(2)+am_adam(1)", 1.25)
+
+
+def test_the_queues_estimate_uses_the_speed_each_chunks_job_gives_the_replica(local_service, redis_server):
+    """A <prosody rate> part's chunks run at their own speed: admit.lua's audio estimate (which orders
+    the queue and bounds admission) divides by that same speed, not by the request's."""
+    from worker.audio import SECONDS_PER_PHONEME
+
+    async def go():
+        fleet = await fleet_for(local_service, redis_server.url).start()
+        try:
+            plan = await fleet.admit(SpeechRequest('Normal pace for these words. <prosody rate="50%">And then '
+                                                   'slowly, very slowly.</prosody>', "af_heart"))
+            await collect(fleet, plan)
+            return plan
+        finally:
+            await fleet.aclose()
+
+    plan = asyncio.run(go())
+    spoken = [c for c in plan.chunks if c.ids]
+    assert len({plan.speed_of(c) for c in spoken}) == 2, "the test needs chunks at two speeds"
+    speech_s = sum(len(c.ids) * SECONDS_PER_PHONEME / plan.speed_of(c) for c in spoken)
+    assert plan.ticket.estimated_seconds == pytest.approx(speech_s, abs=0.001 * len(spoken))
 
 
 @pytest.mark.parametrize("runner, text", [("own replica", TWO_CHUNKS), ("another worker's replica", TWO_CHUNKS),
@@ -312,7 +334,7 @@ def test_redis_outage_serves_locally_then_returns_to_the_queue(local_service, re
 def test_a_fleet_worker_that_has_not_read_the_replica_table_yet_says_fleet_not_single(local_service, redis_server):
     """Before its first read of Redis a fleet worker's /metrics has no replica rows; `status` and the
     playground must not take its own replica's figures for a single worker's."""
-    from api.status_cli import format_replica_table
+    from cli.status_cli import format_replica_table
 
     fleet = fleet_for(local_service, redis_server.url)  # not started: nothing read from Redis
     metrics = Metrics()
@@ -344,7 +366,7 @@ def test_status_asks_a_worker_that_has_not_read_the_replica_table_again(monkeypa
     asked again (up to a few seconds) before it is shown, and a single worker is never asked twice."""
     import argparse
 
-    from api import status_cli
+    from cli import status_cli
 
     answers = [([], {"mode": "fleet"}), ([], {"mode": "fleet"}),
                ([status_cli.ReplicaRow("w0-r0", True, False, None, 0, 0.0, 0.0, "sim")], {"mode": "fleet"})]
@@ -395,9 +417,9 @@ def test_fleet_metrics_and_the_status_table_agree(local_service, redis_server):
 
 
 def test_baseline_runs_up_to_four_chunks_at_once_with_the_same_audio(tiny_weights):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    engine = Engine(tiny_weights, "cpu", "fp32")
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32"))
     baseline = BaselineReplica(engine)
     style = tiny_weights.voices["af_heart"][20]
     ids = list(range(16, 60))

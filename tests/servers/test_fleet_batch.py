@@ -27,6 +27,7 @@ import pytest
 
 from api.speech.admission_client import AdmissionBounds, AdmissionClient, ChunkJob, RequestLost
 from api.speech.redis_link import GAUGES, connect, encode_job, read_stats
+from api.speech.worker_queue import WorkerQueueOwner
 from loadtest.dispatch import FleetProcess
 from loadtest.texts import load_texts
 from test_fleet_serve import redis  # noqa: F401  (the module's redis-server fixture)
@@ -162,6 +163,7 @@ class Owner:
 
     async def __aenter__(self) -> AdmissionClient:
         self.client = AdmissionClient(connect(self.url), "test-owner", AdmissionBounds(0, 0),
+                                      worker_queue=WorkerQueueOwner("test-owner"),
                                       ms_per_phoneme=SECONDS_PER_PHONEME * 1000)
         await self.client.start()
         return self.client

@@ -10,6 +10,7 @@ import asyncio
 from api.speech.admission_client import AdmissionBounds, AdmissionClient, ChunkJob
 from api.speech.redis_link import connect, encode_job
 from api.speech.dispatcher import Dispatcher, DispatcherConfig, ReplicaJobRunner
+from api.speech.worker_queue import WorkerQueueOwner
 from worker.sim_engine import SimCost, SimReplica, sim_voices
 from worker.audio import SECONDS_PER_PHONEME
 from worker.voices import VoiceBank
@@ -23,10 +24,10 @@ def chunk(phonemes: int) -> ChunkJob:
 def test_a_new_first_chunk_is_leased_before_a_backlog_of_later_chunks(redis_server):
     async def go():
         client = AdmissionClient(connect(redis_server.url), "w0", AdmissionBounds(0, 0),
-                                 ms_per_phoneme=SECONDS_PER_PHONEME * 1000)
+                                 worker_queue=WorkerQueueOwner("w0"), ms_per_phoneme=SECONDS_PER_PHONEME * 1000)
         runner = ReplicaJobRunner(SimReplica(SimCost(1.0, 0.001)), VoiceBank(sim_voices(VOICE_NAMES), ""))
         replica = Dispatcher(connect(redis_server.url), "r0", runner, DispatcherConfig(batch_max=8),
-                             run_batch=runner.run_batch)
+                             run_batch=runner.run_batch, worker_queue=WorkerQueueOwner("r0"))
         passes = []
 
         async def one_pass() -> list[str]:

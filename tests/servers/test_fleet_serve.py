@@ -122,7 +122,7 @@ def test_a_long_text_fans_out_over_both_replicas_and_status_shows_them(fleet, re
     did = {name: after[name] - before.get(name, 0) for name in after}
     print("jobs per replica for one non-streamed long text:", did)
     assert len(did) == WORKERS and all(n > 0 for n in did.values()), "both idle replicas should take its chunks"
-    out = subprocess.run([sys.executable, "-m", "api.cli", "status", "--redis-url", redis.url, "--json"],
+    out = subprocess.run([sys.executable, "-m", "cli.main", "status", "--redis-url", redis.url, "--json"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     table = json.loads(out.stdout)
     assert sorted(r["replica"] for r in table["replicas"]) == sorted(after)

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from fake_kokoro_fleet import install_fake_kokoro_fleet  # tests/fake_kokoro_fleet.py
+
+from api.ports import free_port
 
 pytest.importorskip("modal", reason="the `modal` package (dev extra) is needed to import modal_app.py")
 
@@ -104,12 +105,6 @@ print(f"TEST: serve returned after {time.monotonic() - started:.1f} s", flush=Tr
 while True:
     time.sleep(1)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_fleet_env(tmp_path: Path, fake: bool = True, **modal_fields: str) -> dict[str, str]:

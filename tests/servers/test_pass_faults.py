@@ -21,8 +21,9 @@ from api.speech.local import SpeechService
 from api.speech.admission_client import ChunkJob, RequestFailed
 from api.speech.redis_link import connect, encode_job
 from api.speech.dispatcher import DELIVERED, Dispatcher, DispatcherConfig, ReplicaJobRunner
+from api.speech.worker_queue import WorkerQueueOwner
 from worker import engine as engine_module
-from worker.engine import Engine
+from worker.engine import Engine, EngineConfig
 from worker.replica import Replica
 from worker.voices import VoiceBank
 
@@ -54,7 +55,7 @@ class OutOfMemoryPasses:
 
 @pytest.fixture
 def faulty_engine(tiny_weights):
-    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False, max_batch=4)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", fused_kernels=False, max_batch=4))
     engine.model.stage2 = OutOfMemoryPasses(engine.model.stage2, batch_ooms=1)
     return engine
 
@@ -93,7 +94,7 @@ def test_an_out_of_memory_batch_runs_again_job_by_job_and_only_the_chunk_too_big
         replica = Replica(faulty_engine)
         runner = ReplicaJobRunner(replica, VoiceBank(tiny_weights.voices))
         rep = Dispatcher(connect(redis_server.url), "r0", runner, DispatcherConfig(batch_max=4),
-                         run_batch=runner.run_batch)
+                         run_batch=runner.run_batch, worker_queue=WorkerQueueOwner("r0"))
         client = owner(redis_server.url)
 
         def request(phonemes: int) -> list[ChunkJob]:

@@ -34,19 +34,20 @@ from api.speech.dispatcher import DELIVERED, DROPPED, STALE, Dispatcher, Dispatc
 from api.speech.worker_queue import WorkerQueueOwner
 
 
-def jobs(*phonemes: int, work_s: float = 0.0) -> list[ChunkJob]:
-    return [ChunkJob(fake_payload(p, work_s), p) for p in phonemes]
+def jobs(*phonemes: int, work_s: float = 0.0, speed: float = 1.0) -> list[ChunkJob]:
+    return [ChunkJob(fake_payload(p, work_s), p, speed) for p in phonemes]
 
 
-def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None, **kw) -> AdmissionClient:
+def owner(url: str, worker_id: str = "w1", bounds: AdmissionBounds | None = None, *, worker_queue=None,
+          **kw) -> AdmissionClient:
     return AdmissionClient(connect(url), worker_id, bounds or AdmissionBounds(0, 0),
-                           ms_per_phoneme=MS_PER_PHONEME, **kw)
+                           worker_queue=worker_queue or WorkerQueueOwner(worker_id), ms_per_phoneme=MS_PER_PHONEME, **kw)
 
 
 def replica(url: str, name: str, run_job=fake_run_job, *, run_batch=None, worker_queue=None, engine: str = "",
             **config) -> Dispatcher:
     return Dispatcher(connect(url), name, run_job, DispatcherConfig(**config), run_batch=run_batch,
-                      worker_queue=worker_queue, engine=engine)
+                      worker_queue=worker_queue or WorkerQueueOwner(name), engine=engine)
 
 
 async def assert_idle(client: AdmissionClient) -> None:
@@ -188,7 +189,7 @@ def test_work_bound_refuses_beyond_queued_audio_but_an_empty_queue_admits_anythi
         rep = replica(redis_server.url, "r0")
         job = await rep.lease()                      # the big job leaves the queue (now in flight)
         assert job is not None and job.estimated_seconds == pytest.approx(15.0)
-        fast = await client.admit(jobs(100), speed=2.0)
+        fast = await client.admit(jobs(100, speed=2.0))
         assert fast.estimated_seconds == pytest.approx(100 * MS_PER_PHONEME / 2000)
         for t in (big, fast):
             await client.cancel(t.request_id)
@@ -676,7 +677,7 @@ def test_status_watch_reads_redis_again_and_measures_busy_over_each_interval(red
         client = owner(redis_server.url)
         ticket = await client.admit(jobs(*[40] * 40, work_s=0.1))  # 4 s of back-to-back jobs
         status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "api.cli", "status", "--redis-url", redis_server.url, "--watch", "0.6",
+            sys.executable, "-m", "cli.main", "status", "--redis-url", redis_server.url, "--watch", "0.6",
             "--count", "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
         out, err = await status.communicate()
         await collect(client, ticket)
@@ -712,7 +713,7 @@ def test_status_counts_the_running_job_so_a_watch_shorter_than_a_job_reads_busy(
         await asyncio.sleep(0.5)
         running = (await read_replicas(client.client))[0]
         status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "api.cli", "status", "--redis-url", redis_server.url, "--watch", "0.5",
+            sys.executable, "-m", "cli.main", "status", "--redis-url", redis_server.url, "--watch", "0.5",
             "--count", "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
         out, err = await status.communicate()
         await collect(client, ticket, timeout_s=30)

@@ -33,6 +33,7 @@ from api.speech.admission_client import (
 )
 from api.speech.redis_link import GAUGES, QueueStats, connect, read_stats
 from api.speech.dispatcher import Dispatcher, DispatcherConfig
+from api.speech.worker_queue import WorkerQueueOwner
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = Path(__file__).resolve().parents[1] / "queue_proc.py"
@@ -46,7 +47,7 @@ def every_slot_freed_once(stats: QueueStats) -> bool:
 
 async def settle(url: str, timeout_s: float) -> QueueStats:
     """Run the reaper (as any surviving worker would) until the queue is idle, or time out."""
-    sweeper = Dispatcher(connect(url), "sweeper", fake_run_job)
+    sweeper = Dispatcher(connect(url), "sweeper", fake_run_job, worker_queue=WorkerQueueOwner("sweeper"))
     deadline = time.monotonic() + timeout_s
     while True:
         await sweeper.reap()
@@ -116,11 +117,12 @@ def test_sigkilled_replicas_leave_no_hung_request_and_no_leaked_slot(redis_serve
 def test_redis_crash_and_restart_mid_run_fails_fast_recovers_and_stays_consistent(redis_server):
     async def go():
         rng = random.Random(3)
-        admission = AdmissionClient(connect(redis_server.url), "w0", AdmissionBounds(8, 0),
+        admission = AdmissionClient(connect(redis_server.url), "w0", AdmissionBounds(8, 0), worker_queue=WorkerQueueOwner("w0"),
                                     owner_ttl_s=2.0, ms_per_phoneme=MS_PER_PHONEME, poll_s=0.3)
         await admission.start()
         config = DispatcherConfig(lease_s=1.0, reap_interval_s=0.2, idle_wait_s=0.3, retry_backoff_s=0.1)
-        replicas = [Dispatcher(connect(redis_server.url), f"r{i}", fake_run_job, config) for i in range(3)]
+        replicas = [Dispatcher(connect(redis_server.url), f"r{i}", fake_run_job, config,
+                               worker_queue=WorkerQueueOwner(f"r{i}")) for i in range(3)]
         for r in replicas:
             r.start()
         phase = "before"

@@ -40,7 +40,7 @@ def tls_redis(tmp_path_factory):
 def serve_start_error(url: str, ca: str) -> subprocess.CompletedProcess:
     """`kokoro-fleet serve` against `url`, which must stop before any worker starts."""
     env = {**os.environ, **SIM, "KOKORO_REDIS_TLS_CA_FILE": ca, "REDIS_URL": url}
-    return subprocess.run([sys.executable, "-m", "api.cli", "serve", "--workers", "2", "--port", "1"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "cli.main", "serve", "--workers", "2", "--port", "1"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
 
 

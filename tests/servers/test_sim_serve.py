@@ -26,7 +26,7 @@ SPEECH = {"model": "kokoro", "voice": "af_heart", "input": "A simulated fleet st
 
 
 def status(*source: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "api.cli", "status", *source], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli.main", "status", *source], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout

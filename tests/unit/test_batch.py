@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.engine import BatchItem, Engine
+from worker.engine import BatchItem, Engine, EngineConfig
 from worker.reference import snr_db
 
 PARITY_DB = 20.0
@@ -47,7 +47,7 @@ def assert_each_equals_its_single_run(engine: Engine, items: list[BatchItem]) ->
 
 @pytest.fixture(scope="module")
 def real_engine(real_weights):
-    return Engine(real_weights, "cpu", "fp32", noise=False)
+    return Engine(real_weights, EngineConfig("cpu", "fp32", noise=False))
 
 
 @pytest.mark.slow
@@ -73,7 +73,7 @@ def test_real_weights_mixed_lengths_equal_single_runs(real_weights, real_engine,
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_weights):
-    return Engine(tiny_weights, "cpu", "fp32", noise=False, fused_kernels=False)
+    return Engine(tiny_weights, EngineConfig("cpu", "fp32", noise=False, fused_kernels=False))
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -130,7 +130,7 @@ def test_tiny_int8_batches_equal_single_runs(tiny_weights):
     """The int8 mode quantizes each item's convolution inputs per window from its own start, with
     its padding masked to zeros (the zeros its single run pads with), so its batched result is its
     single run's (to float rounding) and does not depend on its mates."""
-    engine = Engine(tiny_weights, "cpu", "int8", noise=True, fused_kernels=False)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "int8", noise=True, fused_kernels=False))
     voice = next(iter(tiny_weights.voices.values()))
     items = [BatchItem(ids_of(n, seed), voice[n - 1], speed)
              for seed, (n, speed) in enumerate([(33, 1.0), (5, 0.8), (60, 1.3)])]

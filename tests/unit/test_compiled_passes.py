@@ -25,7 +25,7 @@ import torch
 
 from worker.compile_cache import default_compile_cache_dir, shared_compile
 from worker.cuda_graphs import BatchGraphs, CudaGraphs
-from worker.engine import BatchItem, Engine, stage2_arithmetic, use_exact_cuda_arithmetic
+from worker.engine import BatchItem, Engine, EngineConfig, stage2_arithmetic, use_exact_cuda_arithmetic
 from worker.reference import snr_db
 
 compiles = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -57,16 +57,16 @@ def compiled_engine(tiny_weights):
     `CudaGraphs.capture` and `BatchGraphs.capture` run before capturing (every frame bucket with the
     single-chunk graphs' noise views, every batch cell), all counted by dynamo's own counters."""
     torch._dynamo.reset()  # the first compile of each family here, not a recompile of another model's
-    engine = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8, frame_grid=REPLAY_GRID,
-                    batch_graph_frames=REPLAY_BATCH_GRAPH_FRAMES)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", compiled=True, bucketed=True, max_batch=8, frame_grid=REPLAY_GRID,
+                    batch_graph_frames=REPLAY_BATCH_GRAPH_FRAMES))
     engine.compile_passes(("single", "batch"), then=lambda: (CudaGraphs(engine).warm_up(), BatchGraphs(engine).warm_up()))
     return engine
 
 
 @pytest.fixture(scope="module")
 def eager_engine(tiny_weights):
-    return Engine(tiny_weights, "cpu", "fp32", compiled=False, bucketed=True, fused_kernels=False,
-                  frame_grid=REPLAY_GRID)
+    return Engine(tiny_weights, EngineConfig("cpu", "fp32", compiled=False, bucketed=True, fused_kernels=False,
+                  frame_grid=REPLAY_GRID))
 
 
 @pytest.mark.slow
@@ -109,8 +109,8 @@ def test_a_second_engine_loads_what_the_first_compiled(tiny_weights, compiled_en
     engine's come from the host's cache on disk, compiled by nobody."""
     assert compiled_engine.compile_record is not None
     torch._dynamo.reset()
-    second = Engine(tiny_weights, "cpu", "fp32", compiled=True, bucketed=True, max_batch=8, frame_grid=REPLAY_GRID,
-                    batch_graph_frames=REPLAY_BATCH_GRAPH_FRAMES)  # the same configuration, as a host's replicas
+    second = Engine(tiny_weights, EngineConfig("cpu", "fp32", compiled=True, bucketed=True, max_batch=8, frame_grid=REPLAY_GRID,
+                    batch_graph_frames=REPLAY_BATCH_GRAPH_FRAMES))  # the same configuration, as a host's replicas
     second.warmup()
     record = second.compile_record
     assert record.directory == compiled_engine.compile_record.directory
@@ -119,8 +119,8 @@ def test_a_second_engine_loads_what_the_first_compiled(tiny_weights, compiled_en
 
 def test_the_batch_grid_holds_the_buckets_up_to_the_largest_batch_within_the_memory_bound(tiny_weights):
     """The grid BatchGraphs would capture (its buffers are built on the engine's device; no capture here)."""
-    engine = Engine(tiny_weights, "cpu", "fp32", compiled=False, bucketed=True, max_batch=12,
-                    batch_graph_frames=3000, frame_grid=(32, 64, 128, 256, 512, 1024, 2048))
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", compiled=False, bucketed=True, max_batch=12,
+                    batch_graph_frames=3000, frame_grid=(32, 64, 128, 256, 512, 1024, 2048)))
     grid = BatchGraphs(engine)
     assert grid.batch_buckets == [2, 4, 8, 16]  # 12 rounds up to 16; 32 and 64 are past it
     assert set(grid.cells) == {(b, f) for b in (2, 4, 8, 16) for f in engine.frame_grid if b * f <= 3000}

@@ -15,7 +15,7 @@ import torch
 from worker import cpu_features
 from worker.cpu_features import parse_cpuinfo, precision_warning
 from worker.cpu_runtime import inference_threads, thread_niceness
-from worker.engine import Engine, resolve_dtype
+from worker.engine import Engine, EngineConfig, resolve_dtype
 from worker.replica import Replica
 
 AVX2_EPYC = """processor	: 0
@@ -80,7 +80,7 @@ def test_int8_weights_are_7_bit_without_vnni():
 
 
 def test_an_isa_cap_hides_the_flags_above_it(monkeypatch):
-    """ONEDNN_MAX_CPU_ISA=AVX2 (what `kokoro-fleet bench --isa avx2` sets) makes cpu_info() report
+    """ONEDNN_MAX_CPU_ISA=AVX2 (what `python -m loadtest.bench --isa avx2` sets) makes cpu_info() report
     the CPU as oneDNN may use it: `auto` then picks what it picks on an AVX2-only CPU."""
     flags = parse_cpuinfo(SAPPHIRE_RAPIDS).flags
     assert cpu_features.capped_flags(flags, "AVX2") == {"fpu", "sse2", "avx", "avx2", "fma"}
@@ -102,13 +102,13 @@ def test_an_isa_cap_hides_the_flags_above_it(monkeypatch):
 def test_forced_bf16_without_native_bf16_warns_at_start(fake_cpu, tiny_weights, caplog):
     fake_cpu(AVX2_EPYC)
     with caplog.at_level(logging.WARNING, logger="kokoro_fleet.engine"):
-        Engine(tiny_weights, "cpu", "bf16", fused_kernels=False)
+        Engine(tiny_weights, EngineConfig("cpu", "bf16", fused_kernels=False))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "KOKORO_DTYPE=bf16" in warnings[0] and "avx512_bf16" in warnings[0] and "AMD EPYC 7B12" in warnings[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kokoro_fleet.engine"):
-        Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+        Engine(tiny_weights, EngineConfig("cpu", "fp32", fused_kernels=False))
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     fake_cpu(SAPPHIRE_RAPIDS)
     assert precision_warning("bf16") is None and "avx512_fp16" in precision_warning("fp16", parse_cpuinfo(AVX2_EPYC))
@@ -178,9 +178,9 @@ def test_a_cpu_engine_keeps_freed_memory_unless_the_environment_tunes_malloc():
     # glibc's default and its lower resident memory.
     engine = ("import sys; from api.settings import Settings, weights_source\n"
               "from worker.weights import load_weights\n"
-              "from worker.engine import Engine; from worker.cpu_runtime import _KEEP_FREED\n"
-              "Engine(load_weights(weights_source(Settings.from_env({'KOKORO_WEIGHTS': 'tiny'}))), 'cpu', sys.argv[1], "
-              "fused_kernels=False); print(_KEEP_FREED['applied'])")
+              "from worker.engine import Engine, EngineConfig; from worker.cpu_runtime import _KEEP_FREED\n"
+              "Engine(load_weights(weights_source(Settings.from_env({'KOKORO_WEIGHTS': 'tiny'}))), EngineConfig('cpu', sys.argv[1], "
+              "fused_kernels=False)); print(_KEEP_FREED['applied'])")
     assert [run(engine.replace("sys.argv[1]", repr(mode)))[0] for mode in ("int8", "bf16", "fp32")] == \
         ["True", "False", "False"]
 
@@ -213,7 +213,7 @@ def test_inference_and_its_openmp_pool_run_at_raised_niceness(tiny_weights):
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     if base + 3 > 19:
         pytest.skip("this process is already at the lowest priority")
-    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", fused_kernels=False))
     replica = Replica(engine, niceness=3)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(2)  # the pool then has one thread beside the inference thread
@@ -272,14 +272,14 @@ def test_auto_mode_keeps_the_parity_bound_on_the_real_weights(real_weights):
 
     ids = chunk_ids(real_weights.config["vocab"], 100)
     style = real_weights.voices["af_heart"][len(ids) - 1]
-    fp32 = Engine(real_weights, "cpu", "fp32", noise=False).synthesize(ids, style)
-    auto = Engine(real_weights, "cpu", "auto", noise=False)
+    fp32 = Engine(real_weights, EngineConfig("cpu", "fp32", noise=False)).synthesize(ids, style)
+    auto = Engine(real_weights, EngineConfig("cpu", "auto", noise=False))
     out = auto.synthesize(ids, style)
     print(f"auto = {auto.dtype} on {cpu_features.cpu_info().summary()}")
     assert len(out.durations) == len(ids) + 2  # word timestamps need every token's duration
     assert (abs(out.durations - fp32.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(fp32.audio, out.audio) <= 1.0
-    noisy = Engine(real_weights, "cpu", "auto", seed=7)
+    noisy = Engine(real_weights, EngineConfig("cpu", "auto", seed=7))
     first, again = noisy.synthesize(ids, style), noisy.synthesize(ids, style)
     assert (first.audio == again.audio).all(), "seeded noise must give the same audio"
 

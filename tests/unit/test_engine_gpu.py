@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from worker.engine import Engine
+from worker.engine import Engine, EngineConfig
 from loadtest.bench.gpu_parity import PRECISION_BOUND_DB
 from worker.model.random_init import full_config, random_state_dict, random_voices
 from worker.reference import log_spectral_distance_db, snr_db
@@ -33,8 +33,8 @@ def weights():
 
 @pytest.fixture(scope="module")
 def engines(weights):
-    eager = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False, compiled=False)
-    graphed = Engine(weights, "cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID, compiled=False)
+    eager = Engine(weights, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=False, bucketed=False, compiled=False))
+    graphed = Engine(weights, EngineConfig("cuda", "fp32", noise=False, cuda_graphs=True, frame_grid=GRID, compiled=False))
     graphed.warmup()
     assert graphed.graphs is not None, "capture failed (see the log)"
     return eager, graphed
@@ -56,9 +56,9 @@ def test_graphed_matches_eager(engines, weights, n_tokens):
 def test_graphs_replay_the_padded_eager_run_bit_for_bit(weights, noise):
     """Capture changes nothing: the graphs compute what the same code computes eagerly on the same
     padded shapes (deterministic cuDNN: the same input gives the same bits)."""
-    padded = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=False, bucketed=True, frame_grid=GRID,
-                    compiled=False)
-    graphed = Engine(weights, "cuda", "fp32", noise=noise, cuda_graphs=True, frame_grid=GRID, compiled=False)
+    padded = Engine(weights, EngineConfig("cuda", "fp32", noise=noise, cuda_graphs=False, bucketed=True, frame_grid=GRID,
+                    compiled=False))
+    graphed = Engine(weights, EngineConfig("cuda", "fp32", noise=noise, cuda_graphs=True, frame_grid=GRID, compiled=False))
     graphed.warmup()
     for n_tokens in (10, 100):
         ids = torch.randint(1, 178, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
@@ -69,7 +69,7 @@ def test_graphs_replay_the_padded_eager_run_bit_for_bit(weights, noise):
 
 
 def test_graphed_noise_is_reproducible(weights):
-    engine = Engine(weights, "cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID, compiled=False)
+    engine = Engine(weights, EngineConfig("cuda", "fp32", noise=True, cuda_graphs=True, frame_grid=GRID, compiled=False))
     engine.warmup()
     ids = list(range(20, 50))
     style = weights.voices["v"][29]
@@ -83,7 +83,7 @@ def test_reduced_precision_bound_on_cuda(engines, weights):
     style = weights.voices["v"][59]
     reference = eager.synthesize(ids, style)
     for dtype in ("bf16", "fp16"):
-        other = Engine(weights, "cuda", dtype, noise=False, cuda_graphs=True, frame_grid=GRID, compiled=False)
+        other = Engine(weights, EngineConfig("cuda", dtype, noise=False, cuda_graphs=True, frame_grid=GRID, compiled=False))
         other.warmup()
         out = other.synthesize(ids, style)
         assert (np.abs(out.durations - reference.durations) <= 1).mean() >= 0.99, dtype
@@ -127,9 +127,9 @@ BATCH_GRAPH_FRAMES = 4096
 @pytest.fixture(scope="module")
 def compiled_engine(weights):
     """What a replica serves with (bf16, noise on, the default frame grid, so it shares the host's
-    compile cache with `kokoro-fleet bench`), batches up to 8 on a small batch grid."""
-    engine = Engine(weights, "cuda", "bf16", compiled=True, cuda_graphs=True, max_batch=8,
-                    batch_graph_frames=BATCH_GRAPH_FRAMES)
+    compile cache with `python -m loadtest.bench`), batches up to 8 on a small batch grid."""
+    engine = Engine(weights, EngineConfig("cuda", "bf16", compiled=True, cuda_graphs=True, max_batch=8,
+                    batch_graph_frames=BATCH_GRAPH_FRAMES))
     engine.warmup()
     assert engine.graphs is not None and engine.batch_graphs is not None, engine.capture_errors
     return engine
@@ -196,7 +196,7 @@ def test_compiled_batch_beyond_the_grid_still_runs(compiled_engine, weights):
 def test_compiled_bf16_against_eager_fp32(compiled_engine, weights, n_tokens):
     """Durations exact (stage 1 stays float32 without TF32), audio within the precision bound of
     the padded eager fp32 run (the same padded shapes, so the same noise draws)."""
-    padded = Engine(weights, "cuda", "fp32", compiled=False, cuda_graphs=False, bucketed=True)
+    padded = Engine(weights, EngineConfig("cuda", "fp32", compiled=False, cuda_graphs=False, bucketed=True))
     ids = torch.randint(1, 178, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
     style = weights.voices["v"][n_tokens - 1]
     a, b = padded.synthesize(ids, style), compiled_engine.synthesize(ids, style)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from api import serve_cli
 from api.gpu_sharing import MPS_BATCH_MAX, TIME_SLICED_BATCH_MAX, TIME_SLICED_REPLICAS, plan_replicas
+from cli import serve_cli
 from api.settings import Settings
 
 
@@ -89,7 +89,7 @@ def fake_gpu(tmp_path: Path, daemon_starts: bool) -> dict[str, str]:
 @pytest.mark.parametrize("daemon_starts", [False, True], ids=["daemon-fails", "cuda-fails-under-mps"])
 def test_gpu_check_finds_no_mps_and_plans_batching_replicas(daemon_starts, tmp_path):
     env = fake_gpu(tmp_path, daemon_starts)
-    result = subprocess.run([sys.executable, "-m", "api.cli", "gpu-check", "--json"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "cli.main", "gpu-check", "--json"], capture_output=True, text=True,
                             env=env, timeout=300)
     report = json.loads(result.stdout)
     assert (report["gpu"], report["driver"], report["memory_mib"]) == ("NVIDIA H100 80GB HBM3", "580.95.05", 81559)
@@ -103,7 +103,7 @@ def test_gpu_check_finds_no_mps_and_plans_batching_replicas(daemon_starts, tmp_p
     assert report["cuda_without_mps"] is False and report["usable"] is False and result.returncode == 1
     assert report["plan"]["replicas"] == TIME_SLICED_REPLICAS and report["plan"]["batch_max"] == TIME_SLICED_BATCH_MAX
     if not daemon_starts:  # the same report for a person, once
-        human = subprocess.run([sys.executable, "-m", "api.cli", "gpu-check"], capture_output=True, text=True,
+        human = subprocess.run([sys.executable, "-m", "cli.main", "gpu-check"], capture_output=True, text=True,
                                env=env, timeout=300).stdout
         assert "GPU: NVIDIA H100 80GB HBM3, driver 580.95.05" in human
         assert f"would run replicas: {TIME_SLICED_REPLICAS} of 8 workers" in human
@@ -112,6 +112,6 @@ def test_gpu_check_finds_no_mps_and_plans_batching_replicas(daemon_starts, tmp_p
 def test_gpu_check_on_a_machine_without_a_gpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KOKORO_")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists())
-    result = subprocess.run([sys.executable, "-m", "api.cli", "gpu-check"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "cli.main", "gpu-check"], capture_output=True, text=True,
                             env=env, timeout=300)
     assert result.returncode == 1 and "GPU: none" in result.stdout, result.stdout + result.stderr

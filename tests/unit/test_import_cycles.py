@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "worker", "loadtest")
+PACKAGES = ("api", "cli", "worker", "loadtest")
 SCRIPTS = ("modal_app.py",)
 
 

@@ -102,14 +102,14 @@ def test_no_file_no_lexicon_and_a_missing_file_named(tmp_path):
 def test_serve_refuses_a_malformed_lexicon_before_starting(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"Kokoro": "kokoro$"}', encoding="utf-8")
-    run = subprocess.run([sys.executable, "-m", "api.cli", "serve", "--workers", "1"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--workers", "1"], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "KOKORO_LEXICON": str(path)})
     assert run.returncode != 0
     assert "kokoro-fleet serve: KOKORO_LEXICON" in run.stderr and "$" in run.stderr
 
 
 def test_the_phonemize_cli_reads_with_the_lexicon(lexicon, tmp_path, capsys):
-    from api.cli import main
+    from cli.main import main
 
     assert main(["phonemize", "--lexicon", lexicon.source, "--json", "Kokoro"]) == 0
     words = json.loads(capsys.readouterr().out)["words"]

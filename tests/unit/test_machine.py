@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from api.serve_cli import fit_cpu_memory, replica_cpu_mib, resolve_workers
+from cli.serve_cli import fit_cpu_memory, replica_cpu_mib, resolve_workers
 from worker import machine
 from api.settings import Settings
 
@@ -118,7 +118,7 @@ def test_the_per_replica_figure_follows_the_weights_and_counts_the_synthesis_cac
 def test_serve_refuses_workers_the_memory_cannot_hold():
     """The real launcher, before any replica or Redis starts: a clear refusal, at once."""
     env = {**os.environ, "KOKORO_DEVICE": "cpu", "KOKORO_WEIGHTS": "tiny", "KOKORO_REPLICA_CPU_MIB": str(1 << 30)}
-    done = subprocess.run([sys.executable, "-m", "api.cli", "serve", "--workers", "2", "--port", "1"],
+    done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--workers", "2", "--port", "1"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "2 replicas may take about" in done.stderr and "Start at most 1 (--workers 1)" in done.stderr

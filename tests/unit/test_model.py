@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.engine import Engine
+from worker.engine import Engine, EngineConfig
 from worker.model import COMPONENTS, KokoroModel
-from worker.model.random_init import random_full_weights
+from worker.weights.random_full import random_full_weights
 from worker.reference import (build_reference, log_spectral_distance_db, reference_noise_off,
                               reference_synthesize, snr_db)
 
@@ -28,7 +28,7 @@ def random_full():
 @pytest.fixture(scope="module")
 def quiet_fp32(random_full):
     """The plain CPU engine (float32, noise off, unpadded), shared by the tests that compare to it."""
-    return Engine(random_full, "cpu", "fp32", noise=False)
+    return Engine(random_full, EngineConfig("cpu", "fp32", noise=False))
 
 
 def sample(n_tokens: int, seed: int, voices: dict) -> tuple[list[int], torch.Tensor]:
@@ -70,13 +70,13 @@ def test_padded_reduced_precision_runs(random_full):
     """A padded bf16 run (the CUDA-graph path's arithmetic) keeps its dtypes consistent (fp16 takes
     the same path; it is exercised on the GPU, CPU fp16 convolutions being very slow)."""
     ids, style = sample(10, 6, random_full.voices)
-    out = Engine(random_full, "cpu", "bf16", noise=False, bucketed=True, fused_kernels=False).synthesize(ids, style)
+    out = Engine(random_full, EngineConfig("cpu", "bf16", noise=False, bucketed=True, fused_kernels=False)).synthesize(ids, style)
     assert np.isfinite(out.audio).all() and len(out.audio) == int(out.durations.sum()) * 600
 
 
 def test_padded_run_equals_unpadded(random_full, quiet_fp32):
     plain = quiet_fp32
-    padded = Engine(random_full, "cpu", "fp32", noise=False, bucketed=True)
+    padded = Engine(random_full, EngineConfig("cpu", "fp32", noise=False, bucketed=True))
     ids, style = sample(21, 3, random_full.voices)  # 23 tokens in the 32 bucket
     a, b = plain.synthesize(ids, style), padded.synthesize(ids, style)
     assert np.array_equal(a.durations, b.durations)
@@ -86,7 +86,7 @@ def test_padded_run_equals_unpadded(random_full, quiet_fp32):
 
 
 def test_noise_is_seeded_and_reproducible(random_full):
-    engine = Engine(random_full, "cpu", "fp32", seed=7, noise=True)
+    engine = Engine(random_full, EngineConfig("cpu", "fp32", seed=7, noise=True))
     ids, style = sample(10, 4, random_full.voices)
     first, second = engine.synthesize(ids, style), engine.synthesize(ids, style)
     assert np.array_equal(first.audio, second.audio)
@@ -100,7 +100,7 @@ def test_noise_is_seeded_and_reproducible(random_full):
 
 def test_bf16_keeps_the_parity_bound(random_full, quiet_fp32):
     fp32 = quiet_fp32
-    bf16 = Engine(random_full, "cpu", "bf16", noise=False)
+    bf16 = Engine(random_full, EngineConfig("cpu", "bf16", noise=False))
     ids, style = sample(40, 5, random_full.voices)
     a, b = fp32.synthesize(ids, style), bf16.synthesize(ids, style)
     assert (np.abs(a.durations - b.durations) <= 1).mean() >= 0.99
@@ -130,8 +130,8 @@ def test_tiny_config_sizes_reach_every_stage(tiny_weights):
     model runs padded and unpadded to the same audio, at 600 samples per frame."""
     from worker.cuda_graphs import CudaGraphs
 
-    plain = Engine(tiny_weights, "cpu", "fp32", noise=False, fused_kernels=False)
-    padded = Engine(tiny_weights, "cpu", "fp32", noise=False, bucketed=True, fused_kernels=False)
+    plain = Engine(tiny_weights, EngineConfig("cpu", "fp32", noise=False, fused_kernels=False))
+    padded = Engine(tiny_weights, EngineConfig("cpu", "fp32", noise=False, bucketed=True, fused_kernels=False))
     ids, style = sample(21, 3, tiny_weights.voices)
     a, b = plain.synthesize(ids, style), padded.synthesize(ids, style)
     assert np.array_equal(a.durations, b.durations)
@@ -159,7 +159,7 @@ def real_sample(real_weights):
 
 @pytest.fixture(scope="module")
 def real_fp32(real_weights):
-    return Engine(real_weights, "cpu", "fp32", noise=False)
+    return Engine(real_weights, EngineConfig("cpu", "fp32", noise=False))
 
 
 @pytest.mark.slow
@@ -178,14 +178,14 @@ def test_real_weights_load_strictly_and_match_the_reference(real_weights, real_s
 def test_real_weights_padded_and_bf16(real_weights, real_sample, real_fp32):
     ids, style = real_sample
     plain = real_fp32.synthesize(ids, style)
-    padded = Engine(real_weights, "cpu", "fp32", noise=False, bucketed=True).synthesize(ids, style)
+    padded = Engine(real_weights, EngineConfig("cpu", "fp32", noise=False, bucketed=True)).synthesize(ids, style)
     assert np.array_equal(plain.durations, padded.durations)
     assert snr_db(plain.audio, padded.audio) >= 30.0
-    bf16 = Engine(real_weights, "cpu", "bf16", noise=False).synthesize(ids, style)
+    bf16 = Engine(real_weights, EngineConfig("cpu", "bf16", noise=False)).synthesize(ids, style)
     assert (np.abs(plain.durations - bf16.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(plain.audio, bf16.audio) <= 1.0
     # the CUDA-graph path's arithmetic: padded, bf16, eager elementwise kernels
-    graph_like = Engine(real_weights, "cpu", "bf16", noise=False, bucketed=True, fused_kernels=False)
+    graph_like = Engine(real_weights, EngineConfig("cpu", "bf16", noise=False, bucketed=True, fused_kernels=False))
     out = graph_like.synthesize(ids, style)
     assert (np.abs(plain.durations - out.durations) <= 1).mean() >= 0.99
     assert log_spectral_distance_db(plain.audio, out.audio) <= 1.0
@@ -202,7 +202,7 @@ def test_real_weights_int8_keeps_the_parity_bound(real_weights, real_fp32, size)
     ids = chunk_ids(real_weights.config["vocab"], size)
     style = real_weights.voices["af_heart"][len(ids) - 1]
     plain = real_fp32.synthesize(ids, style)
-    int8 = Engine(real_weights, "cpu", "int8", noise=False)
+    int8 = Engine(real_weights, EngineConfig("cpu", "int8", noise=False))
     out = int8.synthesize(ids, style)
     within = (np.abs(plain.durations - out.durations) <= 1).mean()
     lsd = log_spectral_distance_db(plain.audio, out.audio)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import COMMANDS
+from cli.main import COMMANDS
 from api.settings import settings_table
-from api.settings_cli import readme_block
+from cli.settings_cli import readme_block
 from worker.voices import openai_voice_table
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -104,9 +104,9 @@ def test_warmup_runs_off_the_loop():
 
 
 def test_replica_with_a_real_tiny_engine(tiny_weights):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", fused_kernels=False))
     replica = Replica(engine)
     ids, style = [50, 83, 54, 16, 56], tiny_weights.voices["af_heart"][4]
     result = asyncio.run(replica.synthesize(ids, style))
@@ -268,9 +268,9 @@ def test_no_cache_without_its_memory():
 def test_the_engine_is_deterministic_so_its_cached_audio_is_what_it_would_make(tiny_weights):
     """The cache is exact only because the engine's noise is seeded: a chunk made again, after
     others, is the same bit for bit."""
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    engine = Engine(tiny_weights, "cpu", "fp32", fused_kernels=False)
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", fused_kernels=False))
     cached, fresh = Replica(engine, cache_bytes=1 << 20), Replica(engine)
     ids, style = [50, 83, 54, 16, 56], tiny_weights.voices["af_heart"][4]
 

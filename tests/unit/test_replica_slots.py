@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from api.serve_cli import resolve_replicas
+from cli.serve_cli import resolve_replicas
 from api.speech.replica_slots import claim_replica_slot
 from api.settings import Settings, SettingsError
 

@@ -23,7 +23,7 @@ def say(tmp_path: Path, text: str, *extra: str) -> tuple[np.ndarray, int, str]:
     out = tmp_path / "out.wav"
     env = dict(os.environ, HF_HUB_OFFLINE="1", KOKORO_WEIGHTS="offline")
     proc = subprocess.run(
-        [sys.executable, "-m", "api.cli", "say", text, "-o", str(out), *extra],
+        [sys.executable, "-m", "cli.main", "say", text, "-o", str(out), *extra],
         capture_output=True, text=True, env=env, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -67,7 +67,7 @@ def test_mandarin_and_japanese_voices_speak_at_a_speaking_rate(real_weights, tmp
 
 
 def test_long_text_in_one_wav_at_a_speaking_rate_without_clicks(real_weights, tmp_path, monkeypatch):
-    from api.cli import main
+    from cli.main import main
     from api.speech.local import SpeechService
 
     piece_lengths: list[int] = []
@@ -121,7 +121,7 @@ def test_say_writes_the_format_its_file_names_with_progress_and_no_partial_file(
     wav_audio, _, _ = say(tmp_path, text)
     for name in ("out.mp3", "out.ogg"):
         env = dict(os.environ, HF_HUB_OFFLINE="1", KOKORO_WEIGHTS="offline")
-        proc = subprocess.run([sys.executable, "-m", "api.cli", "say", text, "-o", str(tmp_path / name)],
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "say", text, "-o", str(tmp_path / name)],
                               capture_output=True, text=True, env=env, timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert re.search(r"chunk (\d+)/\1 +\d+:\d\d of audio +[\d.]+x real time", proc.stderr), proc.stderr
@@ -134,14 +134,14 @@ def test_say_writes_the_format_its_file_names_with_progress_and_no_partial_file(
 
 
 def test_say_names_the_formats_when_the_file_says_none(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "api.cli", "say", "Hi.", "-o", str(tmp_path / "out.m4b")],
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "say", "Hi.", "-o", str(tmp_path / "out.m4b")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "cannot tell the format of" in proc.stderr and ".mp3" in proc.stderr
     assert "--format" in proc.stderr and not (tmp_path / "out.m4b").exists()
 
 
 def test_progress_says_how_far_how_fast_and_how_long_is_left():
-    from api.say_cli import output_format, progress_line
+    from cli.say_cli import output_format, progress_line
 
     assert progress_line(3, 40, 42.0, 10.0, 600.0) == "chunk 3/40  0:42 of audio  4.2x real time  about 2:13 left"
     assert progress_line(40, 40, 3725.0, 500.0, 3700.0) == "chunk 40/40  1:02:05 of audio  7.5x real time"
@@ -152,7 +152,7 @@ def test_progress_says_how_far_how_fast_and_how_long_is_left():
 def test_progress_measures_the_pace_after_the_first_chunk_which_holds_the_start_up():
     """A first chunk that took 30 s (the engine's first passes) for 5 s of audio must not predict
     the rest at 0.2x real time (issue 48: "0.0x real time, about 2:56 left")."""
-    from api.say_cli import progress_line
+    from cli.say_cli import progress_line
 
     first = progress_line(1, 40, 5.0, 30.0, 200.0, first_piece=None, kernels="eager kernels")
     assert first == "chunk 1/40  0:05 of audio  0.2x real time  about 19:30 left  (eager kernels)"  # the old guess
@@ -169,7 +169,7 @@ def test_say_compiles_the_fused_kernels_only_where_that_pays():
     import asyncio
     import types
 
-    from api.say_cli import SAY_COMPILE_FROM_AUDIO_S, SAY_LOAD_FROM_AUDIO_S, start_fused_kernels
+    from cli.say_cli import SAY_COMPILE_FROM_AUDIO_S, SAY_LOAD_FROM_AUDIO_S, start_fused_kernels
 
     def started(chunks: int, audio_s: float, cached: bool, pending: bool = True) -> bool:
         compiled = []

@@ -15,7 +15,7 @@ import pytest
 import srt
 import webvtt
 
-from api import say_cli
+from cli import say_cli
 from api.settings import Settings
 from api.speech import build
 
@@ -75,7 +75,7 @@ def test_say_leaves_no_file_when_synthesis_fails_midway(sim_service, tmp_path, m
 
 
 def test_say_names_the_caption_formats_for_another_suffix(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "api.cli", "say", "Hi.", "-o", str(tmp_path / "out.wav"),
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "say", "Hi.", "-o", str(tmp_path / "out.wav"),
                            "--captions", str(tmp_path / "out.txt")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and ".srt or .vtt" in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []

@@ -41,7 +41,7 @@ def test_weights_accept_an_existing_directory(tmp_path):
 def test_a_mistyped_dtype_stops_serve_at_once_with_one_line():
     env = dict(os.environ, KOKORO_DTYPE="bf17", KOKORO_PORT="1")  # port 1: nothing may ever listen
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "api.cli", "serve", "--workers", "2"],
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--workers", "2"],
                           capture_output=True, text=True, env=env, timeout=120)
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
@@ -55,10 +55,10 @@ def test_the_weights_command_reads_only_the_settings_it_uses():
     """docker/entrypoint.sh asks `kokoro-fleet weights` first: a mistyped server setting is refused
     by `serve` (or the entrypoint), not reported as unusable weights."""
     env = dict(os.environ, KOKORO_MPS="bogus", KOKORO_DISPATCH="sharde", KOKORO_WEIGHTS="tiny")
-    shown = subprocess.run([sys.executable, "-m", "api.cli", "weights", "--json"],
+    shown = subprocess.run([sys.executable, "-m", "cli.main", "weights", "--json"],
                            capture_output=True, text=True, env=env, timeout=300)
     assert shown.returncode == 0 and '"source": "tiny"' in shown.stdout, shown.stderr
-    typo = subprocess.run([sys.executable, "-m", "api.cli", "weights"], capture_output=True, text=True,
+    typo = subprocess.run([sys.executable, "-m", "cli.main", "weights"], capture_output=True, text=True,
                           env=dict(env, KOKORO_WEIGHTS="ofline"), timeout=120)
     assert typo.returncode != 0 and "KOKORO_WEIGHTS" in typo.stderr and "Traceback" not in typo.stderr
 

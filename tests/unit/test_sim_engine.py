@@ -188,7 +188,7 @@ def test_build_service_builds_the_sim_only_when_asked(monkeypatch):
 
 def test_say_refuses_the_simulated_engine_and_names_the_setting(monkeypatch, tmp_path, capsys):
     """`say` is for listening to the model: with KOKORO_ENGINE=sim it writes no synthetic stand-in."""
-    from api.cli import main
+    from cli.main import main
 
     monkeypatch.setattr("api.settings._current", Settings.from_env({"KOKORO_ENGINE": "sim"}))
     out = tmp_path / "out.wav"
@@ -197,7 +197,7 @@ def test_say_refuses_the_simulated_engine_and_names_the_setting(monkeypatch, tmp
 
 
 def test_the_engines_name_themselves_for_the_replica_table(tiny_weights):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
     assert SimReplica().engine.label == "sim"
-    assert Engine(tiny_weights, "cpu", "int8", fused_kernels=False).label == "torch cpu int8"
+    assert Engine(tiny_weights, EngineConfig("cpu", "int8", fused_kernels=False)).label == "torch cpu int8"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 
-from api.cli import main
+from cli.main import main
 
 
 def _lexicon_entry(word: str) -> str:

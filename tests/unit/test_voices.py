@@ -325,7 +325,7 @@ def test_check_voice_dir_refuses_a_missing_directory(tmp_path):
 
 def test_serve_refuses_a_voice_file_that_does_not_read_before_starting(tmp_path):
     (tmp_path / "af_brand.pt").write_bytes(b"half a file")
-    run = subprocess.run([sys.executable, "-m", "api.cli", "serve", "--workers", "1"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--workers", "1"], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "KOKORO_VOICES_DIR": str(tmp_path)})
     assert run.returncode != 0
     assert "kokoro-fleet serve: KOKORO_VOICES_DIR: " in run.stderr and "af_brand.pt: cannot read it" in run.stderr

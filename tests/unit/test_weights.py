@@ -150,7 +150,7 @@ def test_interrupted_conversion_leaves_nothing_that_loads(real_weights, tmp_path
 
 
 def test_prepare_is_idempotent_and_fast_when_ready(real_weights, capsys):
-    from api.cli import main
+    from cli.main import main
 
     assert main(["weights", "--prepare"]) == 0
     out = capsys.readouterr().out
@@ -222,7 +222,7 @@ def test_cli_prints_the_error_and_exits_1_without_traceback(copied_parts, monkey
     monkeypatch.setenv("KOKORO_WEIGHTS", "offline")
     monkeypatch.setattr("api.settings._current", None)
     monkeypatch.setattr("worker.weights.offline.find_onnx_parts", lambda _settings: parts)
-    from api.cli import main
+    from cli.main import main
 
     assert main(["weights", "--prepare"]) == 1
     captured = capsys.readouterr()
@@ -432,12 +432,12 @@ def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tm
     that loads the official names and folds in memory."""
     import dataclasses
 
-    from worker.engine import DTYPES, Engine
+    from worker.engine import DTYPES, Engine, EngineConfig
     from worker.model import KokoroModel
     from worker.model.layers import use_compiled_kernels
 
     weights = dataclasses.replace(tiny_weights, serving_dir=tmp_path / "serving", fingerprint="tiny-test")
-    engine = Engine(weights, "cpu", dtype, noise=False, fused_kernels=False)
+    engine = Engine(weights, EngineConfig("cpu", dtype, noise=False, fused_kernels=False))
     path = W.served_weights.serving_path(weights, DTYPES[dtype])
     assert path is not None and path.is_file()
     written = path.stat().st_mtime_ns
@@ -449,7 +449,7 @@ def test_served_parameters_are_the_mapped_file_pages_not_copies(tiny_weights, tm
                if not any(start <= p.data_ptr() and p.data_ptr() + p.nbytes <= end for start, end in ranges)]
     assert not private, f"parameters copied out of the serving file: {private[:5]}"
 
-    Engine(weights, "cpu", dtype, noise=False, fused_kernels=False)  # a second replica maps the same file
+    Engine(weights, EngineConfig("cpu", dtype, noise=False, fused_kernels=False))  # a second replica maps the same file
     assert path.stat().st_mtime_ns == written
 
     model = KokoroModel(weights.config)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from api.routes.status_routes import engine_status as _engine
-from worker.engine import Engine
+from worker.engine import Engine, EngineConfig
 from api.settings import Settings, SettingsError
 from worker.text import text_to_chunks
 from worker.weights import VOICE_NAMES, load_weights, official_config
 from api.settings import weights_source
-from api.weights_cli import describe
+from cli.weights_cli import describe
 from worker.weights.common import STYLE_WIDTH, VOICE_ROWS
 
 
@@ -45,7 +45,7 @@ def test_seeded():
 
 def test_a_short_text_gives_audio_of_speech_like_length_on_cpu(weights):
     """The CPU path folds the weights in memory (serving_state_dict without a serving file)."""
-    engine = Engine(weights, "cpu", "fp32", fused_kernels=False)
+    engine = Engine(weights, EngineConfig("cpu", "fp32", fused_kernels=False))
     (chunk,) = text_to_chunks("The quick brown fox jumps over the lazy dog.")
     out = engine.synthesize(chunk.ids, weights.voices["am_adam"][len(chunk.ids) - 1])
     seconds = len(out.audio) / engine.sample_rate

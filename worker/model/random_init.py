@@ -1,8 +1,10 @@
 """Random weights of the full Kokoro-82M config that behave like speech where it matters for
 speed and parity: realistic durations (about 2-6 frames a token), a voiced F0 around 150 Hz, and
 decoder convolutions initialised small (as iSTFTNet's init does) so exp() of the spectrum stays
-finite. Used by the parity tests and by `kokoro-fleet bench --weights random-full` on a GPU box,
-where the real weights cannot travel.
+finite. Used by the parity tests and by `python -m loadtest.bench --weights random-full` on a GPU
+box, where the real weights cannot travel; worker/weights/random_full.py makes `Weights` of them
+(the model's parameters here, the weights' container there: worker/weights imports worker/model,
+never the other way).
 """
 
 from __future__ import annotations
@@ -50,15 +52,6 @@ def random_state_dict(config: dict | None = None, seed: int = 0) -> dict[str, di
         model.predictor.F0_proj.bias.fill_(150.0)
         state = {c: {k: v.detach().clone() for k, v in getattr(model, c).state_dict().items()} for c in COMPONENTS}
     return state
-
-
-def random_full_weights(voice_names=("af_heart",), seed: int = 0):
-    """`random_state_dict()` of the full config as `Weights` (built in memory, no serving file)."""
-    from worker.weights.common import Weights
-
-    config = full_config()
-    return Weights("random-full", config, random_state_dict(config, seed=seed), random_voices(voice_names, seed=seed),
-                   {"source": "random-full"})
 
 
 def random_voices(names, seed: int = 0) -> dict[str, torch.Tensor]:

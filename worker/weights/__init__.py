@@ -11,7 +11,7 @@
 `load_weights(WeightsSource(...))` returns `Weights`, the same shape whatever the source; errors a user
 can fix are `WeightsError` with a message that says how (the CLI prints it and exits 1).
 `serving_state_dict(weights, dtype)` (`serving.py`) gives the parameters as served, memory-mapped
-from a file that all replicas on a host share. `kokoro-fleet weights [--prepare]` (`api/weights_cli.py`)
+from a file that all replicas on a host share. `kokoro-fleet weights [--prepare]` (`cli/weights_cli.py`)
 shows / prepares the source in use.
 """
 

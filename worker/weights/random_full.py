@@ -21,10 +21,17 @@ NOTICE = ("RANDOM weights (KOKORO_WEIGHTS=random-full): full-size Kokoro-82M wit
           "the audio is NOT speech (load tests and benchmarks only)")
 
 
+def random_full_weights(voice_names=("af_heart",), seed: int = 0) -> Weights:
+    """`random_state_dict()` of the full config as `Weights` (built in memory, no serving file)."""
+    from worker.model.random_init import full_config, random_state_dict, random_voices
+
+    config = full_config()
+    return Weights("random-full", config, random_state_dict(config, seed=seed), random_voices(voice_names, seed=seed),
+                   {"source": "random-full"})
+
+
 def make_random_full_weights(seed: int = 0) -> Weights:
     """Seeded random weights of the full Kokoro-82M config, and seeded random voices for VOICE_NAMES."""
-    from worker.model.random_init import random_full_weights
-
     weights = random_full_weights(VOICE_NAMES, seed=seed)
     weights.info = {"source": SOURCE, "random": True, "notice": NOTICE, "seed": seed,
                     "built_from": "worker.model.random_init", "voice_count": len(weights.voices),

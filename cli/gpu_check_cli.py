@@ -17,7 +17,7 @@ import os
 from api.gpu_sharing import plan_replicas, probe_gpu
 from api.settings import Settings
 
-# The GPU default of `serve` (api/serve_cli.py resolve_workers).
+# The GPU default of `serve` (cli/serve_cli.py resolve_workers).
 GPU_DEFAULT_WORKERS = 8
 
 

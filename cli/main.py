@@ -25,15 +25,14 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "serve": Command("api.serve_cli", "run the HTTP server (OpenAI audio API)"),
-    "status": Command("api.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
-    "say": Command("api.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
-    "weights": Command("api.weights_cli", "show or prepare the model weights in use"),
-    "gpu-check": Command("api.gpu_check_cli", "show the GPU, whether MPS starts, and the replicas serve would run"),
-    "bench": Command("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
-    "normalize": Command("api.text_cli", "print the normalized text", "configure_normalize", "run_normalize"),
-    "phonemize": Command("api.text_cli", "print the chunks and their phonemes", "configure_phonemize", "run_phonemize"),
-    "settings": Command("api.settings_cli", "print every setting as docs/configuration.md's table"),
+    "serve": Command("cli.serve_cli", "run the HTTP server (OpenAI audio API)"),
+    "status": Command("cli.status_cli", "show the fleet's replicas: busy, jobs done, audio seconds"),
+    "say": Command("cli.say_cli", "synthesize text to an audio file (wav, mp3, opus, ...), no server needed"),
+    "weights": Command("cli.weights_cli", "show or prepare the model weights in use"),
+    "gpu-check": Command("cli.gpu_check_cli", "show the GPU, whether MPS starts, and the replicas serve would run"),
+    "normalize": Command("cli.text_cli", "print the normalized text", "configure_normalize", "run_normalize"),
+    "phonemize": Command("cli.text_cli", "print the chunks and their phonemes", "configure_phonemize", "run_phonemize"),
+    "settings": Command("cli.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 
 
