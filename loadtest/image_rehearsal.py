@@ -5,7 +5,7 @@
 What the device tool does, as far as a CPU machine can: the working tree is copied (tracked files,
 untracked ones git does not ignore, and the carried `.fleet` bundle; nothing else: no venv, no
 weights cache), the call's command line is read from docs/performance.md as written and run by bash
-in that copy's root, with `python3` the replica's (loadtest/gpu_image.py `make-replica`: the image's
+in that copy's root, with `python3` the replica's (loadtest/gpu_call_check.py `make-replica`: the image's
 Python packages only, at its versions where known), $OUT an empty folder, no network (a network
 namespace of its own with loopback only) and no package index. The harness sees GPU_CALL_REHEARSAL=cpu
 and runs its CPU rehearsal (tiny weights, no CUDA graphs, no MPS, dynamo's eager backend) with the
@@ -139,7 +139,7 @@ def markdown(record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.image_rehearsal", description=__doc__.splitlines()[0])
-    parser.add_argument("--replica", required=True, help="the image replica (python -m loadtest.gpu_image make-replica)")
+    parser.add_argument("--replica", required=True, help="the image replica (python -m loadtest.gpu_call_check make-replica)")
     parser.add_argument("--out", required=True, help="where what came back and the verdict go")
     parser.add_argument("--call", default="first", choices=["first", "second"])
     parser.add_argument("--tree", default=str(REPO), help="the checkout to send (default: this one)")

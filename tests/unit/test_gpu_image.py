@@ -9,14 +9,14 @@ import re
 import tomllib
 from pathlib import Path
 
-from loadtest import gpu_image
+from loadtest import gpu_call_check, gpu_image
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_import_of_the_call_is_on_the_image_or_in_the_bundle():
     carried, _ = gpu_image.read_plan()
-    assert gpu_image.check_imports(set(carried)) == []
+    assert gpu_call_check.check_imports(set(carried)) == []
 
 
 def test_the_bundles_list_is_the_resolution_of_the_current_dependencies_and_image():
@@ -33,44 +33,44 @@ def test_the_bundles_list_is_the_resolution_of_the_current_dependencies_and_imag
     assert names <= set(carried) | set(image) | set(gpu_image.LEFT_OUT)
 
 
-def _planted(tmp_path: Path, source: str) -> list[gpu_image.Use]:
+def _planted(tmp_path: Path, source: str) -> list[gpu_call_check.Use]:
     module = tmp_path / "planted.py"
     module.write_text(source)
-    return gpu_image.walk([], [module])
+    return gpu_call_check.walk([], [module])
 
 
 def test_a_planted_import_missing_from_the_image_and_the_bundle_fails_the_check(tmp_path):
     uses = _planted(tmp_path, "import numpy\nimport not_on_the_image_at_all\n\n"
                               "def later():\n    import also_missing\n")
-    problems = gpu_image.check_imports(set(), uses=uses)
+    problems = gpu_call_check.check_imports(set(), uses=uses)
     assert len(problems) == 2, problems
     assert "planted.py:2: import of 'not_on_the_image_at_all'" in problems[0]
     assert "planted.py:5: import of 'also_missing'" in problems[1]
     # guarded as optional: the code runs without it
-    assert gpu_image.check_imports(set(), uses=_planted(tmp_path, "try:\n    import optional_thing\n"
+    assert gpu_call_check.check_imports(set(), uses=_planted(tmp_path, "try:\n    import optional_thing\n"
                                                                   "except ImportError:\n    pass\n")) == []
 
 
 def test_resource_and_metadata_lookups_name_packages_too(tmp_path):
     uses = _planted(tmp_path, "from importlib.resources import files\nfrom importlib import metadata\n"
                               "ASSETS = files('some_assets_pkg') / 'static'\nV = metadata.version('some-dist')\n")
-    problems = gpu_image.check_imports(set(), uses=uses)
+    problems = gpu_call_check.check_imports(set(), uses=uses)
     assert [p.split(": ", 1)[1].split(" (")[0] for p in problems] == ["resource of 'some_assets_pkg'",
                                                                      "metadata of 'some-dist'"]
-    assert gpu_image.check_imports({"some-assets-pkg", "some-dist"}, uses=uses) == []
+    assert gpu_call_check.check_imports({"some-assets-pkg", "some-dist"}, uses=uses) == []
 
 
 def test_the_check_names_what_main_lacked_before_num2words_and_fastapi_offline_were_carried():
     carried, _ = gpu_image.read_plan()
-    problems = gpu_image.check_imports(set(carried) - {"num2words", "fastapi-offline"})
+    problems = gpu_call_check.check_imports(set(carried) - {"num2words", "fastapi-offline"})
     assert any(p.startswith("worker/text/numbers.py:") and "'num2words'" in p for p in problems), problems
     assert any(p.startswith("api/swagger/__init__.py:") and "resource of 'fastapi_offline'" in p
                for p in problems), problems
 
 
 def test_a_left_out_reader_may_be_imported_lazily_but_not_at_start(tmp_path):
-    assert gpu_image.check_imports(set(), uses=_planted(tmp_path, "def read():\n    import jieba\n")) == []
-    problems = gpu_image.check_imports(set(), uses=_planted(tmp_path, "import jieba\n"))
+    assert gpu_call_check.check_imports(set(), uses=_planted(tmp_path, "def read():\n    import jieba\n")) == []
+    problems = gpu_call_check.check_imports(set(), uses=_planted(tmp_path, "import jieba\n"))
     assert len(problems) == 1 and "left out of the bundle" in problems[0]
 
 
