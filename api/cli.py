@@ -33,6 +33,7 @@ COMMANDS: dict[str, Command] = {
     "bench": Command("loadtest.bench.engine_bench", "benchmark the engine against the reference implementation"),
     "normalize": Command("api.text_cli", "print the normalized text", "configure_normalize", "run_normalize"),
     "phonemize": Command("api.text_cli", "print the chunks and their phonemes", "configure_phonemize", "run_phonemize"),
+    "voice": Command("api.voice_fit_cli", "fit a voice of your own to a recording (voice fit sample.wav --name af_mine)"),
     "settings": Command("api.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 

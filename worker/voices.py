@@ -327,6 +327,11 @@ class VoiceBank:
         self._refresh()
         return sorted(self._packs)
 
+    @property
+    def builtin_names(self) -> list[str]:
+        """The weights' own voices (a fitted voice may not take their names)."""
+        return sorted(self._builtin)
+
     def list(self) -> list[VoiceInfo]:
         return [VoiceInfo(n, voice_language(n), LANGUAGES.get(voice_language(n), "unknown"),
                           GENDERS.get(n[1:2].lower(), "unknown")) for n in self.names]
