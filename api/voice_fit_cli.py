@@ -111,6 +111,15 @@ def run_fit(args: argparse.Namespace) -> int:
                     "or give --overwrite", 2)
 
     from worker.engine import Engine
+    from worker.voice_fit.recording import read_sample
+    from worker.voice_fit.speaker import speaker_encoder
+
+    try:  # a bad recording is refused before the engine is built
+        read_sample(data, speaker_encoder())
+    except SampleError as e:
+        return fail(e.code, str(e), 2)
+    except EncoderMissing as e:
+        return fail("encoder_missing", str(e), 1)
 
     # A plain engine: no graphs or compiled passes to capture for the few short sentences a candidate says.
     engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed, cuda_graphs=False)

@@ -3,6 +3,7 @@ as formant shapes, syllables and pauses), noise, silence, encoded as the files a
 
 from __future__ import annotations
 
+import functools
 import io
 import wave
 
@@ -11,6 +12,7 @@ import numpy as np
 RATE = 16_000
 
 
+@functools.lru_cache(maxsize=16)
 def speechlike(seconds: float, f0: float = 120.0, formants=((700, 1200, 2600), (300, 2300, 3000), (500, 900, 2400)),
                seed: int = 0, rate: int = RATE) -> np.ndarray:
     """Syllables of a voiced source through vowel-like resonances, with short pauses between words."""
@@ -33,7 +35,9 @@ def speechlike(seconds: float, f0: float = 120.0, formants=((700, 1200, 2600), (
         out.append(np.zeros(gap))
         total += syllable + gap
     audio = np.concatenate(out)[:n]
-    return (0.3 * audio / np.abs(audio).max()).astype(np.float32)
+    audio = (0.3 * audio / np.abs(audio).max()).astype(np.float32)
+    audio.flags.writeable = False  # shared between callers (cached)
+    return audio
 
 
 def wav_file(audio: np.ndarray, rate: int = RATE) -> bytes:

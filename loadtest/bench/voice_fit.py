@@ -96,11 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=3.0, help="deadline of each fit")
     parser.add_argument("--candidates", type=int, default=60, help="candidate budget of each fit")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool", default="", help="the stock voices a fit may start from, comma-separated "
+                        "(default: every American and British voice); each target is always left out of it")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a loaded "
+                        "machine 1 runs faster than threads that wait on each other")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from api.settings import get_settings, weights_source
     from worker.engine import Engine
     from worker.text.chunks import text_to_chunks
@@ -116,15 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed, cuda_graphs=False)
     encoder = speaker_encoder()
     args.out.mkdir(parents=True, exist_ok=True)
+    english = fit_pool("af_x", weights.voices)
+    if args.pool:
+        english = {n: english[n] for n in {*args.pool.split(","), *args.voices.split(",")} if n in english}
     machine = {"cpu": _cpu_model(), "load_average_at_start": os.getloadavg(), "threads": torch.get_num_threads(),
-               "dtype": engine.dtype, "python": platform.python_version(), "weights": weights.source}
+               "dtype": engine.dtype,
+               "pool": sorted(english), "python": platform.python_version(), "weights": weights.source}
     (args.out / "machine.json").write_text(json.dumps(machine, indent=1))
     print(json.dumps(machine), flush=True)
 
     held_ids = [list(text_to_chunks(t, "a")[0].ids) for t in HELD_OUT]
     ear = CandidateEar(engine, encoder, held_ids)
     recognizer = Recognizer()
-    english = fit_pool("af_x", weights.voices)
 
     def held_out(pack) -> dict:
         pieces = [resample(engine.synthesize(ids, pack[min(len(ids), pack.shape[0]) - 1]).audio, engine.sample_rate)
@@ -133,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
         return {"embedding": encoder.embed(audio), "measures": measure(audio), "wer": recognizer.wer(pieces, HELD_OUT)}
 
     started = time.monotonic()
-    stock_file = args.out / ".stock-held-out.npz"
     stock = {}
     for name in sorted(english):
         stock[name] = held_out(english[name])
@@ -148,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                                     for c in text_to_chunks(RECORDING, target[0], first_chunk_phonemes=200)])
         sample_audio = resample(recording, engine.sample_rate)
         fit_started = time.monotonic()
-        result = fit_recording(engine, weights.voices, wav_bytes(recording, engine.sample_rate), f"{target[:2]}_fit",
+        result = fit_recording(engine, english, wav_bytes(recording, engine.sample_rate), f"{target[:2]}_fit",
                                candidates=args.candidates, minutes=args.minutes, seed=args.seed,
                                cache_dir=Path(settings.cache_dir).expanduser(), exclude={target},
                                fingerprint=weights.fingerprint)

@@ -32,7 +32,9 @@ def check_fit_name(name: str, builtin: set[str] | list[str]) -> str:
     from worker.voices import VoiceFileError, voice_file_name
 
     try:
-        name = voice_file_name(Path(f"{name}.pt"))
+        if not isinstance(name, str) or "/" in name or "\\" in name:
+            raise VoiceFileError(name)
+        name = voice_file_name(Path(f"{name.strip()}.pt"))
     except VoiceFileError:
         raise SampleError("invalid_name", f"name {name!r}: a voice's name starts with its language letter (a American "
                           "English, b British English, e, f, h, i, j, p, z), then f or m, '_' and letters, digits "

@@ -124,8 +124,10 @@ def stock_cache_key(fingerprint: str, dtype: str, sentence_ids: Sequence[Sequenc
 
 
 def hear_stock(ear: CandidateEar, voices: dict[str, torch.Tensor], cache_file: Path | None,
-               progress: Callable[[str, int], None] | None = None) -> dict[str, Heard]:
-    """Each stock voice heard on the fit sentences, read from `cache_file` where heard before."""
+               progress: Callable[[str, int], None] | None = None,
+               stop: Callable[[], bool] = lambda: False) -> dict[str, Heard]:
+    """Each stock voice heard on the fit sentences, read from `cache_file` where heard before;
+    once `stop()` says so, only those heard by then (at least two)."""
     cached: dict[str, Heard] = {}
     if cache_file is not None and cache_file.is_file():
         with np.load(cache_file, allow_pickle=False) as data:
@@ -135,6 +137,8 @@ def hear_stock(ear: CandidateEar, voices: dict[str, torch.Tensor], cache_file: P
                                                                               float(row[258]), row[259:].copy()))
     heard, fresh = {}, False
     for i, name in enumerate(sorted(voices)):
+        if name not in cached and len(heard) >= 2 and stop():
+            continue
         if name not in cached:
             cached[name] = ear.hear(voices[name])
             fresh = True
@@ -211,7 +215,13 @@ class VoiceFitter:
             report("stock", f"heard stock voice {name}")
 
         report("stock", "hearing the stock voices")
-        stock = hear_stock(self.ear, self.voices, self.stock_cache, stock_step)
+        def out_of_time() -> bool:
+            if cancelled():
+                raise FitCancelled()
+            return time.monotonic() > deadline
+
+        stock = hear_stock(self.ear, self.voices, self.stock_cache, stock_step, out_of_time)
+        names = sorted(stock)  # all of them, unless the deadline came first
         scored = {n: stock[n].score(target) for n in names}
         nearest = max(names, key=lambda n: scored[n][0])
         best_pack, best_heard = self.voices[nearest], stock[nearest]
@@ -297,6 +307,7 @@ class VoiceFitter:
             "score": round(best["score"], 4),
             "nearest_stock_voice": nearest,
             "nearest_stock_similarity": round(scored[nearest][1], 4),
+            "nearest_stock_score": round(scored[nearest][0], 4),
             "mixture": best_mix,
             "refined": refined,
             "distance_from_mix_std": round(float(np.linalg.norm(alpha)), 3),
