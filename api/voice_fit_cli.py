@@ -66,6 +66,20 @@ def emit(event: dict) -> None:
     print(json.dumps(event), flush=True)
 
 
+def as_background_job() -> None:
+    """A server's fitting job: the lowest CPU priority, and killed with the worker that started it
+    (Linux's parent-death signal), so a stopped server leaves no fit running behind it. Done here,
+    in the child, because a forking server's threads make a pre-exec hook unsafe."""
+    os.nice(19)
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_fit(args: argparse.Namespace) -> int:
     from worker.voice_fit import EncoderMissing, SampleError, check_fit_name, fit_recording
     from worker.voice_fit.recording import MAX_SAMPLE_BYTES
@@ -74,6 +88,8 @@ def run_fit(args: argparse.Namespace) -> int:
     from api.settings import weights_source
 
     as_json = args.json_progress
+    if as_json:
+        as_background_job()
 
     def fail(code: str, message: str, status: int) -> int:
         if as_json:

@@ -59,16 +59,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _child_setup() -> None:
-    """In the child, before it runs: the lowest priority, and killed with the worker that started it
-    (Linux's parent-death signal), so a stopped server leaves no fit running on behind it."""
-    os.nice(19)
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def child_environment(settings) -> dict[str, str]:
     """The settings a fitting child reads as the server does: the same weights, precision and cache."""
     return {"KOKORO_WEIGHTS": settings.weights, "KOKORO_WEIGHTS_DIR": settings.weights_dir,
@@ -139,13 +129,13 @@ class FitJobs:
             command += ["--candidates", str(self.candidates)]
         if job["transcript"]:
             command += ["--transcript", job["transcript"]]
-        # one thread at the lowest priority: the replicas' speech always comes first
+        # one thread at the lowest priority (the child lowers its own: api/voice_fit_cli.py), so the
+        # replicas' speech always comes first
         env = {**os.environ, **self.environment, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         outcome: dict = {}
         try:
             process = await asyncio.create_subprocess_exec(
-                *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-                preexec_fn=_child_setup)
+                *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
             self._running[job["id"]] = process
             job.update(status="running", pid=process.pid)
             _write_json(self._path(job["id"]), job)
