@@ -96,7 +96,7 @@ class FitJobs:
 
     def _retry_after(self) -> float:
         """When a slot should be free: the soonest running job's time left (its ETA)."""
-        etas = [job.get("progress", {}).get("eta_s", self.minutes * 60) for job in self.list()
+        etas = [(job.get("progress") or {}).get("eta_s", self.minutes * 60) for job in self.list()
                 if job["status"] not in FINISHED]
         return max(5.0, min(etas, default=30.0))
 

@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a loaded "
                         "machine 1 runs faster than threads that wait on each other")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--report-only", action="store_true",
+                        help="write summary.json and table.md from --out's results.jsonl so far, fitting nothing")
     args = parser.parse_args(argv)
+    if args.report_only:
+        return report_only(args.out, args)
 
     import torch
 
@@ -194,7 +198,15 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
 
-    summary = {
+    summary = summarize(rows, machine, args, stock_wer, time.monotonic() - started)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (args.out / "table.md").write_text(table(rows, summary))
+    print(table(rows, summary))
+    return 0
+
+
+def summarize(rows: list[dict], machine: dict, args, stock_wer: float, total_s: float | None) -> dict:
+    return {
         "machine": machine, "load_average_at_end": os.getloadavg(), "minutes_per_fit": args.minutes,
         "candidates_per_fit": args.candidates, "seed": args.seed, "voices": len(rows),
         "closer_on_both_every_voice": all(r["closer_on_encoder"] and r["closer_on_pitch"] and r["closer_on_envelope"]
@@ -203,10 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         "fitted_wer_mean": round(float(np.mean([r["fitted_wer"] for r in rows])), 3) if rows else None,
         "stock_wer_mean": round(stock_wer, 3),
         "mean_fit_s": round(float(np.mean([r["fit_s"] for r in rows])), 1) if rows else None,
-        "total_s": round(time.monotonic() - started, 1),
+        "total_s": None if total_s is None else round(total_s, 1),
     }
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (args.out / "table.md").write_text(table(rows, summary))
+
+
+def report_only(out: Path, args) -> int:
+    """summary.json and table.md from the rows results.jsonl holds so far (a run cut short)."""
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    machine = json.loads((out / "machine.json").read_text())
+    summary = summarize(rows, machine, args, rows[0]["stock_wer"] if rows else float("nan"), None)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "table.md").write_text(table(rows, summary))
     print(table(rows, summary))
     return 0
 
