@@ -57,7 +57,7 @@ def _clock(seconds: float) -> str:
 def progress_bar(p) -> str:
     """`[#########...............]  42/127  best 0.812 (similarity 0.861)  1:10, about 2:05 left  mixture`."""
     filled = int(BAR_WIDTH * p.done / max(p.total, 1))
-    best = "" if p.best_score == float("-inf") else f"  best {p.best_score:.3f} (similarity {p.best_similarity:.3f})"
+    best = "" if p.best_score == float("-inf") or p.best_score is None else f"  best {p.best_score:.3f} (similarity {p.best_similarity:.3f})"
     return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {p.done:3d}/{p.total}{best}  {_clock(p.elapsed_s)}, "
             f"about {_clock(p.eta_s)} left  {p.phase}")
 
@@ -90,6 +90,7 @@ def run_fit(args: argparse.Namespace) -> int:
     as_json = args.json_progress
     if as_json:
         as_background_job()
+        emit({"event": "progress", "phase": "loading", "done": 0, "total": 0, "message": "loading the model"})
 
     def fail(code: str, message: str, status: int) -> int:
         if as_json:

@@ -68,7 +68,9 @@ class FitProgress:
     message: str = ""
 
     def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        """JSON-ready: no score yet is None (JSON has no infinity)."""
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else round(v, 4) if isinstance(v, float) else v)
+                for k, v in self.__dict__.items()}
 
 
 @dataclass
