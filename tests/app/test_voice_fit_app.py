@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 
+import numpy as np
 import pytest
 from app_client import started_app_client
 from voice_samples import speechlike, wav_file
@@ -132,7 +133,12 @@ def test_a_voice_is_fitted_served_kept_and_deleted_and_bad_input_is_refused(tmp_
     assert seen["files_after_cancel"] == ["af_mine.fit.json", "af_mine.pt"]  # nothing of the cancelled job
 
     assert "af_mine" in seen["restarted_listed"]
-    assert seen["restarted_spoken"].content == seen["spoken"].content
+    # the same voice after the restart: the same length, the same samples within a few 16-bit steps
+    # (the restarted replica may run other kernels, whose float rounding differs)
+    again = np.frombuffer(seen["restarted_spoken"].content, "<i2").astype(int)
+    before = np.frombuffer(seen["spoken"].content, "<i2").astype(int)
+    assert seen["restarted_spoken"].status_code == 200 and len(again) == len(before)
+    assert np.abs(again - before).max() <= 16
     assert seen["delete_reader"].status_code == 403
     assert seen["delete_builtin"].status_code == 400
     assert seen["delete"].status_code == 200 and seen["delete"].json()["deleted"] is True
