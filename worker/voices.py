@@ -336,6 +336,11 @@ class VoiceBank:
         return [VoiceInfo(n, voice_language(n), LANGUAGES.get(voice_language(n), "unknown"),
                           GENDERS.get(n[1:2].lower(), "unknown")) for n in self.names]
 
+    def rescan(self) -> None:
+        """Look at the voices directory now (a voice this process just removed or added), rather
+        than within RECHECK_S."""
+        self._refresh(force=True)
+
     def directory_status(self) -> dict | None:
         """The voices directory as this process serves it (None: no directory): its voices, when
         they last changed, and each file not served as it stands, with why."""

@@ -140,4 +140,5 @@ async def delete_voice(name: str, state: AppState = Depends(app_state)) -> dict:
     for f in found:
         f.unlink(missing_ok=True)
     (Path(directory) / f"{lowered}.fit.json").unlink(missing_ok=True)
+    state.require_service().voices.rescan()  # this worker at once; the others within a second
     return {"id": lowered, "object": "voice", "deleted": True}
