@@ -12,6 +12,10 @@ TORCH_SPEC ?= torch==2.13.0
 # Tests only: the reference implementation, for the parity tests (and `python -m loadtest.bench`; its own
 # dependencies would pull spaCy and a hub download, so it is installed without them).
 REFERENCE_SPEC ?= kokoro==0.9.4 loguru
+# Serving's voice fitting: Resemblyzer's speaker encoder weights (its wheel ships them). Installed
+# without its dependencies: its librosa, webrtcvad and scipy preprocessing is done by
+# worker/voice_fit/speaker.py with numpy and torch, and webrtcvad would need a C compiler.
+VOICE_FIT_SPEC ?= resemblyzer==0.1.4
 # Serving: espeak-ng reads what the lexicons lack, redis-server is the fleet's embedded queue.
 APT_PACKAGES ?= espeak-ng redis-server
 # Tests only: shellcheck (tests/servers/test_deploy.py lints docker/entrypoint.sh), chromium
@@ -54,6 +58,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[offline]" "$(TORCH_SPEC)"
+	$(PIP) install -q --no-deps $(VOICE_FIT_SPEC)
 	@touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)

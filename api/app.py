@@ -35,6 +35,7 @@ from api.routes.request_bodies import document_request_bodies
 from api.routes.speech_routes import speech_router
 from api.routes.status_routes import status_router
 from api.routes.voice_routes import voice_router
+from api.routes.voice_fit_routes import voice_fit_router
 from api.speech.contract import ReplicaStats, SpeechBackend
 from api.state import AppState, encode_pool, parse_api_keys
 from api.swagger import docs_router
@@ -66,7 +67,7 @@ def create_app(settings: Settings | None = None, service: SpeechBackend | None =
                        quiet_paths=("/health", "/ready", "/metrics", FLEET_PATH), engine=settings.engine)
     app.add_middleware(KeyedPaths, state=state)  # /metrics and the API reference need the key too
     _allow_origins(app, settings.cors_origins)
-    for router in (speech_router, caption_router, live_router, voice_router, model_router, status_router,
+    for router in (speech_router, caption_router, live_router, voice_router, voice_fit_router, model_router, status_router,
                    docs_router(app.openapi_url, app.title)):
         app.include_router(router)
     if settings.playground:

@@ -244,6 +244,23 @@ class Settings:
         "second (at once by a request naming it), without a restart; one that breaks is logged, shown in "
         "/health, and its voice stays as it was (worker/voices.py).")
 
+    voice_fit_jobs: int = setting(
+        "KOKORO_VOICE_FIT_JOBS", 1,
+        "Voices fitted from recordings at once on this machine (`POST /v1/audio/voices`, needs KOKORO_VOICES_DIR); "
+        "beyond it 503 with Retry-After. Each fit runs on one thread at the lowest priority, beside the replicas "
+        "(0: fitting off; api/voice_fit_jobs.py).", minimum=0)
+    voice_fit_minutes: float = setting(
+        "KOKORO_VOICE_FIT_MINUTES", 10.0,
+        "The longest a voice fit runs before it keeps the best voice found so far (docs/voices.md).", minimum=0.1)
+    voice_fit_candidates: int = setting(
+        "KOKORO_VOICE_FIT_CANDIDATES", 100,
+        "Candidate voices a fit hears (each says two short sentences); the same recording, budget and seed give "
+        "the same voice. More fits closer and takes longer (docs/voices.md has the times).", minimum=1)
+    voice_manager_keys: str = setting(
+        "KOKORO_VOICE_MANAGER_KEYS", "",
+        "With KOKORO_API_KEYS: the names of the keys (comma-separated) that may fit voices and delete them "
+        "(`POST /v1/audio/voices`, `DELETE /v1/audio/voices/...`); other keys get 403. Without keys anyone may.")
+
     metrics_dir: str = setting(
         "KOKORO_METRICS_DIR", "",
         "Where the workers of one server keep their figures (prometheus_client's multiprocess files), so that "

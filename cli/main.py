@@ -32,6 +32,7 @@ COMMANDS: dict[str, Command] = {
     "gpu-check": Command("cli.gpu_check_cli", "show the GPU, whether MPS starts, and the replicas serve would run"),
     "normalize": Command("cli.text_cli", "print the normalized text", "configure_normalize", "run_normalize"),
     "phonemize": Command("cli.text_cli", "print the chunks and their phonemes", "configure_phonemize", "run_phonemize"),
+    "voice": Command("cli.voice_fit_cli", "fit a voice of your own to a recording (voice fit sample.wav --name af_mine)"),
     "settings": Command("cli.settings_cli", "print every setting as docs/configuration.md's table"),
 }
 

@@ -333,9 +333,19 @@ class VoiceBank:
         self._refresh()
         return sorted(self._packs)
 
+    @property
+    def builtin_names(self) -> list[str]:
+        """The weights' own voices (a fitted voice may not take their names)."""
+        return sorted(self._builtin)
+
     def list(self) -> list[VoiceInfo]:
         return [VoiceInfo(n, voice_language(n), LANGUAGES.get(voice_language(n), "unknown"),
                           GENDERS.get(n[1:2].lower(), "unknown")) for n in self.names]
+
+    def rescan(self) -> None:
+        """Look at the voices directory now (a voice this process just removed or added), rather
+        than within RECHECK_S."""
+        self._refresh(force=True)
 
     def directory_status(self) -> dict | None:
         """The voices directory as this process serves it (None: no directory): its voices, when
