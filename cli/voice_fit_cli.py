@@ -127,7 +127,7 @@ def run_fit(args: argparse.Namespace) -> int:
         return fail("name_taken", f"{final} exists: a voice {name!r} is already there; choose another name "
                     "or give --overwrite", 2)
 
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
     from worker.voice_fit.recording import read_sample
     from worker.voice_fit.speaker import speaker_encoder
 
@@ -139,7 +139,7 @@ def run_fit(args: argparse.Namespace) -> int:
         return fail("encoder_missing", str(e), 1)
 
     # A plain engine: no graphs or compiled passes to capture for the few short sentences a candidate says.
-    engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed, cuda_graphs=False)
+    engine = Engine(weights, EngineConfig(settings.device, settings.dtype, seed=settings.seed, cuda_graphs=False))
     terminal = sys.stderr.isatty() and not as_json
     shown = [0.0]
 

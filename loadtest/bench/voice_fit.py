@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from api.settings import get_settings, weights_source
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
     from worker.text.chunks import text_to_chunks
     from worker.voice_fit import fit_pool, fit_recording
     from worker.voice_fit.fit import CandidateEar
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     weights = load_weights(weights_source(settings))
-    engine = Engine(weights, device=settings.device, dtype=settings.dtype, seed=settings.seed, cuda_graphs=False)
+    engine = Engine(weights, EngineConfig(settings.device, settings.dtype, seed=settings.seed, cuda_graphs=False))
     encoder = speaker_encoder()
     args.out.mkdir(parents=True, exist_ok=True)
     english = fit_pool("af_x", weights.voices)

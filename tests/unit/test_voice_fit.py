@@ -80,9 +80,9 @@ def test_the_encoder_and_measures_tell_speakers_apart(encoder):
 
 
 def _fit(tiny_weights, sample: bytes, seed: int, steps: list | None = None):
-    from worker.engine import Engine
+    from worker.engine import Engine, EngineConfig
 
-    engine = Engine(tiny_weights, "cpu", "fp32")
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32"))
     voices = {n: tiny_weights.voices[n] for n in ("af_heart", "am_adam", "bm_george")}
     return fit_recording(engine, voices, sample, "af_mine", candidates=5, minutes=None, seed=seed,
                          progress=steps.append if steps is not None else None)
