@@ -9,18 +9,10 @@ walk the harness's step commands, and the harness installs the bundle resolved h
 - **The bundle's wheels** (`bundle_wheels`): pyproject.toml's serving dependencies, resolved by pip for
   the image's Python (cp312, manylinux x86_64) with the image's known versions as constraints, less
   every distribution the image holds (the constraints make those the image's own versions) and less
-  LEFT_OUT, written into loadtest/gpu_bundle.txt (`resolve --write`; the check below fails when it is
+  LEFT_OUT, written into loadtest/gpu_bundle.txt (`resolve --write`; the static check fails when it is
   older than pyproject.toml's dependencies or the image's list). No hand-kept list: loadtest/gpu_fleet.py's
   `--make-bundle` downloads exactly these.
-- **The static import check** (`check_imports`): every third-party module that the call's entry points
-  import, directly or through the project's own modules (functions' imports too), and every package
-  their resource and metadata lookups name, belongs to a distribution on the image or in the bundle; a
-  LEFT_OUT one only where it is imported inside a function (never at start). The entry points are read
-  from the harness's own step commands.
-- **The image replica** (`make_replica`): a virtual environment that holds only packages of the image,
-  at its versions where known: the image's share of the serving resolution, and what the call's steps
-  import from the image beyond it (pytest). The rehearsal installs the bundle into it as the GPU machine
-  does (loadtest/image_rehearsal.py).
+- **The static import check and the image replica**: loadtest/gpu_call_check.py.
 
 Only the standard library is imported here: the harness runs on the image before the bundle is installed.
 """
