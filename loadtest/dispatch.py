@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 
 from api.ports import free_port
+from api.state import parse_api_keys
 from loadtest import listener_metrics as metrics
 from loadtest.report import format_summary_table
 from loadtest.runner import Runner, Step, StepRun, Target, Workload, summarize
@@ -90,6 +91,9 @@ class FleetProcess:
         if not redis_url:
             self.env.pop("REDIS_URL", None)
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="kokoro-fleet-")) / f"{name}.log"
+        # a keyed fleet's /health names its worker and kernels only to a request with a key
+        keys = parse_api_keys(self.env.get("KOKORO_API_KEYS", ""))
+        self.probe_headers = {"Connection": "close", **({"Authorization": f"Bearer {keys[0][1]}"} if keys else {})}
         self.proc: subprocess.Popen | None = None
         self.warmed_up_s: float | None = None
 
@@ -117,7 +121,7 @@ class FleetProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                health = httpx.get(self.url + "/health", timeout=5, headers={"Connection": "close"}).json()
+                health = httpx.get(self.url + "/health", timeout=5, headers=self.probe_headers).json()
                 if health.get("ready"):
                     ready.add(health.get("worker", "single"))
                     if len(ready) >= self.workers:
@@ -146,7 +150,7 @@ class FleetProcess:
                 print(f"{self.name}: workers still compiling after {timeout:.0f} s: {compiling}", file=sys.stderr)
                 break
             try:
-                health = httpx.get(self.url + "/health", timeout=5, headers={"Connection": "close"}).json()
+                health = httpx.get(self.url + "/health", timeout=5, headers=self.probe_headers).json()
                 compiling[health.get("worker", "single")] = bool(health.get("kernels_compiling"))
             except (httpx.HTTPError, ValueError):
                 pass
