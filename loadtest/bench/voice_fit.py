@@ -41,7 +41,7 @@ RECORDING = ("Once upon a time, in a small village by the sea, there lived an ol
 HELD_OUT = ("Please remember to bring your umbrella when you go out this afternoon.",
             "The train to the city leaves from platform four at half past nine.",
             "She bought fresh bread, a jar of honey and some green apples at the market.")
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "2026-11-29-voice-fit-cpu"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # a run writes into <today>-voice-fit-cpu by default
 
 
 def wav_bytes(audio: np.ndarray, rate: int) -> bytes:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: every American and British voice); each target is always left out of it")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a loaded "
                         "machine 1 runs faster than threads that wait on each other")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=RESULTS / f"{time.strftime('%Y-%m-%d')}-voice-fit-cpu")
     parser.add_argument("--report-only", action="store_true",
                         help="write summary.json and table.md from --out's results.jsonl so far, fitting nothing")
     args = parser.parse_args(argv)
