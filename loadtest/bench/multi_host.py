@@ -317,6 +317,7 @@ async def fault_run(site: Site, *, balancer_rate: float, overload_rate: float, d
         # a failure is the killed fleet's only if its request was sent before the kill and ended after it
         "failed_open_at_kill": sum(1 for r in failed if r.t_send < kill <= r.t_send + (r.e2e_s or 1e9)),
         "failed_examples": [f"{r.status} {r.error[:120]}" for r in failed[:6]],
+        "refused_examples": [f"{r.t_send - kill:+.2f} s from the kill: {r.error[:120]}" for r in refused[:6]],
         "haproxy": balancer,
     }
 

@@ -61,7 +61,12 @@ def test_behind_the_balancer_an_overloaded_fleet_and_a_killed_one_cost_only_the_
     from loadtest.texts import load_texts
 
     texts = load_texts("short")
-    env = {"KOKORO_ENGINE": "sim", "KOKORO_SIM_CHUNK_MS": "20", "KOKORO_SIM_PHONEME_MS": "2"}
+    # Each fleet has room for 12 requests, as an 8-replica GPU fleet has 16 or more. With the default two
+    # per replica, Poisson arrivals at half of one fleet find the only fleet with room (fleet 3, after the
+    # kill) full a few percent of the time, and the balancer's retries are instant: the 1% would measure
+    # a 2-replica fleet's bound, not the balancer (docs/scaling.md).
+    env = {"KOKORO_ENGINE": "sim", "KOKORO_SIM_CHUNK_MS": "20", "KOKORO_SIM_PHONEME_MS": "2",
+           "KOKORO_QUEUE_MAX_REQUESTS": "12"}
     with Site(fleets=3, workers=2, shapes=("independent",), env=env) as site, site.hosts.entered("client"):
         async def capacity() -> float:
             step = Step("closed", 6, 4.0)
@@ -80,6 +85,6 @@ def test_behind_the_balancer_an_overloaded_fleet_and_a_killed_one_cost_only_the_
     print(f"\none fleet {per_fleet:.1f} req/s; through the balancer {fault['balancer']['statuses']}, "
           f"503 share {100 * (fault['refused_share'] or 0):.2f}%, {fault['failed']} failed "
           f"({fault['failed_open_at_kill']} open on the killed fleet: {fault['failed_examples']}); fleet 1's own "
-          f"clients {fault['fleet1_direct']['statuses']}; HAProxy {fault['haproxy']}")
+          f"clients {fault['fleet1_direct']['statuses']}; HAProxy {fault['haproxy']}; 503s {fault['refused_examples']}")
     assert fault["requests"] >= 20 and fault["balancer"]["ok"] > 0
-    assert all(checks.values()), checks
+    assert all(checks.values()), (checks, fault["refused_examples"])
