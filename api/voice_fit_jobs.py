@@ -5,9 +5,9 @@ the lowest CPU priority (nice 19) on one thread, so speech requests always come 
 progress lines are written to the job's state file in the voices directory's `.fit-jobs/`, which
 every worker of the machine reads: polling and server-sent events answer from whichever worker a
 request reaches (and from any machine that shares the directory: a job names the host it runs on,
-since its child's pid means something only there). At most KOKORO_VOICE_FIT_JOBS jobs run at once per machine (a lock file per slot,
-held by the worker that runs the job and freed by the system if that worker dies); beyond them
-the request gets 503 with Retry-After.
+since its child's pid means something only there). At most KOKORO_VOICE_FIT_JOBS jobs run at once
+per directory (a lock file per slot, held by the worker that runs the job and freed by the system
+if that worker dies); beyond them the request gets 503 with Retry-After.
 
 The voice appears in the voices directory only whole (the command writes beside it and renames),
 and only when the fit completes: a failed, cancelled or interrupted job leaves nothing behind
