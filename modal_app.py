@@ -139,6 +139,10 @@ LOCAL_COMPILE_DIR = f"{CACHE_DIR}/compile/deployed"
 # torch 2.13.0's Linux wheel on PyPI is a CUDA 13.0 build (cuda-toolkit 13.0.3, cudart 13.0.96: CUDA 13.0.2).
 CUDA_IMAGE = "nvidia/cuda:13.0.2-base-ubuntu22.04"
 TORCH_SPEC = "torch==2.13.0"
+# Voice fitting's speaker encoder: pyproject.toml's voice-fit extra, installed without its
+# dependencies as the Dockerfile's and the Makefile's VOICE_FIT_SPEC (only the weights its wheel ships
+# are read: worker/voice_fit/speaker.py); without it a fit answers 503 voice_fitting_unavailable.
+VOICE_FIT_SPEC = "resemblyzer==0.1.4"
 # What Triton needs to build its kernel launchers (a C compiler and the C library's headers) is in
 # both GPU images; Python.h comes with Modal's add_python here, with python3.11-dev in the Dockerfile.
 TRITON_BUILD_PACKAGES = ("gcc", "libc6-dev")
@@ -433,6 +437,7 @@ def build_image(cfg: Deployment) -> modal.Image:
         .add_local_file(ROOT / TRITON_BUILD_CHECK, f"/opt/kokoro-fleet/{Path(TRITON_BUILD_CHECK).name}", copy=True)
         .run_commands(f"python /opt/kokoro-fleet/{Path(TRITON_BUILD_CHECK).name}")
         .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), optional_dependencies=extras)
+        .pip_install(VOICE_FIT_SPEC, extra_options="--no-deps")
     )
     if not cfg.weights_volume:
         for source in WEIGHTS_TOOL_FILES:

@@ -246,7 +246,8 @@ class Settings:
 
     voice_fit_jobs: int = setting(
         "KOKORO_VOICE_FIT_JOBS", 1,
-        "Voices fitted from recordings at once on this machine (`POST /v1/audio/voices`, needs KOKORO_VOICES_DIR); "
+        "Voices fitted from recordings at once on this machine, or on all the machines that share its "
+        "KOKORO_VOICES_DIR (`POST /v1/audio/voices`, needs KOKORO_VOICES_DIR); "
         "beyond it 503 with Retry-After. Each fit runs on one thread at the lowest priority, beside the replicas "
         "(0: fitting off; api/voice_fit_jobs.py).", minimum=0)
     voice_fit_minutes: float = setting(

@@ -4,9 +4,10 @@ A job runs `kokoro-fleet voice fit --json-progress` (cli/voice_fit_cli.py) as a 
 the lowest CPU priority (nice 19) on one thread, so speech requests always come first; its
 progress lines are written to the job's state file in the voices directory's `.fit-jobs/`, which
 every worker of the machine reads: polling and server-sent events answer from whichever worker a
-request reaches. At most KOKORO_VOICE_FIT_JOBS jobs run at once per machine (a lock file per slot,
-held by the worker that runs the job and freed by the system if that worker dies); beyond them
-the request gets 503 with Retry-After.
+request reaches (and from any machine that shares the directory: a job names the host it runs on,
+since its child's pid means something only there). At most KOKORO_VOICE_FIT_JOBS jobs run at once
+per directory (a lock file per slot, held by the worker that runs the job and freed by the system
+if that worker dies); beyond them the request gets 503 with Retry-After.
 
 The voice appears in the voices directory only whole (the command writes beside it and renames),
 and only when the fit completes: a failed, cancelled or interrupted job leaves nothing behind
@@ -24,6 +25,7 @@ import math
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,10 @@ FINISHED = ("succeeded", "failed", "cancelled")
 # How long a finished job's state stays readable.
 KEEP_FINISHED_S = 24 * 3600
 POLL_S = 0.5
+# Beyond its deadline, how long a job of another machine (whose child this one cannot see) may
+# still be loading its model or writing its voice before it counts as interrupted.
+OTHER_HOST_GRACE_S = 600
+HOST = socket.gethostname()
 
 
 class JobNotFound(LookupError):
@@ -64,6 +70,15 @@ def child_environment(settings) -> dict[str, str]:
     return {"KOKORO_WEIGHTS": settings.weights, "KOKORO_WEIGHTS_DIR": settings.weights_dir,
             "KOKORO_CACHE_DIR": settings.cache_dir, "KOKORO_DEVICE": settings.device, "KOKORO_DTYPE": settings.dtype,
             "KOKORO_SEED": str(settings.seed), "KOKORO_VOICES_DIR": settings.voices_dir}
+
+
+def _interrupted(job: dict) -> bool:
+    """Whether an unfinished job's child is gone: on this host, its pid is no longer alive; on
+    another (a shared voices directory), its deadline and a grace period have passed."""
+    if job.get("host", HOST) == HOST:
+        return bool(job.get("pid")) and not _alive(job["pid"])
+    deadline = job["created_at"] + 60 * job.get("minutes", 10.0) + OTHER_HOST_GRACE_S
+    return time.time() > deadline
 
 
 class FitJobs:
@@ -114,7 +129,8 @@ class FitJobs:
         sample_path = self.dir / f"{job_id}.sample"
         sample_path.write_bytes(sample)
         job = {"id": job_id, "object": "voice.fit_job", "name": name, "status": "queued", "created_at": int(time.time()),
-               "transcript": transcript or None, "progress": None, "report": None, "error": None, "pid": None}
+               "transcript": transcript or None, "progress": None, "report": None, "error": None, "pid": None,
+               "host": HOST, "minutes": self.minutes}
         _write_json(self._path(job_id), job)
         task = asyncio.get_running_loop().create_task(self._run(job, sample_path, fd))
         self._tasks.add(task)
@@ -210,7 +226,7 @@ class FitJobs:
             job = json.loads(self._path(job_id).read_text())
         except (OSError, ValueError):
             raise JobNotFound(job_id) from None
-        if job["status"] not in FINISHED and job.get("pid") and not _alive(job["pid"]) and job_id not in self._running:
+        if job["status"] not in FINISHED and job_id not in self._running and _interrupted(job):
             job.update(status="failed", error={"code": "fit_interrupted",
                                                "message": "the server stopped during the fit; start it again"})
         return job
@@ -236,7 +252,7 @@ class FitJobs:
 
     @staticmethod
     def public(job: dict) -> dict:
-        return {k: v for k, v in job.items() if k not in ("pid", "transcript")}
+        return {k: v for k, v in job.items() if k not in ("pid", "host", "minutes", "transcript")}
 
     def cancel(self, job_id: str) -> dict:
         job = self.read(job_id)

@@ -578,7 +578,8 @@ def test_dockerfile_targets_are_non_root_with_a_ready_healthcheck_and_the_entryp
 
 
 def test_dockerfile_installs_from_pyproject_only():
-    """One dependency list: every pip install is torch (its build per target) or the project."""
+    """One dependency list: every pip install is torch (its build per target), the project, or the
+    voice-fit extra's encoder without its dependencies (kept equal to pyproject.toml's below)."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = set(pyproject["project"]["optional-dependencies"])
     installs = []
@@ -595,10 +596,42 @@ def test_dockerfile_installs_from_pyproject_only():
             target = target.strip('"')
             if target == "$TORCH_SPEC":
                 continue
+            if target == "$VOICE_FIT_SPEC":
+                assert "--no-deps" in command.split(), command
+                continue
             match = re.fullmatch(r"/app(?:\[(\w+)\])?", target)
             assert match, f"the Dockerfile installs {target!r} outside pyproject.toml: {command}"
             assert match.group(1) is None or match.group(1) in extras
     assert any(re.search(r"-e /app\b", c) for c in installs)
+
+
+def voice_fit_extra() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["voice-fit"]
+
+
+def test_every_image_carries_the_speaker_encoder_a_fit_needs(monkeypatch):
+    """A fit needs Resemblyzer's encoder weights (worker/voice_fit/speaker.py), or it answers 503
+    voice_fitting_unavailable: the venv each Docker target serves from installs pyproject.toml's
+    voice-fit extra without its dependencies (as the Makefile does), and so does the Modal image."""
+    spec = dockerfile_arg("VOICE_FIT_SPEC")
+    assert [spec] == voice_fit_extra()
+    stages = dockerfile_stages()
+    for target in ("cpu", "gpu"):
+        venv_from = [i.split()[1].split("=", 1)[1] for i in stages[target]
+                     if i.startswith("COPY --from=") and i.split()[2] == "/opt/venv"]
+        assert len(venv_from) == 1, f"the {target} target should copy its venv from one build stage"
+        build = stages[venv_from[0]]
+        assert "ARG VOICE_FIT_SPEC" in build, f"{venv_from[0]} must declare the ARG, or it is empty there"
+        assert any(re.search(r'pip install --no-cache-dir --no-deps "\$VOICE_FIT_SPEC"', i) for i in build), \
+            f"{venv_from[0]} (the {target} image's venv) does not install the speaker encoder"
+
+    app = load_modal_app(monkeypatch)
+    assert app.VOICE_FIT_SPEC == spec
+    commands = image_commands(app.image)
+    encoder = [i for i, c in enumerate(commands) if re.search(rf"pip install {re.escape(spec)} --no-deps$", c)]
+    assert encoder, "the Modal image does not install the speaker encoder"
+    project = next(i for i, c in enumerate(commands) if "--no-deps -e /app" in c)
+    assert encoder[0] < project
 
 
 def test_dockerignore_keeps_tests_and_caches_out_and_the_sources_in():

@@ -62,6 +62,10 @@ def test_make_serve_installs_no_test_only_package(tmp_path):
         "the dry run of `make serve` should install the serving packages (did its form change?)"
     assert not serve_names & (test_only_pip | test_only_apt), serve_names & (test_only_pip | test_only_apt)
     assert serve_extras == {"offline"}, serve_extras
+    # voice fitting's speaker encoder, the voice-fit extra, without its dependencies (as the images do)
+    for requirement in PYPROJECT["project"]["optional-dependencies"]["voice-fit"]:
+        assert re.search(rf"pip install -q --no-deps {re.escape(requirement)}$", make("-n", "serve", venv=venv), re.M), \
+            f"`make serve` does not install {requirement} with --no-deps"
 
     test_names, test_extras = named(make("-n", "test", venv=venv))
     assert "dev" in test_extras and {"kokoro", "loguru"} <= test_names, "`make test` installs the dev extra"
