@@ -700,9 +700,12 @@ def test_live_error_shows_the_servers_message(tab, server):
 
 def test_api_key_field_when_keys_are_configured(browser, tmp_path):
     """With KOKORO_API_KEYS set, the page asks for a key, shows the 401's message for a wrong one,
-    then loads the voices and plays with the right one, in Request and in Live mode."""
+    then loads the voices and plays with the right one, in Request and in Live mode; "Your voice"
+    shows the 403 of a key not allowed to fit voices (none is: KOKORO_VOICE_MANAGER_KEYS is empty)."""
+    (tmp_path / "voices").mkdir()
     server = FleetProcess(1, weights="tiny", log_dir=tmp_path, name="keys",
-                          env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key"})
+                          env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key",
+                               "KOKORO_VOICES_DIR": str(tmp_path / "voices")})
     server.start(ready_timeout=240)
     context = browser.new_context()
     try:
@@ -723,6 +726,16 @@ def test_api_key_field_when_keys_are_configured(browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#status').textContent === 'Done.'",
                                timeout=PLAY_TIMEOUT_S * 1000)
         assert float(page.locator("#ttfa").get_attribute("data-seconds")) > 0
+
+        sample = wav_file(speechlike(10, 110, seed=1))
+        page.set_input_files("#voice-file", files=[{"name": "sample.wav", "mimeType": "audio/wav", "buffer": sample}])
+        page.click("#fit")
+        refused = httpx.post(server.url + "/v1/audio/voices", headers={"Authorization": "Bearer second-key"},
+                             files={"file": ("sample.wav", sample, "audio/wav")}, data={"name": "af_mine"})
+        assert refused.status_code == 403
+        expect(page.locator("#voice-error")).to_contain_text("Error 403 · permission_denied")
+        expect(page.locator("#voice-error")).to_contain_text(refused.json()["error"]["message"])
+        expect(page.locator("#api-key")).to_have_attribute("aria-invalid", "true")
 
         # Live: a page's WebSocket cannot set the Authorization header, so the page offers the key as
         # a subprotocol; a wrong key is refused with the 401's own message.
