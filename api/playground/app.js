@@ -265,7 +265,14 @@
       await showResponseError(response);
       return;
     }
-    voices = (await response.json()).voices;
+    setVoices((await response.json()).voices);
+    clearError();
+    setStatus(`Ready: ${voices.length} voices.`);
+  }
+
+  // The voices listed: the mixer's selects refilled, each keeping its choice.
+  function setVoices(listed) {
+    voices = listed;
     const rows = mixRows();
     if (!rows.length) {
       addMixRow(DEFAULT_VOICE, 1);
@@ -273,8 +280,14 @@
       for (const row of rows) fillVoiceSelect(row.querySelector('select'), row.querySelector('select').value);
       updateSpec();
     }
-    clearError();
-    setStatus(`Ready: ${voices.length} voices.`);
+  }
+
+  // The voices again, quietly (a voice was fitted): the status and errors are the playback's.
+  async function reloadVoices() {
+    try {
+      const response = await fetch('/v1/audio/voices', { headers: authHeaders(), cache: 'no-store' });
+      if (response.ok) setVoices((await response.json()).voices);
+    } catch (e) { /* the next try, or the next page load, lists it */ }
   }
 
   // --- playback, shared by Play and Live: streamed PCM through Web Audio ----------------------
@@ -1303,7 +1316,7 @@
     // every worker serves it within a second of the file appearing: ask until this one lists it
     for (let tries = 0; tries < 10 && !voices.some((v) => v.id === job.name); tries++) {
       if (tries) await new Promise((resolve) => setTimeout(resolve, 500));
-      await loadVoices();
+      await reloadVoices();
     }
     const text = firstSentence(f.transcript || '') || FITTED_SAYS;
     els.fittedSaid.textContent = `Synthesizing “${text}”…`;

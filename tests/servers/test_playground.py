@@ -284,6 +284,13 @@ def test_page_loads_offline_with_labels_and_no_console_errors(tab, server):
         assert label.endswith(" · " + voices[voice]["gender"]), (voice, label)
         groups.setdefault(label, set()).add(voices[voice]["language"])
     assert all(len(languages) == 1 for languages in groups.values()), groups
+    # "Your voice" is offered where the server fits voices (the tiny fleet has a voices directory)
+    if server.env.get("KOKORO_VOICES_DIR"):
+        expect(tab.page.locator("#voice-unavailable")).to_be_hidden()
+        expect(tab.page.locator("#fit")).to_be_enabled()
+    else:
+        expect(tab.page.locator("#voice-unavailable")).to_contain_text("KOKORO_VOICES_DIR")
+        expect(tab.page.locator("#fit")).to_be_disabled()
     limit = httpx.get(server.url + "/playground/config").json()["max_input_chars"]
     text = tab.page.locator("#text").input_value()
     expect(tab.page.locator("#char-count")).to_have_text(f"{len(text)} / {limit} characters")
