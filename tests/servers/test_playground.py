@@ -13,7 +13,9 @@ AudioContext's clock (`#position[data-seconds]`), the index of the highlighted w
 (`#latency[data-last][data-max][data-count]`) and the words written but not yet heard
 (`#ahead[data-words]`). For Live, a script the page loads first (LIVE_PROBES) records what the
 page's WebSocket sent, when its first audio frame came, and which AudioBufferSourceNodes are
-still to play, so a test can tell audio stopped from audio merely no longer counted.
+still to play, so a test can tell audio stopped from audio merely no longer counted. "Your voice"
+(a voice fitted to a sample) records from Chromium's fake microphone, which plays made-up speech;
+its probes record each job state the page shows and the multipart form it sends.
 """
 
 from __future__ import annotations
@@ -847,7 +849,9 @@ def test_your_voice_is_recorded_fitted_and_played_beside_the_sample(microphone_b
 
         expect(page.locator("#fit-status")).to_have_attribute("data-state", "succeeded", timeout=FIT_TIMEOUT_S * 1000)
         shown = page.evaluate("() => window.__fit")
-        assert any(s["state"] == "running" and s["done"] > 0 for s in shown), shown  # progress before the end
+        # the fit's own progress shown before its end (the phases the tiny model's few candidates
+        # pass through within one of the events' half-second polls may not all show)
+        assert any(s["state"] == "running" and s["phase"] not in ("queued", "running") for s in shown), shown
         assert shown[-1]["best"] != "–" and shown[-1]["eta"] == "–", shown
         assert all(s["source"] == "events" for s in shown), shown  # followed by its events, never polled
         job_id = next(u for m, u in requested if m == "GET" and u.endswith("/events")).split("/")[-2]
