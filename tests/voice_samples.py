@@ -50,14 +50,22 @@ def wav_file(audio: np.ndarray, rate: int = RATE) -> bytes:
     return buf.getvalue()
 
 
+# What browsers' MediaRecorder makes: webm/opus (Chromium, Firefox) and fragmented mp4/AAC (Safari,
+# Chromium's audio/mp4), a stream of fragments with no index up front.
+FRAGMENTED_MP4 = {"movflags": "frag_keyframe+empty_moov+default_base_moof"}
+
+
 def encoded(audio: np.ndarray, fmt: str, rate: int = RATE) -> bytes:
-    """The audio in another container through PyAV (mp3, flac, ogg/opus...)."""
+    """The audio in another container through PyAV (mp3, flac, ogg/opus, webm/opus, m4a, and
+    `recorded-mp4`: fragmented mp4 as a browser records it)."""
     import av
 
     buf = io.BytesIO()
-    codec = {"mp3": "mp3", "flac": "flac", "ogg": "libopus", "m4a": "aac"}[fmt]
+    codec = {"mp3": "mp3", "flac": "flac", "ogg": "libopus", "webm": "libopus", "m4a": "aac", "recorded-mp4": "aac"}[fmt]
     out_rate = 48000 if codec == "libopus" else rate
-    with av.open(buf, mode="w", format={"m4a": "mp4"}.get(fmt, fmt)) as container:
+    container_format = {"m4a": "mp4", "recorded-mp4": "mp4"}.get(fmt, fmt)
+    options = FRAGMENTED_MP4 if fmt == "recorded-mp4" else {}
+    with av.open(buf, mode="w", format=container_format, options=options) as container:
         stream = container.add_stream(codec, rate=out_rate)
         stream.layout = "mono"
         frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1).astype(np.float32), format="flt", layout="mono")

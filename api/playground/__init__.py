@@ -4,10 +4,12 @@ One static page (index.html, app.js, app.css beside this file, shipped as packag
 the same public API every client calls: `GET /v1/audio/voices`, `POST /v1/audio/speech/captioned`
 streamed as NDJSON of 24 kHz PCM pieces with their words (Play), `POST /v1/audio/speech` in the
 chosen format (Download), and in Live mode the WebSocket `/v1/audio/speech/live` (api/live.py), fed
-a word at a time as a language model writes, with Interrupt sending `clear`. Nothing loads from
+a word at a time as a language model writes, with Interrupt sending `clear`. Its "Your voice" panel
+fits a voice to a recording picked or made in the browser (`POST /v1/audio/voices`, its job followed
+through `/events`, `DELETE` to cancel) and plays the fitted voice beside the sample. Nothing loads from
 outside the server (no CDN, no web fonts; the page's Content-Security-Policy forbids it, and its
 `default-src 'self'` also admits the same-origin ws:// or wss:// socket). Two small JSON routes feed it:
-`/playground/config` (the input limit, whether API keys are needed) and
+`/playground/config` (the input limit, whether API keys are needed, whether voices can be fitted) and
 `/playground/fleet` (the fleet panel, polled every few seconds; a simulated fleet, KOKORO_ENGINE=sim,
 shows a banner there). `/web`, where Kokoro-FastAPI serves its web player, leads here.
 KOKORO_PLAYGROUND=false leaves all of them out.
@@ -104,6 +106,8 @@ def playground_router(state: AppState) -> APIRouter:
             "api_key_required": bool(state.api_keys),
             "formats": list(CONTENT_TYPES),
             "sample_rate": SAMPLE_RATE,
+            # the "Your voice" panel: POST /v1/audio/voices needs a voices directory and a job slot
+            "voice_fitting": bool(state.settings.voices_dir) and state.settings.voice_fit_jobs > 0,
         }, headers={"Cache-Control": "no-cache"})
 
     @router.get(FLEET_PATH)

@@ -49,9 +49,17 @@
       refused: $('fleet-refused'), bars: $('fleet-bars'), note: $('fleet-note'),
       simulated: $('fleet-simulated'),
     },
+    voiceForm: $('voice-form'), voiceFile: $('voice-file'), voiceName: $('voice-name'),
+    voiceTranscript: $('voice-transcript'), record: $('record'), recordStop: $('record-stop'),
+    recordTime: $('record-time'), fit: $('fit'), fitCancel: $('fit-cancel'), voiceError: $('voice-error'),
+    voiceUnavailable: $('voice-unavailable'), fitJob: $('fit-job'), fitPhase: $('fit-phase'), fitDone: $('fit-done'),
+    fitBest: $('fit-best'), fitEta: $('fit-eta'), fitProgress: $('fit-progress'), fitStatus: $('fit-status'),
+    fitReport: $('fit-report'), sampleAudio: $('sample-audio'), sampleCaption: $('sample-caption'),
+    sampleNone: $('sample-none'), fittedAudio: $('fitted-audio'), fittedCaption: $('fitted-caption'),
+    fittedSaid: $('fitted-said'), useVoice: $('use-voice'),
   };
 
-  let config = { max_input_chars: 4096, api_key_required: false };
+  let config = { max_input_chars: 4096, api_key_required: false, voice_fitting: true };
   let voices = [];          // [{id, language, gender}] from GET /v1/audio/voices
   let audio = null;         // the one AudioContext, made on the first Play
   let session = null;       // the playback in progress (or last finished): a Play request or a live session
@@ -106,16 +114,22 @@
     for (const el of [els.text, els.spec, els.speed, els.key]) el.removeAttribute('aria-invalid');
   }
 
-  function showError(error, status, retryAfter, heading) {
+  // `box` shows "Error 400 · code" over the server's message (and when to retry, for a 503).
+  function renderError(box, error, status, retryAfter, heading) {
     const title = document.createElement('strong');
     const parts = [heading || (status ? `Error ${status}` : 'Error')];
     if (error.code) parts.push(error.code);
     title.textContent = parts.join(' · ');
     const message = document.createElement('span');
     message.className = 'message';
-    message.textContent = error.message + (retryAfter ? ` Retry after ${retryAfter}.` : '');
-    els.error.replaceChildren(title, message);
-    els.error.hidden = false;
+    const sentence = /[.!?]$/.test(error.message) ? error.message : `${error.message}.`;
+    message.textContent = retryAfter ? `${sentence} Retry after ${retryAfter}.` : error.message;
+    box.replaceChildren(title, message);
+    box.hidden = false;
+  }
+
+  function showError(error, status, retryAfter, heading) {
+    renderError(els.error, error, status, retryAfter, heading);
     const field = { input: els.text, voice: els.spec, speed: els.speed }[error.param] ||
       (status === 401 ? els.key : null);
     if (field) field.setAttribute('aria-invalid', 'true');
@@ -251,7 +265,14 @@
       await showResponseError(response);
       return;
     }
-    voices = (await response.json()).voices;
+    setVoices((await response.json()).voices);
+    clearError();
+    setStatus(`Ready: ${voices.length} voices.`);
+  }
+
+  // The voices listed: the mixer's selects refilled, each keeping its choice.
+  function setVoices(listed) {
+    voices = listed;
     const rows = mixRows();
     if (!rows.length) {
       addMixRow(DEFAULT_VOICE, 1);
@@ -259,8 +280,14 @@
       for (const row of rows) fillVoiceSelect(row.querySelector('select'), row.querySelector('select').value);
       updateSpec();
     }
-    clearError();
-    setStatus(`Ready: ${voices.length} voices.`);
+  }
+
+  // The voices again, quietly (a voice was fitted): the status and errors are the playback's.
+  async function reloadVoices() {
+    try {
+      const response = await fetch('/v1/audio/voices', { headers: authHeaders(), cache: 'no-store' });
+      if (response.ok) setVoices((await response.json()).voices);
+    } catch (e) { /* the next try, or the next page load, lists it */ }
   }
 
   // --- playback, shared by Play and Live: streamed PCM through Web Audio ----------------------
@@ -962,6 +989,400 @@
     els.previewStale.hidden = !stale;
   }
 
+  // --- Your voice: a voice fitted to a recording (POST /v1/audio/voices; docs/voices.md) ----------
+  //
+  // The sample is a file picked or a recording from the microphone, sent as MediaRecorder makes it
+  // (webm/opus in Chromium, ogg/opus in Firefox, mp4 in Safari: the server decodes them all). The
+  // job is followed through its server-sent events, read with fetch because an EventSource cannot
+  // send the API key; if that stream breaks, the job is polled. Once fitted, the voices are
+  // reloaded (the mixer lists it) and it says a sentence in a player beside the sample's.
+
+  const MAX_RECORDING_S = 60;
+  const POLL_MS = 1000;
+  const FINISHED = ['succeeded', 'failed', 'cancelled'];
+  const FIT_PHASES = {
+    queued: 'waiting to start', running: 'starting', loading: 'loading the model', check: 'reading the sample',
+    stock: 'hearing the stock voices', mixture: 'mixing stock voices', refine: 'refining beyond the mixes',
+    done: 'writing the voice', succeeded: 'fitted', failed: 'failed', cancelled: 'cancelled',
+  };
+  const FITTED_SAYS = 'This is my own voice, fitted from a short recording.';
+  const SENTENCE_CHARS = 200;  // the fitted voice's sentence: the transcript's first, at most this long
+  // What MediaRecorder is asked for, in order: the first the browser records.
+  const RECORDING_TYPES = ['audio/webm;codecs=opus', 'audio/ogg;codecs=opus', 'audio/mp4'];
+
+  let sample = null;     // what Fit sends: {blob, filename}
+  let recording = null;  // the microphone while it records
+  let fit = null;        // the job followed
+  const playerUrls = new Map();
+
+  function setPlayer(player, blob) {
+    if (playerUrls.has(player)) URL.revokeObjectURL(playerUrls.get(player));
+    playerUrls.delete(player);
+    if (blob) {
+      playerUrls.set(player, URL.createObjectURL(blob));
+      player.src = playerUrls.get(player);
+    } else {
+      player.removeAttribute('src');
+    }
+    player.hidden = !blob;
+  }
+
+  // MediaRecorder's webm says no length: seeking past its end makes the browser find it, so the
+  // sample's player shows its length as the fitted voice's does.
+  function findLength() {
+    const player = els.sampleAudio;
+    if (Number.isFinite(player.duration)) return;
+    player.addEventListener('timeupdate', () => { player.currentTime = 0; }, { once: true });
+    player.currentTime = Number.MAX_SAFE_INTEGER;
+  }
+
+  function setSample(blob, filename) {
+    sample = blob ? { blob, filename } : null;
+    setPlayer(els.sampleAudio, blob);
+    els.sampleNone.hidden = Boolean(blob);
+    els.sampleCaption.textContent = blob
+      ? `Your sample: ${filename} (${Math.max(1, Math.round(blob.size / 1024))} kB)` : 'Your sample';
+  }
+
+  function clearVoiceError() {
+    els.voiceError.hidden = true;
+    els.voiceError.replaceChildren();
+    for (const el of [els.voiceFile, els.voiceName, els.voiceTranscript, els.key]) el.removeAttribute('aria-invalid');
+  }
+
+  function showVoiceError(error, status, retryAfter, heading) {
+    renderError(els.voiceError, error, status, retryAfter, heading);
+    const field = { file: els.voiceFile, name: els.voiceName, transcript: els.voiceTranscript }[error.param] ||
+      (status === 401 || status === 403 ? els.key : null);
+    if (field) field.setAttribute('aria-invalid', 'true');
+    if (status === 401) els.keyField.hidden = false;
+  }
+
+  async function showVoiceResponseError(response) {
+    const { error, retryAfter } = await responseError(response);
+    showVoiceError(error, response.status, retryAfter);
+  }
+
+  function fileExtension(type) {
+    if (type.includes('webm')) return 'webm';
+    if (type.includes('ogg')) return 'ogg';
+    if (type.includes('mp4')) return 'm4a';
+    return 'audio';
+  }
+
+  async function startRecording() {
+    clearVoiceError();
+    if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia || typeof MediaRecorder === 'undefined') {
+      showVoiceError({ message: 'This browser cannot record from this page: a microphone needs HTTPS or localhost. ' +
+        'Pick a recording file instead.' }, null, null, 'No microphone');
+      return;
+    }
+    let stream;
+    try {
+      // the voice as it is: no noise suppression or gain riding to colour it
+      stream = await navigator.mediaDevices.getUserMedia({
+        audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+      });
+    } catch (e) {
+      showVoiceError({ message: `The microphone is not available (${e.name}: ${e.message}). Allow it, or pick a ` +
+        'recording file.' }, null, null, 'No microphone');
+      return;
+    }
+    const type = RECORDING_TYPES.find((t) => MediaRecorder.isTypeSupported(t));
+    const r = { recorder: new MediaRecorder(stream, type ? { mimeType: type } : undefined), stream, parts: [],
+      started: performance.now(), timer: null };
+    recording = r;
+    r.recorder.ondataavailable = (e) => { if (e.data.size) r.parts.push(e.data); };
+    r.recorder.onstop = () => recorded(r);
+    r.recorder.start(1000);
+    els.record.disabled = els.voiceFile.disabled = true;
+    els.recordStop.disabled = false;
+    els.recordTime.classList.add('recording');
+    r.timer = setInterval(() => {
+      const seconds = (performance.now() - r.started) / 1000;
+      els.recordTime.textContent = `${seconds.toFixed(1)} s, recording`;
+      els.recordTime.dataset.seconds = seconds.toFixed(1);
+      if (seconds >= MAX_RECORDING_S) stopRecording();
+    }, 100);
+    els.recordStop.focus();
+  }
+
+  function stopRecording() {
+    if (recording && recording.recorder.state !== 'inactive') recording.recorder.stop();
+  }
+
+  function recorded(r) {
+    clearInterval(r.timer);
+    for (const track of r.stream.getTracks()) track.stop();
+    recording = null;
+    els.record.disabled = els.voiceFile.disabled = false;
+    els.recordStop.disabled = true;
+    els.recordTime.classList.remove('recording');
+    const seconds = (performance.now() - r.started) / 1000;
+    els.recordTime.textContent = `${seconds.toFixed(1)} s recorded`;
+    els.recordTime.dataset.seconds = seconds.toFixed(1);
+    const type = r.recorder.mimeType || (r.parts[0] && r.parts[0].type) || 'audio/webm';
+    els.voiceFile.value = '';
+    setSample(new Blob(r.parts, { type }), `recording.${fileExtension(type)}`);
+    els.fit.focus();
+  }
+
+  function pickedFile() {
+    clearVoiceError();
+    const file = els.voiceFile.files[0];
+    if (file) {
+      setSample(file, file.name);
+      els.recordTime.textContent = '0.0 s';
+      els.recordTime.dataset.seconds = '0';
+    }
+  }
+
+  async function fitVoice(event) {
+    event.preventDefault();
+    clearVoiceError();
+    if (fit && !fit.finished) return;
+    if (!sample) {
+      showVoiceError({ message: 'Pick a recording file or record one first.', param: 'file' }, null, null, 'No sample');
+      return;
+    }
+    const form = new FormData();  // multipart: the browser writes its boundary into Content-Type
+    form.append('file', sample.blob, sample.filename);
+    form.append('name', els.voiceName.value.trim());
+    const transcript = els.voiceTranscript.value.trim();
+    if (transcript) form.append('transcript', transcript);
+    els.fit.disabled = true;
+    els.fitStatus.textContent = 'Sending the sample…';
+    let response;
+    try {
+      response = await fetch('/v1/audio/voices', { method: 'POST', headers: authHeaders(), body: form });
+    } catch (e) {
+      showVoiceError({ message: `Cannot reach the server: ${e.message}` });
+      els.fit.disabled = false;
+      return;
+    }
+    if (response.status !== 202) {
+      await showVoiceResponseError(response);
+      els.fitStatus.textContent = 'Not started.';
+      els.fit.disabled = false;
+      return;
+    }
+    follow(await response.json(), transcript);
+  }
+
+  // Follow a job to its end: its events while the stream holds, then polling.
+  async function follow(job, transcript) {
+    const f = { id: job.id, name: job.name, transcript, finished: false, source: 'events', controller: new AbortController() };
+    fit = f;
+    els.fitJob.hidden = false;
+    els.fit.disabled = true;
+    els.fitCancel.disabled = false;
+    setPlayer(els.fittedAudio, null);
+    els.useVoice.hidden = els.fitReport.hidden = true;
+    els.fittedCaption.textContent = 'The fitted voice';
+    els.fittedSaid.textContent = 'Once fitted, it says a sentence here.';
+    showJob(f, job);
+    try {
+      const response = await fetch(`/v1/audio/voices/jobs/${encodeURIComponent(f.id)}/events`,
+        { headers: authHeaders(), cache: 'no-store', signal: f.controller.signal });
+      if (response.ok && response.body) await readEvents(response.body, (data) => showJob(f, JSON.parse(data)));
+    } catch (e) { /* the stream broke (or the job finished and it was closed): polling goes on if need be */ }
+    if (!f.finished && fit === f) poll(f);
+  }
+
+  // Server-sent events: blocks of `field: value` lines, a blank line after each; their `data` wanted.
+  async function readEvents(body, onData) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value.replace(/\r\n/g, '\n');
+      let end;
+      while ((end = buffer.indexOf('\n\n')) >= 0) {
+        const data = buffer.slice(0, end).split('\n').filter((line) => line.startsWith('data:'))
+          .map((line) => line.slice(5).replace(/^ /, '')).join('\n');
+        buffer = buffer.slice(end + 2);
+        if (data) onData(data);
+      }
+    }
+  }
+
+  async function poll(f) {
+    f.source = 'polling';
+    while (!f.finished && fit === f) {
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+      let response;
+      try {
+        response = await fetch(`/v1/audio/voices/jobs/${encodeURIComponent(f.id)}`, { headers: authHeaders(), cache: 'no-store' });
+      } catch (e) {
+        els.fitStatus.textContent = 'Cannot reach the server; still trying…';
+        continue;
+      }
+      if (response.ok) {
+        showJob(f, await response.json());
+      } else if (response.status !== 503) {  // a 503 (the model reloading) passes: try again
+        await showVoiceResponseError(response);
+        endFit(f);
+        els.fitStatus.textContent = 'Lost track of the fit.';
+      }
+    }
+  }
+
+  function clock(seconds) {
+    const s = Math.max(0, Math.round(seconds));
+    return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
+  }
+
+  function showJob(f, job) {
+    if (f !== fit || f.finished) return;
+    const p = job.progress || {};
+    const phase = FINISHED.includes(job.status) ? job.status : (p.phase || job.status);
+    els.fitPhase.textContent = FIT_PHASES[phase] || phase;
+    els.fitPhase.dataset.phase = phase;
+    els.fitDone.textContent = p.total ? `${p.done} / ${p.total}` : '–';
+    if (p.total) {
+      els.fitProgress.max = p.total;
+      els.fitProgress.value = p.done;
+    } else if (job.status !== 'succeeded') {
+      els.fitProgress.removeAttribute('value');  // indeterminate until the fit says how much it will hear
+    }
+    els.fitBest.textContent = typeof p.best_similarity === 'number' ? p.best_similarity.toFixed(3) : '–';
+    els.fitEta.textContent = typeof p.eta_s === 'number' && !FINISHED.includes(job.status) ? `about ${clock(p.eta_s)}` : '–';
+    Object.assign(els.fitStatus.dataset, { state: job.status, source: f.source, done: String(p.done || 0) });
+    if (!FINISHED.includes(job.status)) {
+      els.fitStatus.textContent = `Fitting ${job.name}: ${p.message || FIT_PHASES[phase] || phase}…`;
+      return;
+    }
+    endFit(f);
+    if (job.status === 'succeeded') {
+      fitted(f, job);
+    } else if (job.status === 'failed') {
+      showVoiceError(job.error || { message: 'The fit failed.' }, null, null, 'The fit failed');
+      els.fitStatus.textContent = 'The fit failed: nothing was kept.';
+    } else {
+      els.fitStatus.textContent = 'Cancelled: nothing was kept.';
+    }
+  }
+
+  function endFit(f) {
+    f.finished = true;
+    f.controller.abort();
+    els.fitCancel.disabled = true;
+    els.fit.disabled = !config.voice_fitting;
+  }
+
+  async function cancelFit() {
+    const f = fit;
+    if (!f || f.finished) return;
+    els.fitCancel.disabled = true;
+    els.fitStatus.textContent = 'Cancelling…';
+    let response;
+    try {
+      response = await fetch(`/v1/audio/voices/jobs/${encodeURIComponent(f.id)}`, { method: 'DELETE', headers: authHeaders() });
+    } catch (e) {
+      response = null;
+      showVoiceError({ message: `Cannot reach the server: ${e.message}` });
+    }
+    if (response && !response.ok) await showVoiceResponseError(response);
+    if (!response || !response.ok) els.fitCancel.disabled = f.finished;
+    // otherwise the job's next state says `cancelled` once its process has stopped
+  }
+
+  function firstSentence(text) {
+    const sentence = (text.match(/^[\s\S]*?[.!?](?=\s|$)/) || [text])[0].trim();
+    return sentence.length > SENTENCE_CHARS ? `${sentence.slice(0, SENTENCE_CHARS).replace(/\s+\S*$/, '')}.` : sentence;
+  }
+
+  function reportLine(r) {
+    const number = (v) => typeof v === 'number';
+    const parts = [];
+    if (number(r.similarity)) {
+      parts.push(`Similarity to your sample ${r.similarity.toFixed(3)}` + (r.nearest_stock_voice && number(r.nearest_stock_similarity)
+        ? `; the nearest stock voice, ${r.nearest_stock_voice}, ${r.nearest_stock_similarity.toFixed(3)}.` : '.'));
+    }
+    const pitch = r.pitch || {};
+    if (pitch.sample && pitch.fitted) parts.push(`Pitch: sample ${pitch.sample.pitch_hz} Hz, fitted ${pitch.fitted.pitch_hz} Hz.`);
+    if (number(r.candidates)) {
+      parts.push(`${r.candidates} candidates heard` + (number(r.elapsed_s) ? ` in ${clock(r.elapsed_s)}` : '') +
+        (r.stopped_at_deadline ? ', stopped at the deadline with the best so far.' : '.'));
+    }
+    return parts.join(' ');
+  }
+
+  async function fitted(f, job) {
+    els.fitStatus.textContent = `Fitted ${job.name}.`;
+    els.fitReport.textContent = reportLine(job.report || {});
+    els.fitReport.hidden = !els.fitReport.textContent;
+    // every worker serves it within a second of the file appearing: ask until this one lists it
+    for (let tries = 0; tries < 10 && !voices.some((v) => v.id === job.name); tries++) {
+      if (tries) await new Promise((resolve) => setTimeout(resolve, 500));
+      await reloadVoices();
+    }
+    const text = firstSentence(f.transcript || '') || FITTED_SAYS;
+    els.fittedSaid.textContent = `Synthesizing “${text}”…`;
+    let response;
+    try {
+      response = await fetch('/v1/audio/speech', {
+        method: 'POST',
+        headers: authHeaders({ 'Content-Type': 'application/json' }),
+        body: JSON.stringify({ model: 'kokoro', input: text, voice: job.name, response_format: 'wav', stream: false }),
+      });
+    } catch (e) {
+      showVoiceError({ message: `Cannot reach the server: ${e.message}` });
+      return;
+    }
+    if (!response.ok) {
+      await showVoiceResponseError(response);
+      els.fittedSaid.textContent = 'It could not say its sentence.';
+      return;
+    }
+    setPlayer(els.fittedAudio, await response.blob());
+    els.fittedCaption.textContent = `The fitted voice: ${job.name}`;
+    els.fittedSaid.textContent = `Saying “${text}”`;
+    els.useVoice.dataset.voice = job.name;
+    els.useVoice.hidden = false;
+  }
+
+  // The fitted voice alone in the mixer, for the speech form.
+  function useFitted() {
+    const rows = mixRows();
+    if (!rows.length) return;
+    for (const row of rows.slice(1)) row.remove();
+    relabelRows();
+    rows[0].querySelector('select').value = els.useVoice.dataset.voice;
+    updateSpec();
+    els.text.focus();
+  }
+
+  // A fit still running when the page opens (started before a reload, or elsewhere) is followed.
+  async function followRunningFit() {
+    let response;
+    try {
+      response = await fetch('/v1/audio/voices/jobs', { headers: authHeaders(), cache: 'no-store' });
+    } catch (e) {
+      return;
+    }
+    if (!response.ok) return;
+    const running = (await response.json()).data.find((job) => !FINISHED.includes(job.status));
+    if (running && !fit) follow(running, '');
+  }
+
+  function setUpVoicePanel() {
+    els.voiceForm.addEventListener('submit', fitVoice);
+    els.voiceFile.addEventListener('change', pickedFile);
+    els.sampleAudio.addEventListener('loadedmetadata', findLength);
+    els.record.addEventListener('click', startRecording);
+    els.recordStop.addEventListener('click', stopRecording);
+    els.fitCancel.addEventListener('click', cancelFit);
+    els.useVoice.addEventListener('click', useFitted);
+    if (!config.voice_fitting) {
+      els.voiceUnavailable.textContent = 'This server does not fit voices: its operator sets KOKORO_VOICES_DIR ' +
+        '(and KOKORO_VOICE_FIT_JOBS above 0) to allow it.';
+      els.voiceUnavailable.hidden = false;
+      els.fit.disabled = true;
+    }
+  }
+
   // --- the fleet panel ----------------------------------------------------------------------------
 
   function renderFleet(f) {
@@ -1043,9 +1464,11 @@
     document.addEventListener('keydown', (e) => {
       if (e.key === 'Escape' && session && session.ticker) stop('Stopped.');
     });
+    setUpVoicePanel();
     refreshFleet();
     if (!config.api_key_required || els.key.value) {
       await loadVoices();
+      if (config.voice_fitting) followRunningFit();
     } else {
       setStatus('Enter the API key to load the voices.');
     }

@@ -13,15 +13,20 @@ AudioContext's clock (`#position[data-seconds]`), the index of the highlighted w
 (`#latency[data-last][data-max][data-count]`) and the words written but not yet heard
 (`#ahead[data-words]`). For Live, a script the page loads first (LIVE_PROBES) records what the
 page's WebSocket sent, when its first audio frame came, and which AudioBufferSourceNodes are
-still to play, so a test can tell audio stopped from audio merely no longer counted.
+still to play, so a test can tell audio stopped from audio merely no longer counted. "Your voice"
+(a voice fitted to a sample) records from Chromium's fake microphone, which plays made-up speech;
+its probes record each job state the page shows and the multipart form it sends.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import fcntl
 import fnmatch
 import io
 import json
+import os
 import re
 import socket
 import time
@@ -40,6 +45,7 @@ from websockets.sync.client import connect
 from api.app import create_app
 from loadtest.dispatch import FleetProcess
 from api.settings import Settings
+from voice_samples import speechlike, wav_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -61,9 +67,12 @@ PLAY_TIMEOUT_S = 180  # real weights on one thread of a shared 2-core CPU
 def tiny_fleet(tmp_path_factory):
     # Two admitted requests fill the fleet, so the 503 test needs to hold only two streams; the
     # queued-audio bound is lifted so those two may be long enough to stay open.
+    # A voices directory and a budget of a few candidates let "Your voice" fit in seconds.
     fleet = FleetProcess(2, weights="tiny", log_dir=tmp_path_factory.mktemp("playground"), name="tiny",
                          env={"KOKORO_THREADS": "1", "KOKORO_QUEUE_MAX_REQUESTS": "2",
-                              "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "100000"})
+                              "KOKORO_QUEUE_MAX_AUDIO_SECONDS": "100000",
+                              "KOKORO_VOICES_DIR": str(tmp_path_factory.mktemp("voices")),
+                              "KOKORO_VOICE_FIT_CANDIDATES": "3"})
     fleet.start(ready_timeout=240)
     yield fleet
     fleet.stop()
@@ -86,13 +95,30 @@ def server(request) -> FleetProcess:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def playwright():
     assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
-    with sync_playwright() as playwright:
-        # Playwright gives every launch a fresh temporary profile (user-data-dir).
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield browser
-        browser.close()
+    with sync_playwright() as playwright:  # one per process: its sync API runs one event loop
+        yield playwright
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    # Playwright gives every launch a fresh temporary profile (user-data-dir).
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def microphone_browser(playwright, tmp_path_factory):
+    """Chromium whose microphone plays a file: 14 s of made-up speech, then silence."""
+    speech = tmp_path_factory.mktemp("microphone") / "speech.wav"
+    speech.write_bytes(wav_file(speechlike(14, 110, seed=1)))
+    args = [*CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={speech}%noloop"]
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args, headless=True)
+    yield browser
+    browser.close()
 
 
 @dataclass
@@ -223,10 +249,15 @@ def test_setting_turns_the_page_off():
         assert response.status_code == 404 and set(response.json()) == {"error"}, path
 
 
-def test_config_says_when_a_key_is_needed():
+def test_config_says_when_a_key_is_needed_and_whether_voices_can_be_fitted(tmp_path):
     config = TestClient(create_app(Settings().replace(api_keys="k1", max_input_chars=123))).get("/playground/config")
     assert config.json()["api_key_required"] is True and config.json()["max_input_chars"] == 123
-    assert TestClient(create_app(Settings())).get("/playground/config").json()["api_key_required"] is False
+    plain = TestClient(create_app(Settings())).get("/playground/config").json()
+    assert plain["api_key_required"] is False and plain["voice_fitting"] is False  # no voices directory
+    fitting = TestClient(create_app(Settings().replace(voices_dir=str(tmp_path)))).get("/playground/config").json()
+    assert fitting["voice_fitting"] is True
+    off = TestClient(create_app(Settings().replace(voices_dir=str(tmp_path), voice_fit_jobs=0))).get("/playground/config")
+    assert off.json()["voice_fitting"] is False
 
 
 def test_the_package_ships_every_page_file():
@@ -255,6 +286,13 @@ def test_page_loads_offline_with_labels_and_no_console_errors(tab, server):
         assert label.endswith(" · " + voices[voice]["gender"]), (voice, label)
         groups.setdefault(label, set()).add(voices[voice]["language"])
     assert all(len(languages) == 1 for languages in groups.values()), groups
+    # "Your voice" is offered where the server fits voices (the tiny fleet has a voices directory)
+    if server.env.get("KOKORO_VOICES_DIR"):
+        expect(tab.page.locator("#voice-unavailable")).to_be_hidden()
+        expect(tab.page.locator("#fit")).to_be_enabled()
+    else:
+        expect(tab.page.locator("#voice-unavailable")).to_contain_text("KOKORO_VOICES_DIR")
+        expect(tab.page.locator("#fit")).to_be_disabled()
     limit = httpx.get(server.url + "/playground/config").json()["max_input_chars"]
     text = tab.page.locator("#text").input_value()
     expect(tab.page.locator("#char-count")).to_have_text(f"{len(text)} / {limit} characters")
@@ -671,9 +709,12 @@ def test_live_error_shows_the_servers_message(tab, server):
 
 def test_api_key_field_when_keys_are_configured(browser, tmp_path):
     """With KOKORO_API_KEYS set, the page asks for a key, shows the 401's message for a wrong one,
-    then loads the voices and plays with the right one, in Request and in Live mode."""
+    then loads the voices and plays with the right one, in Request and in Live mode; "Your voice"
+    shows the 403 of a key not allowed to fit voices (none is: KOKORO_VOICE_MANAGER_KEYS is empty)."""
+    (tmp_path / "voices").mkdir()
     server = FleetProcess(1, weights="tiny", log_dir=tmp_path, name="keys",
-                          env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key"})
+                          env={"KOKORO_THREADS": "1", "KOKORO_API_KEYS": "first-key,second-key",
+                               "KOKORO_VOICES_DIR": str(tmp_path / "voices")})
     server.start(ready_timeout=240)
     context = browser.new_context()
     try:
@@ -694,6 +735,16 @@ def test_api_key_field_when_keys_are_configured(browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#status').textContent === 'Done.'",
                                timeout=PLAY_TIMEOUT_S * 1000)
         assert float(page.locator("#ttfa").get_attribute("data-seconds")) > 0
+
+        sample = wav_file(speechlike(10, 110, seed=1))
+        page.set_input_files("#voice-file", files=[{"name": "sample.wav", "mimeType": "audio/wav", "buffer": sample}])
+        page.click("#fit")
+        refused = httpx.post(server.url + "/v1/audio/voices", headers={"Authorization": "Bearer second-key"},
+                             files={"file": ("sample.wav", sample, "audio/wav")}, data={"name": "af_mine"})
+        assert refused.status_code == 403
+        expect(page.locator("#voice-error")).to_contain_text("Error 403 · permission_denied")
+        expect(page.locator("#voice-error")).to_contain_text(refused.json()["error"]["message"])
+        expect(page.locator("#api-key")).to_have_attribute("aria-invalid", "true")
 
         # Live: a page's WebSocket cannot set the Authorization header, so the page offers the key as
         # a subprotocol; a wrong key is refused with the 401's own message.
@@ -717,3 +768,181 @@ def test_api_key_field_when_keys_are_configured(browser, tmp_path):
     finally:
         context.close()
         server.stop()
+
+
+# --- Your voice: a voice fitted to a sample (POST /v1/audio/voices) ------------------------------------
+
+# Loaded before the page's script: each state of the fitting job the page shows.
+FIT_PROBE = """
+window.__fit = [];
+new MutationObserver(() => {
+  const status = document.querySelector('#fit-status');
+  const shown = { state: status.dataset.state, source: status.dataset.source, done: Number(status.dataset.done),
+                  phase: document.querySelector('#fit-phase').dataset.phase,
+                  best: document.querySelector('#fit-best').textContent, eta: document.querySelector('#fit-eta').textContent };
+  const last = window.__fit.at(-1);
+  if (!last || JSON.stringify(last) !== JSON.stringify(shown)) window.__fit.push(shown);
+}).observe(document, { subtree: true, attributes: true, attributeFilter: ['data-state', 'data-done', 'data-phase'] });
+"""
+# Also loaded first: what the page's fetch calls send as multipart forms (Playwright does not show a
+# request body holding a file), each file's bytes as base64.
+FORM_PROBE = """
+window.__forms = [];
+const nativeFetch = window.fetch;
+window.fetch = function (input, init) {
+  if (init && init.body instanceof FormData) {
+    const form = { url: String(input), fields: {} };
+    window.__forms.push(form);
+    for (const [name, value] of init.body.entries()) {
+      if (typeof value === 'string') { form.fields[name] = value; continue; }
+      const file = form.fields[name] = { filename: value.name, type: value.type };
+      value.arrayBuffer().then((buffer) => {
+        let binary = '';
+        for (const byte of new Uint8Array(buffer)) binary += String.fromCharCode(byte);
+        file.base64 = btoa(binary);
+      });
+    }
+  }
+  return nativeFetch.call(this, input, init);
+};
+"""
+FIT_TIMEOUT_S = 180  # the tiny model, three candidates; the fitting process loads the model first
+
+
+def test_your_voice_is_recorded_fitted_and_played_beside_the_sample(microphone_browser, tiny_fleet):
+    """Record from the microphone (Chromium's fake one, playing made-up speech), fit: the page sends
+    what MediaRecorder made (webm/opus) with the name and transcript, follows the job's events to
+    its end, lists the voice in the picker and plays it saying the transcript's first sentence."""
+    context = microphone_browser.new_context()
+    page = context.new_page()
+    page.add_init_script(FIT_PROBE)
+    page.add_init_script(FORM_PROBE)
+    errors: list[str] = []
+    requested: list[tuple[str, str]] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("request", lambda r: requested.append((r.method, r.url.removeprefix(tiny_fleet.url))))
+    try:
+        page.goto(tiny_fleet.url + "/")
+        page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        expect(page.locator("#voice-unavailable")).to_be_hidden()
+        assert unlabelled_controls(page) == []
+        page.click("#record")
+        expect(page.locator("#record-stop")).to_be_enabled()
+        page.wait_for_function("() => Number(document.querySelector('#record-time').dataset.seconds) >= 11",
+                               timeout=30_000)
+        page.click("#record-stop")
+        expect(page.locator("#sample-audio")).to_have_attribute("src", re.compile(r"^blob:"))
+        expect(page.locator("#sample-caption")).to_contain_text("recording.webm")
+        page.fill("#voice-name", "af_recorded")
+        page.fill("#voice-transcript", "My voice sounds like this. It is a second sentence.")
+        page.click("#fit")
+        page.wait_for_function("() => window.__forms.length === 1 && window.__forms[0].fields.file.base64")
+        form = page.evaluate("() => window.__forms[0]")
+        assert form["url"] == "/v1/audio/voices" and ("POST", "/v1/audio/voices") in requested
+        assert form["fields"]["name"] == "af_recorded"
+        assert form["fields"]["transcript"] == "My voice sounds like this. It is a second sentence."
+        sample = form["fields"]["file"]
+        assert sample["filename"] == "recording.webm" and sample["type"].startswith("audio/webm")
+        recording = base64.b64decode(sample["base64"])
+        assert recording[:4] == b"\x1a\x45\xdf\xa3" and len(recording) > 20_000  # Matroska/WebM, as recorded
+        expect(page.locator("#fit-cancel")).to_be_enabled()
+
+        expect(page.locator("#fit-status")).to_have_attribute("data-state", "succeeded", timeout=FIT_TIMEOUT_S * 1000)
+        shown = page.evaluate("() => window.__fit")
+        # the fit's own progress shown before its end (the phases the tiny model's few candidates
+        # pass through within one of the events' half-second polls may not all show)
+        assert any(s["state"] == "running" and s["phase"] not in ("queued", "running") for s in shown), shown
+        assert shown[-1]["best"] != "–" and shown[-1]["eta"] == "–", shown
+        assert all(s["source"] == "events" for s in shown), shown  # followed by its events, never polled
+        job_id = next(u for m, u in requested if m == "GET" and u.endswith("/events")).split("/")[-2]
+        assert ("GET", f"/v1/audio/voices/jobs/{job_id}") not in requested
+        report = httpx.get(f"{tiny_fleet.url}/v1/audio/voices/jobs/{job_id}").json()["report"]
+        expect(page.locator("#fit-done")).to_have_text(re.compile(r"^(\d+) / \1$"))
+        expect(page.locator("#fit-progress")).to_have_js_property("position", 1)
+        expect(page.locator("#fit-report")).to_contain_text(f"Similarity to your sample {report['similarity']:.3f}")
+        expect(page.locator("#fit-report")).to_contain_text(f"the nearest stock voice, {report['nearest_stock_voice']}")
+
+        # listed in the picker, and saying the transcript's first sentence beside the sample
+        expect(page.locator("#mix-voice-1 option[value='af_recorded']")).to_have_count(1)
+        expect(page.locator("#fitted-said")).to_have_text("Saying “My voice sounds like this.”")
+        page.wait_for_function("() => document.querySelector('#fitted-audio').readyState >= 1")
+        played = page.evaluate("() => document.querySelector('#fitted-audio').duration")
+        spoken = httpx.post(tiny_fleet.url + "/v1/audio/speech", timeout=60, json={
+            "input": "My voice sounds like this.", "voice": "af_recorded", "response_format": "pcm", "stream": False})
+        assert played == pytest.approx(len(spoken.content) / 2 / 24000, abs=0.06)
+        recorded = float(page.locator("#record-time").get_attribute("data-seconds"))
+        page.wait_for_function("() => Number.isFinite(document.querySelector('#sample-audio').duration)")
+        assert page.evaluate("() => document.querySelector('#sample-audio').duration") == pytest.approx(recorded, abs=1.2)
+        assert page.locator("#sample-audio").is_visible() and page.locator("#fitted-audio").is_visible()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator("#voice-panel").screenshot(path=str(ARTIFACTS / "playground-your-voice.png"))
+        page.click("#use-voice")
+        expect(page.locator("#voice-spec")).to_have_value("af_recorded")
+        assert errors == []
+    finally:
+        context.close()
+        httpx.delete(tiny_fleet.url + "/v1/audio/voices/af_recorded")
+
+
+def test_your_voice_shows_the_apis_errors_and_cancels(browser, tiny_fleet):
+    """A sample too short and a name without its language letter show the 400's message at the
+    field at fault; a machine whose fitting slot is taken, the 503 and when to retry. A fit
+    cancelled, followed by polling when its event stream is refused, leaves no voice behind."""
+    url = tiny_fleet.url
+    voices_dir = Path(tiny_fleet.env["KOKORO_VOICES_DIR"])
+    short, good = wav_file(speechlike(3, 120)), wav_file(speechlike(10, 110, seed=1))
+    context = browser.new_context()
+    page = context.new_page()
+    page.add_init_script(FIT_PROBE)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))  # the console lists each 400 and 503 itself
+
+    def fit(sample: bytes, name: str) -> dict:
+        page.set_input_files("#voice-file", files=[{"name": "sample.wav", "mimeType": "audio/wav", "buffer": sample}])
+        page.fill("#voice-name", name)
+        page.click("#fit")
+        return httpx.post(url + "/v1/audio/voices", files={"file": ("sample.wav", sample, "audio/wav")},
+                          data={"name": name}, timeout=60).json().get("error")
+
+    try:
+        page.goto(url + "/")
+        page.wait_for_function("() => document.querySelectorAll('#mix-voice-1 option').length > 1")
+        expected = fit(short, "af_short")
+        expect(page.locator("#voice-error")).to_contain_text("Error 400 · sample_too_short")
+        expect(page.locator("#voice-error")).to_contain_text(expected["message"])
+        expect(page.locator("#voice-file")).to_have_attribute("aria-invalid", "true")
+        expect(page.locator("#sample-audio")).to_have_attribute("src", re.compile(r"^blob:"))
+
+        expected = fit(good, "mine")
+        expect(page.locator("#voice-error")).to_contain_text("Error 400 · invalid_name")
+        expect(page.locator("#voice-error")).to_contain_text(expected["message"])
+        expect(page.locator("#voice-name")).to_have_attribute("aria-invalid", "true")
+        expect(page.locator("#voice-file")).not_to_have_attribute("aria-invalid", "true")
+
+        # the machine's one fitting slot taken (here by the test): 503, and when to retry
+        (voices_dir / ".fit-jobs").mkdir(exist_ok=True)
+        slot = os.open(voices_dir / ".fit-jobs" / "slot-0.lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(slot, fcntl.LOCK_EX)
+            page.fill("#voice-name", "am_busy")
+            page.click("#fit")
+            expect(page.locator("#voice-error")).to_contain_text("Error 503")
+            expect(page.locator("#voice-error")).to_contain_text(re.compile(r"retry in about \d+ s\. Retry after [\d.]+ s\."))
+        finally:
+            os.close(slot)
+        expect(page.locator("#fit")).to_be_enabled()
+
+        # the events refused: the page polls the job; Cancel deletes it and nothing is kept
+        page.route("**/events", lambda route: route.abort())
+        page.fill("#voice-name", "am_gone")
+        page.click("#fit")
+        expect(page.locator("#fit-status")).to_have_attribute("data-source", "polling", timeout=30_000)
+        page.click("#fit-cancel")
+        expect(page.locator("#fit-status")).to_have_attribute("data-state", "cancelled", timeout=60_000)
+        expect(page.locator("#fit-status")).to_have_text("Cancelled: nothing was kept.")
+        expect(page.locator("#fit")).to_be_enabled()
+        assert "am_gone" not in [v["id"] for v in httpx.get(url + "/v1/audio/voices").json()["voices"]]
+        assert not list(voices_dir.glob("*am_gone*"))
+        assert errors == []
+    finally:
+        context.close()

@@ -33,7 +33,7 @@ def test_a_recording_of_one_speaker_is_read_in_every_container(encoder):
     from worker.voice_fit.recording import decode
 
     audio = speechlike(10, 120, LOW)
-    for fmt in ("mp3", "flac", "ogg", "m4a"):
+    for fmt in ("mp3", "flac", "ogg", "m4a", "webm", "recorded-mp4"):  # the last two: what browsers record
         decoded, _, _ = decode(encoded(audio, fmt))
         assert abs(len(decoded) / 16000 - 10) < 0.2, fmt
     sample = read_sample(wav_file(speechlike(10, 120, LOW, rate=44100), 44100), encoder)
