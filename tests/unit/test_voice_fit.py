@@ -4,6 +4,8 @@ on the real weights is the benchmark's (loadtest/bench/voice_fit.py, docs/voices
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -98,13 +100,48 @@ def test_a_fit_is_deterministic_for_a_seed_and_reports_progress_from_the_start(t
     assert first.pack.shape == (510, tiny_weights.voices["af_heart"].shape[-1])
     assert torch.isfinite(first.pack).all()
     phases = [s.phase for s in steps]
-    assert phases[0] == "check" and phases[-1] == "done" and "stock" in phases and "mixture" in phases
+    assert phases[0] == "check" and phases[-1] == "done" and {"stock", "mixture", "refine"} <= set(phases)
     assert [s.done for s in steps] == sorted(s.done for s in steps)  # progress only moves forward
     assert steps[-1].done == steps[-1].total == 3 + 5
     report = first.report
     assert report["candidates"] == 5 and report["name"] == "af_mine" and report["text_checked"]
     # the best candidate is kept: never worse than the nearest stock voice it started from
     assert report["score"] >= report["nearest_stock_score"] and report["nearest_stock_voice"] in ("af_heart", "am_adam", "bm_george")
+
+
+def test_the_gradients_ear_hears_what_the_ear_hears_and_its_step_moves_the_voice(tiny_weights, encoder):
+    """The refinement's differentiable encoder (24 kHz, no resampling) embeds as the encoder does on
+    the same speech resampled to 16 kHz; its pitch and envelope start at the ear's figures (the
+    offsets); a step runs backward through the served model's float32 twin (no in-place op in the
+    way) and moves the style."""
+    from worker.engine import Engine, EngineConfig
+    from worker.voice_fit.fit import CandidateEar, DEFAULT_SENTENCES
+    from worker.voice_fit.gradient import GradientRefiner, float_twin
+    from worker.voice_fit.recording import resample
+    from worker.text.chunks import text_to_chunks
+
+    engine = Engine(tiny_weights, EngineConfig("cpu", "fp32", noise=False))
+    ids = [list(text_to_chunks(t, "a")[0].ids) for t in DEFAULT_SENTENCES["en"][:1]]
+    base = tiny_weights.voices["af_heart"].reshape(510, -1).float()
+    ear = CandidateEar(engine, encoder, ids)
+    heard = ear.hear(base)
+    target = ear.hear(tiny_weights.voices["am_adam"].reshape(510, -1).float())
+    spread = torch.ones(base.shape[1])
+    refiner = GradientRefiner(float_twin(engine.model), encoder, ids, base, spread, target.embedding,
+                              target.measures, heard.measures, pitch_weight=0.1, envelope_weight=0.015)
+    with torch.no_grad():
+        audio, f0 = refiner.speak(torch.zeros(base.shape[1]))
+        assert audio.shape[0] == sum(len(ear.engine.synthesize(i, base[len(i) - 1]).audio) for i in ids) \
+            + len(ids) * engine.sample_rate // 5
+        # speech-like sound (the tiny model's is noise, mostly above the encoder's 8 kHz)
+        voice = speechlike(6, 140, LOW, seed=2, rate=engine.sample_rate).astype(np.float32)
+        differentiable = refiner.embed(torch.from_numpy(voice)).numpy()
+    assert float(differentiable @ encoder.embed(resample(voice, engine.sample_rate))) > 0.99
+    first = refiner.step()
+    assert torch.equal(first.shift, torch.zeros(base.shape[1]))  # the proposal is where the step began
+    assert not math.isnan(first.pitch) and abs(first.pitch - heard.measures.pitch_median) < 1e-3
+    moved = refiner.shift()
+    assert torch.isfinite(moved).all() and moved.abs().max() > 0
 
 
 def test_the_pool_keeps_the_voices_language_and_drops_what_is_excluded(tiny_weights):

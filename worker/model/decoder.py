@@ -202,7 +202,8 @@ class Generator(nn.Module):
             del x_source  # one [B, G / 4, 120F] float32 activation less held through the resblocks
             xs = self.resblocks[i * self.num_kernels](x, style, up_spans[i])
             for j in range(1, self.num_kernels):
-                xs += self.resblocks[i * self.num_kernels + j](x, style, up_spans[i])  # in place: xs is ours
+                out = self.resblocks[i * self.num_kernels + j](x, style, up_spans[i])
+                xs = xs + out if torch.is_grad_enabled() else xs.add_(out)  # in place when serving: xs is ours
             x = xs / self.num_kernels
             in_span = up_spans[i]
         # conv_post stays float32: exp() of its output turns any rounding into spectral error

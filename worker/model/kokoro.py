@@ -223,6 +223,14 @@ class KokoroModel(nn.Module):
         (>= every item's), style: [B, 2S], noise: [B, 600 * frames, 9] standard normal or None
         -> [B, 600 * frames] float32.
         """
+        asr, f0, energy = self.frame_prosody(durations, features, n_frames, frames, style)
+        decode = self.compiled_decode or self.decode
+        return decode(asr, f0, energy, n_frames, style, noise)
+
+    def frame_prosody(self, durations: torch.Tensor, features: torch.Tensor, n_frames: torch.Tensor | None,
+                      frames: int, style: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Stage 2 up to the decoder: the features aligned to frames, then F0 and energy. Arguments as
+        `stage2`'s -> asr [B, D, frames], f0 (Hz) and energy [B, 2 frames] float32."""
         B = durations.shape[0]
         spans = self.frame_spans(n_frames, frames)
         # Alignment on device: frame f belongs to the token whose cumulative end first exceeds f.
@@ -239,8 +247,7 @@ class KokoroModel(nn.Module):
 
         style_prosody = style[:, self.style_dim:]  # [B, S]
         f0, energy = self.predictor.f0_energy(en, style_prosody, spans.frames, spans.frames2)  # [B, 2F] each
-        decode = self.compiled_decode or self.decode
-        return decode(asr.transpose(1, 2), f0, energy, n_frames, style, noise)
+        return asr.transpose(1, 2), f0, energy
 
     def decode(self, asr: torch.Tensor, f0: torch.Tensor, energy: torch.Tensor, n_frames: torch.Tensor | None,
                style: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:

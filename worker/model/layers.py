@@ -601,7 +601,8 @@ class AdaINResBlock1(nn.Module):
             h = c1(zero_padding(h, span))
             h = styled_snake(h, *n2.scale_shift(h, style, span), a2, i2, dtype)
             h = c2(zero_padding(h, span))
-            # in place once x is ours: the long [B, C, 120F] float32 stream is not held twice
+            # in place once x is ours: the long [B, C, 120F] float32 stream is not held twice (not
+            # under autograd, which needs it: a voice fit's gradient, worker/voice_fit/gradient.py)
             x = x.add_(h) if owned else h + x
-            owned = True
+            owned = not torch.is_grad_enabled()
         return x

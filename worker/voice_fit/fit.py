@@ -10,13 +10,15 @@ penalties for the pitch and spectral-envelope distances (worker/voice_fit/measur
    and the best few voices kept.
 2. **Mixture search.** An evolution strategy on the kept voices' mixture weights, each candidate
    heard for real. Mixes are always natural speech.
-3. **Refinement nearby.** The same strategy in the full style space, along the principal directions
-   of the stock voices, within a bounded distance (in the stock voices' own standard deviations)
-   of the best mix: the voice moves where no mix reaches, never off into noise. A candidate whose
-   speech loses its voicing (the measure of noise) is refused whatever its similarity.
+3. **Refinement by gradient.** From the best mix, Adam on one style shift shared by every row of
+   the pack, through a float32 twin of the model and a differentiable encoder, pitch and envelope
+   (worker/voice_fit/gradient.py): the voice moves where no mix reaches, held near the stock voices
+   by a penalty on the shift's size in their own spreads. The ear hears every few steps' voice and
+   keeps the best it scores; a candidate whose speech loses its voicing (the measure of noise) is
+   refused whatever its similarity. A gradient step counts as a candidate (it hears the speech too).
 
-Deterministic for a seed and a candidate budget: the candidates are drawn from a seeded generator
-and the engine's noise is seeded. A deadline (`minutes`) stops the search early with the best so
+Deterministic for a seed and a candidate budget: the mixtures are drawn from a seeded generator,
+the engine's noise is seeded and the gradient's speech has none. A deadline (`minutes`) stops the search early with the best so
 far, which then depends on the machine's speed; the report says whether it stopped early.
 """
 
@@ -33,20 +35,22 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from worker.voice_fit.gradient import GradientRefiner, float_twin
 from worker.voice_fit.measures import VoiceMeasures, measure
 from worker.voice_fit.recording import resample
 from worker.voice_fit.speaker import SpeakerEncoder
 
 # The score: similarity less these penalties, per semitone of pitch distance and per unit of
-# envelope distance (sized so a 2-semitone or a 1.5-unit miss costs about what separates two
-# similar stock voices on the encoder).
-PITCH_PENALTY = 0.012
+# envelope distance (sized so a 1-semitone or a 2.5-unit miss costs about what separates two
+# similar stock voices on the encoder: a listener hears a semitone).
+PITCH_PENALTY = 0.04
 ENVELOPE_PENALTY = 0.015
 KEPT_VOICES = 6          # voices of the pool the mixture search works on
-COMPONENTS = 16          # principal directions of the stock voices the refinement moves along
-RADIUS = 1.2             # how far (stock standard deviations) the refinement may go from the best mix
 GENERATION = 4           # candidates per step of the evolution strategy
-MIXTURE_SHARE = 0.55     # of the candidate budget spent on mixtures, the rest on refinement
+MIXTURE_SHARE = 0.35     # of the candidate budget spent on mixtures, the rest on gradient steps and their hearing
+EAR_EVERY = 3            # gradient steps between two hearings of the refined voice
+PITCH_GRADIENT_WEIGHT = 0.1  # per semitone, in the refinement's loss: its steps move the pitch where the ear's
+                             # score alone (PITCH_PENALTY) would let the encoder pull it
 VOICING_FLOOR = 0.7      # a candidate voiced less than this share of the stock voices' least is noise
 
 # Short sentences with varied vowels and voiced consonants: what a candidate is heard saying.
@@ -272,34 +276,37 @@ class VoiceFitter:
                 report("mixture", f"mixture of {', '.join(kept)}")
             sigma = sigma * 1.25 if improved else max(sigma * 0.8, 0.05)
 
-        # 2. refinement along the stock voices' principal directions, within RADIUS of the best mix
-        flat = torch.stack([self.voices[n].reshape(-1) for n in names])
-        centred = flat - flat.mean(0)
-        _, singular, vh = torch.linalg.svd(centred, full_matrices=False)
-        k = min(COMPONENTS, len(names) - 1)
-        directions = vh[:k] * (singular[:k, None] / math.sqrt(max(len(names) - 1, 1)))  # one std each
-        base_pack, alpha, sigma = best_pack, np.zeros(k), 0.35
-        refined = False
+        # 2. refinement by gradient from the best mix (worker/voice_fit/gradient.py); the ear hears
+        # every EAR_EVERY-th proposal, and the best the ear scores is kept
+        spread = torch.stack([self.voices[n] for n in names]).std(0).mean(0)  # [256]: per value, over rows
+        refiner, shift_size, refined = None, 0.0, False
         while used < candidates and not stopped_early:
             if cancelled():
                 raise FitCancelled()
             if time.monotonic() > deadline:
                 stopped_early = True
                 break
-            improved = False
-            for _ in range(min(GENERATION, candidates - used)):
-                trial = alpha + sigma * rng.standard_normal(k)
-                norm = float(np.linalg.norm(trial))
-                if norm > RADIUS:
-                    trial *= RADIUS / norm
-                pack = base_pack + (torch.tensor(trial, dtype=torch.float32) @ directions).reshape(base_pack.shape)
+            if refiner is None:
+                refiner = GradientRefiner(float_twin(self.ear.engine.model), self.encoder, self.ear.sentence_ids,
+                                          best_pack, spread, target.embedding, target.measures, best_heard.measures,
+                                          pitch_weight=PITCH_GRADIENT_WEIGHT, envelope_weight=ENVELOPE_PENALTY)
+                base_pack, steps = best_pack, 0
+            refiner.step()
+            steps += 1
+            used += 1
+            done[0] += 1
+            if steps % EAR_EVERY == 0 or used >= candidates:
+                shift = refiner.shift()
+                pack = base_pack + shift
                 result = evaluate(pack)
                 used += 1
+                if result is not None:
+                    refiner.calibrate(result[2].measures)
                 if result is not None and result[0] > best["score"]:
                     best.update(score=result[0], similarity=result[1])
-                    best_pack, best_heard, alpha, improved, refined = pack, result[2], trial, True, True
-                report("refine", "refining beyond the mixes")
-            sigma = sigma * 1.25 if improved else max(sigma * 0.8, 0.05)
+                    best_pack, best_heard, refined = pack, result[2], True
+                    shift_size = float((shift / spread.clamp_min(1e-4)).norm())
+            report("refine", "refining beyond the mixes")
 
         elapsed = time.monotonic() - start
         report("done", "fitted")
@@ -312,7 +319,7 @@ class VoiceFitter:
             "nearest_stock_score": round(scored[nearest][0], 4),
             "mixture": best_mix,
             "refined": refined,
-            "distance_from_mix_std": round(float(np.linalg.norm(alpha)), 3),
+            "shift_from_mix_std": round(shift_size, 3),
             "pitch": {"sample": target.measures.as_dict(), "fitted": best_heard.measures.as_dict(),
                       "nearest_stock": nearest_heard.measures.as_dict()},
             "envelope_distance": {"fitted": round(best_heard.measures.envelope_distance(target.measures), 3),

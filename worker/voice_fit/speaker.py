@@ -55,10 +55,11 @@ def _mel_to_hz(m):
 
 
 @functools.lru_cache(maxsize=8)
-def mel_filterbank(rate: int, n_fft: int, bands: int) -> np.ndarray:
-    """[bands, n_fft // 2 + 1] triangular filters, Slaney-normalized (librosa.filters.mel's default)."""
+def mel_filterbank(rate: int, n_fft: int, bands: int, top_hz: float | None = None) -> np.ndarray:
+    """[bands, n_fft // 2 + 1] triangular filters up to `top_hz` (default: half the rate),
+    Slaney-normalized (librosa.filters.mel's default)."""
     fft_freqs = np.linspace(0, rate / 2, n_fft // 2 + 1)
-    mel_points = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(rate / 2), bands + 2))
+    mel_points = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(top_hz or rate / 2), bands + 2))
     weights = np.zeros((bands, len(fft_freqs)))
     for i in range(bands):
         lower = (fft_freqs - mel_points[i]) / (mel_points[i + 1] - mel_points[i])
@@ -87,14 +88,29 @@ def voiced_frames(audio: np.ndarray, frame: int = 480, floor_db: float = -40.0) 
     return energy > np.percentile(energy, 95) + floor_db
 
 
-def trim_silences(audio: np.ndarray, frame: int = 480, keep: int = 6) -> np.ndarray:
-    """The audio without silent stretches longer than `keep` frames (Resemblyzer trims with a VAD)."""
+def speech_mask(audio: np.ndarray, frame: int = 480, keep: int = 6) -> np.ndarray:
+    """A boolean per sample of the audio's first whole frames: False in silent stretches longer than
+    `keep` frames (Resemblyzer trims with a VAD)."""
     flags = voiced_frames(audio, frame)
-    if not flags.any():
-        return audio[:0]
     dilated = np.convolve(flags.astype(np.float32), np.ones(2 * keep + 1, dtype=np.float32), mode="same") > 0
-    mask = np.repeat(dilated, frame)
+    return np.repeat(dilated, frame)
+
+
+def trim_silences(audio: np.ndarray, frame: int = 480, keep: int = 6) -> np.ndarray:
+    """The audio without silent stretches longer than `keep` frames."""
+    mask = speech_mask(audio, frame, keep)
     return audio[:len(mask)][mask]
+
+
+def partial_starts(samples: int) -> list[int]:
+    """The first mel frame of each 1.6 s partial of `samples` samples at 16 kHz (Resemblyzer's
+    compute_partial_slices): 1.3 partials a second, the last dropped if it is mostly padding."""
+    frames = int(np.ceil((samples + 1) / HOP))
+    step = int(round(ENCODER_RATE / PARTIALS_PER_S / HOP))
+    starts = list(range(0, max(1, frames - PARTIAL_FRAMES + step + 1), step))
+    if len(starts) > 1 and (samples - starts[-1] * HOP) / (PARTIAL_FRAMES * HOP) < MIN_COVERAGE:
+        starts.pop()
+    return starts
 
 
 class SpeakerEncoder(nn.Module):
@@ -104,10 +120,15 @@ class SpeakerEncoder(nn.Module):
         self.linear = nn.Linear(256, 256)
         state = torch.load(weights or encoder_weights_path(), map_location="cpu", weights_only=False)["model_state"]
         self.load_state_dict({k: v for k, v in state.items() if k.split(".")[0] in ("lstm", "linear")})
-        self.eval()
+        self.eval().requires_grad_(False)
 
     @torch.inference_mode()
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        return self.embed_mels(mels)
+
+    def embed_mels(self, mels: torch.Tensor) -> torch.Tensor:
+        """mels [partials, 160, 40] power -> unit embeddings [partials, 256]; differentiable (the
+        gradient refinement's path, worker/voice_fit/gradient.py)."""
         _, (hidden, _) = self.lstm(mels)
         raw = torch.relu(self.linear(hidden[-1]))
         return raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-9)
@@ -124,11 +145,7 @@ class SpeakerEncoder(nn.Module):
             raise ValueError("no speech loud enough to embed")
         peak = np.sqrt(np.mean(audio ** 2))
         audio = audio * (10 ** (-30 / 20) / max(peak, 1e-9))  # -30 dBFS, as Resemblyzer normalizes
-        frames = int(np.ceil((len(audio) + 1) / HOP))
-        step = int(round(ENCODER_RATE / PARTIALS_PER_S / HOP))
-        starts = list(range(0, max(1, frames - PARTIAL_FRAMES + step + 1), step))
-        if len(starts) > 1 and (len(audio) - starts[-1] * HOP) / (PARTIAL_FRAMES * HOP) < MIN_COVERAGE:
-            starts.pop()
+        starts = partial_starts(len(audio))
         padded = np.pad(audio, (0, max(0, (starts[-1] + PARTIAL_FRAMES) * HOP - len(audio))))
         mel = power_mel(padded)
         batch = np.stack([mel[s:s + PARTIAL_FRAMES] for s in starts])
