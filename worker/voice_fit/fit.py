@@ -290,12 +290,16 @@ class VoiceFitter:
                 refiner = GradientRefiner(float_twin(self.ear.engine.model), self.encoder, self.ear.sentence_ids,
                                           best_pack, spread, target.embedding, target.measures, best_heard.measures,
                                           pitch_weight=PITCH_GRADIENT_WEIGHT, envelope_weight=ENVELOPE_PENALTY)
-                base_pack, steps = best_pack, 0
-            refiner.step()
-            steps += 1
-            used += 1
-            done[0] += 1
-            if steps % EAR_EVERY == 0 or used >= candidates:
+                base_pack, steps, heard_at = best_pack, 0, 0
+            if used + 1 < candidates:  # the budget's last candidate hears where the steps got
+                refiner.step()
+                steps += 1
+                used += 1
+                done[0] += 1
+            elif steps == heard_at:
+                break
+            if steps % EAR_EVERY == 0 or used + 1 >= candidates:
+                heard_at = steps
                 shift = refiner.shift()
                 pack = base_pack + shift
                 result = evaluate(pack)
