@@ -92,7 +92,9 @@ class GradientRefiner:
         with torch.no_grad():
             audio, f0 = self.speak(self.unit_shift.detach())
             median, spread_st = self.pitch(f0)
-            self.pitch_offset = (heard.pitch_median - float(median), heard.pitch_spread - float(spread_st))
+            offset = (heard.pitch_median - float(median), heard.pitch_spread - float(spread_st))
+            if all(math.isfinite(x) for x in offset) or not hasattr(self, "pitch_offset"):
+                self.pitch_offset = offset  # a voice heard without a pitch keeps the last offset
             self.envelope_offset = torch.from_numpy(np.asarray(heard.envelope, dtype=np.float32)) - self.envelope(audio)
 
     def shift(self) -> torch.Tensor:
@@ -160,7 +162,8 @@ class GradientRefiner:
                 + 0.01 * torch.relu(unit_shift.norm() - FREE_RADIUS) ** 2
             median, spread_st = self.pitch(f0)
             pitch = torch.zeros(())
-            if not math.isnan(self.target.pitch_median) and not torch.isnan(median):
+            if math.isfinite(self.target.pitch_median) and math.isfinite(self.pitch_offset[0]) \
+                    and not torch.isnan(median):
                 pitch = self.pitch_weight * ((median + self.pitch_offset[0] - self.target.pitch_median).abs()
                                              + 0.25 * (spread_st + self.pitch_offset[1] - self.target.pitch_spread).abs())
             proposal = Proposal(self.shift(), float((timbre + pitch).detach()), float(similarity.detach()),
