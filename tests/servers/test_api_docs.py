@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.ports import free_port
 from api.swagger import ASSETS, ASSETS_PATH, FILES, LICENCE_FILES
-from test_playground import browser  # noqa: F401  (the chromium fixture)
 from api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +55,7 @@ def test_docs_page_refers_only_to_this_server():
     assert redoc.is_redirect and redoc.headers["location"] == "/docs"
 
 
-def test_docs_page_renders_every_route_in_a_browser_with_nothing_from_outside(browser):  # noqa: F811
+def test_docs_page_renders_every_route_in_a_browser_with_nothing_from_outside(browser):
     # The simulated engine: no weights to load, and /docs needs none.
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(Settings().replace(engine="sim")), host="127.0.0.1",

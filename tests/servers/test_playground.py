@@ -38,23 +38,18 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Page, WebSocket, expect, sync_playwright
+from playwright.sync_api import Page, WebSocket, expect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from api.app import create_app
 from loadtest.dispatch import FleetProcess
 from api.settings import Settings
+from chromium import launch_chromium
 from voice_samples import speechlike, wav_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-# Root in a container: no sandbox; no GPU; nothing that would call out to the network by itself;
-# audio may start without a click (Playwright's clicks are not trusted user gestures for autoplay).
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--autoplay-policy=no-user-gesture-required"]
 TEXT = "The quick brown fox jumps over the lazy dog. Then it sleeps in the warm afternoon sun."
 # Read otherwise than written: "twelve dollars and ninety-nine cents" for "$12.99", "doctor" for "Dr."
 TYPED = "Your total is $12.99, Dr. Smith said. Then it sleeps in the warm afternoon sun."
@@ -95,28 +90,12 @@ def server(request) -> FleetProcess:
 
 
 @pytest.fixture(scope="module")
-def playwright():
-    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
-    with sync_playwright() as playwright:  # one per process: its sync API runs one event loop
-        yield playwright
-
-
-@pytest.fixture(scope="module")
-def browser(playwright):
-    # Playwright gives every launch a fresh temporary profile (user-data-dir).
-    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture(scope="module")
 def microphone_browser(playwright, tmp_path_factory):
     """Chromium whose microphone plays a file: 14 s of made-up speech, then silence."""
     speech = tmp_path_factory.mktemp("microphone") / "speech.wav"
     speech.write_bytes(wav_file(speechlike(14, 110, seed=1)))
-    args = [*CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={speech}%noloop"]
-    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args, headless=True)
+    browser = launch_chromium(playwright, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                              f"--use-file-for-fake-audio-capture={speech}%noloop")
     yield browser
     browser.close()
 
