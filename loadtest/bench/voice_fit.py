@@ -135,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "machine.json").write_text(json.dumps(machine, indent=1))
     print(json.dumps(machine), flush=True)
 
-    held_ids = [list(text_to_chunks(t, "a")[0].ids) for t in HELD_OUT]
+    # each held-out sentence whole, as one chunk (a request's first chunk would be a short piece of it)
+    held_chunks = [text_to_chunks(t, "a", first_chunk_phonemes=400) for t in HELD_OUT]
+    assert all(len(c) == 1 for c in held_chunks), "a held-out sentence must be one chunk"
+    held_ids = [list(c[0].ids) for c in held_chunks]
     ear = CandidateEar(engine, encoder, held_ids)
     recognizer = Recognizer()
 

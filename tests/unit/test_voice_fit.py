@@ -4,6 +4,7 @@ on the real weights is the benchmark's (loadtest/bench/voice_fit.py, docs/voices
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -142,6 +143,16 @@ def test_the_gradients_ear_hears_what_the_ear_hears_and_its_step_moves_the_voice
     assert not math.isnan(first.pitch) and abs(first.pitch - heard.measures.pitch_median) < 1e-3
     moved = refiner.shift()
     assert torch.isfinite(moved).all() and moved.abs().max() > 0
+    half = base.shape[1] // 2
+    assert moved[half:].abs().max() > 0  # the pitch term moves the prosody half
+    # without a pitch to reach, the prosody half (what sets F0) stays: the encoder and the envelope
+    # move the timbre half only
+    pitchless = dataclasses.replace(target.measures, pitch_median=float("nan"), pitch_spread=float("nan"))
+    refiner = GradientRefiner(float_twin(engine.model), encoder, ids, base, spread, target.embedding,
+                              pitchless, heard.measures, pitch_weight=0.1, envelope_weight=0.015)
+    refiner.step()
+    moved = refiner.shift()
+    assert moved[:half].abs().max() > 0 and torch.equal(moved[half:], torch.zeros(base.shape[1] - half))
 
 
 def test_the_pool_keeps_the_voices_language_and_drops_what_is_excluded(tiny_weights):

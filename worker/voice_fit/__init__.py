@@ -58,7 +58,7 @@ def fit_sentences(lang_code: str, transcript: str | None) -> tuple[list[str], li
         if picked:
             return [c.text for c in picked], [list(c.ids) for c in picked]
     texts = list(DEFAULT_SENTENCES["en"])
-    ids = [list(text_to_chunks(t, lang)[0].ids) for t in texts]
+    ids = [list(text_to_chunks(t, lang, first_chunk_phonemes=SENTENCE_PHONEMES[1])[0].ids) for t in texts]
     return texts, ids
 
 

@@ -49,8 +49,7 @@ KEPT_VOICES = 6          # voices of the pool the mixture search works on
 GENERATION = 4           # candidates per step of the evolution strategy
 MIXTURE_SHARE = 0.35     # of the candidate budget spent on mixtures, the rest on gradient steps and their hearing
 EAR_EVERY = 3            # gradient steps between two hearings of the refined voice
-PITCH_GRADIENT_WEIGHT = 0.1  # per semitone, in the refinement's loss: its steps move the pitch where the ear's
-                             # score alone (PITCH_PENALTY) would let the encoder pull it
+PITCH_GRADIENT_WEIGHT = 0.1  # per squared semitone, in the refinement's loss: the prosody half follows it alone
 VOICING_FLOOR = 0.7      # a candidate voiced less than this share of the stock voices' least is noise
 
 # Short sentences with varied vowels and voiced consonants: what a candidate is heard saying.

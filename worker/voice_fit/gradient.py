@@ -40,7 +40,6 @@ ENVELOPE_FFT = round(512 * RATIO)
 TOP_HZ = ENCODER_RATE / 2
 PAUSE = SAMPLE_RATE // 5                     # between sentences, as the ear's speech has it
 FREE_RADIUS = 6.0                            # shift size (stock spreads, over 256 values) with no penalty
-PROSODY_SHARE = 0.1                         # of the encoder's and envelope's gradient on the prosody half
 
 
 def float_twin(model: KokoroModel) -> KokoroModel:
@@ -149,30 +148,33 @@ class GradientRefiner:
     def step(self) -> Proposal:
         """One Adam step; returns the shift it started from, with that shift's loss and similarity.
 
-        The prosody half of the style (values 128-255) sets the pitch, which the encoder and the
-        envelope pull as they like: there, their gradient counts for PROSODY_SHARE and the pitch
-        term's in full, so the pitch goes where the recording's is."""
+        The halves of the style answer to different terms. The timbre half (values 0-127, what the
+        decoder reads) follows the encoder and the envelope. The prosody half (128-255, what sets
+        F0, durations and energy) follows the pitch alone: the encoder and the envelope would pull
+        the pitch wherever their text-bound figures like best (Adam scales each value's step to its
+        own gradient, so a share of their gradient would still take full steps), and the pitch is
+        what a listener hears first. The squared miss lets the steps settle on the recording's pitch."""
         unit_shift = self.unit_shift
         with torch.enable_grad():
             audio, f0 = self.speak(unit_shift)
             similarity = self.embed(audio) @ self.target_embedding
             envelope = self.envelope(audio) + self.envelope_offset
             target_envelope = torch.from_numpy(np.asarray(self.target.envelope, dtype=np.float32))
-            timbre = -similarity + self.envelope_weight * (envelope - target_envelope).norm() \
-                + 0.01 * torch.relu(unit_shift.norm() - FREE_RADIUS) ** 2
+            timbre = -similarity + self.envelope_weight * (envelope - target_envelope).norm()
+            near = 0.01 * torch.relu(unit_shift.norm() - FREE_RADIUS) ** 2
             median, spread_st = self.pitch(f0)
             pitch = torch.zeros(())
             if math.isfinite(self.target.pitch_median) and math.isfinite(self.pitch_offset[0]) \
                     and not torch.isnan(median):
-                pitch = self.pitch_weight * ((median + self.pitch_offset[0] - self.target.pitch_median).abs()
-                                             + 0.25 * (spread_st + self.pitch_offset[1] - self.target.pitch_spread).abs())
-            proposal = Proposal(self.shift(), float((timbre + pitch).detach()), float(similarity.detach()),
+                pitch = self.pitch_weight * ((median + self.pitch_offset[0] - self.target.pitch_median) ** 2
+                                             + 0.25 * (spread_st + self.pitch_offset[1] - self.target.pitch_spread) ** 2)
+            proposal = Proposal(self.shift(), float((timbre + near + pitch).detach()), float(similarity.detach()),
                                 float(median.detach()) + self.pitch_offset[0])
-            (timbre_grad,) = torch.autograd.grad(timbre, unit_shift, retain_graph=pitch.requires_grad)
+            (timbre_grad,) = torch.autograd.grad(timbre, unit_shift, retain_graph=True)
+            (near_grad,) = torch.autograd.grad(near, unit_shift, retain_graph=pitch.requires_grad)
             pitch_grad = torch.autograd.grad(pitch, unit_shift)[0] if pitch.requires_grad else 0.0
-        half = timbre_grad.shape[0] // 2
-        timbre_grad[half:] *= PROSODY_SHARE
+        timbre_grad[timbre_grad.shape[0] // 2:] = 0.0
         self.optimizer.zero_grad()
-        unit_shift.grad = timbre_grad + pitch_grad
+        unit_shift.grad = timbre_grad + near_grad + pitch_grad
         self.optimizer.step()
         return proposal
