@@ -12,7 +12,8 @@ penalties for the pitch and spectral-envelope distances (worker/voice_fit/measur
    heard for real. Mixes are always natural speech.
 3. **Refinement by gradient.** From the best mix, Adam on one style shift shared by every row of
    the pack, through a float32 twin of the model and a differentiable encoder, pitch and envelope
-   (worker/voice_fit/gradient.py): the voice moves where no mix reaches, held near the stock voices
+   (worker/voice_fit/gradient.py; its timbre half follows the encoder and the envelope, its prosody
+   half the pitch alone): the voice moves where no mix reaches, held near the stock voices
    by a penalty on the shift's size in their own spreads. The ear hears every few steps' voice and
    keeps the best it scores; a candidate whose speech loses its voicing (the measure of noise) is
    refused whatever its similarity. A gradient step counts as a candidate (it hears the speech too).
