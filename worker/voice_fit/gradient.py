@@ -171,10 +171,9 @@ class GradientRefiner:
             proposal = Proposal(self.shift(), float((timbre + near + pitch).detach()), float(similarity.detach()),
                                 float(median.detach()) + self.pitch_offset[0])
             (timbre_grad,) = torch.autograd.grad(timbre, unit_shift, retain_graph=True)
-            (near_grad,) = torch.autograd.grad(near, unit_shift, retain_graph=pitch.requires_grad)
-            pitch_grad = torch.autograd.grad(pitch, unit_shift)[0] if pitch.requires_grad else 0.0
+            (whole_grad,) = torch.autograd.grad(near + pitch, unit_shift)  # the terms on both halves
         timbre_grad[timbre_grad.shape[0] // 2:] = 0.0
         self.optimizer.zero_grad()
-        unit_shift.grad = timbre_grad + near_grad + pitch_grad
+        unit_shift.grad = timbre_grad + whole_grad
         self.optimizer.step()
         return proposal
