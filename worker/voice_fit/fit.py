@@ -54,9 +54,10 @@ PITCH_GRADIENT_WEIGHT = 0.1  # per squared semitone, in the refinement's loss: t
 VOICING_FLOOR = 0.7      # a candidate voiced less than this share of the stock voices' least is noise
 
 # Short sentences with varied vowels and voiced consonants: what a candidate is heard saying.
+# Statements: how far a question rises is a voice's own, and a recording's pitch rarely holds one.
 DEFAULT_SENTENCES = {
     "en": ("The morning light fell softly across the quiet valley.",
-           "Would you mind reading the numbers back to me, please?"),
+           "My brother keeps a small boat near the harbour and paints it every spring."),
 }
 
 
