@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def held_out(pack) -> dict:
         """The held-out figures, each the mean over `--draws` draws of the decoder's noise (one draw
-        moves a voice's pitch median by up to a lag step, about 0.12 st at 110 Hz)."""
+        can move a voice's pitch median by a whole lag step of the tracker)."""
         pieces = [resample(engine.synthesize(ids, pack[min(len(ids), pack.shape[0]) - 1]).audio, engine.sample_rate)
                   for ids in held_ids]
         draws = []
