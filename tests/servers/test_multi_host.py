@@ -24,6 +24,7 @@ from loadtest.hosts import Hosts, namespaces_available
 pytestmark = pytest.mark.slow
 
 WHY_NOT = namespaces_available()
+BALANCER_REQUESTS = 200
 needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"{WHY_NOT}")
 
 
@@ -79,12 +80,16 @@ def test_behind_the_balancer_an_overloaded_fleet_and_a_killed_one_cost_only_the_
                 await runner.aclose()
 
         per_fleet = asyncio.run(capacity()) / 3
-        fault = asyncio.run(fault_run(site, balancer_rate=0.5 * per_fleet, overload_rate=4 * per_fleet,
-                                      duration=10.0, texts=texts))
+        # About 200 requests through the balancer: below 100 a single 503 is over 1%, and one request
+        # may meet the killed fleet in the milliseconds it still accepts connections (docs/scaling.md).
+        balancer_rate = 0.5 * per_fleet
+        fault = asyncio.run(fault_run(site, balancer_rate=balancer_rate, overload_rate=4 * per_fleet,
+                                      duration=min(40.0, max(10.0, BALANCER_REQUESTS / balancer_rate)),
+                                      texts=texts))
     checks = fault_checks(fault)
     print(f"\none fleet {per_fleet:.1f} req/s; through the balancer {fault['balancer']['statuses']}, "
           f"503 share {100 * (fault['refused_share'] or 0):.2f}%, {fault['failed']} failed "
           f"({fault['failed_open_at_kill']} open on the killed fleet: {fault['failed_examples']}); fleet 1's own "
           f"clients {fault['fleet1_direct']['statuses']}; HAProxy {fault['haproxy']}; 503s {fault['refused_examples']}")
-    assert fault["requests"] >= 20 and fault["balancer"]["ok"] > 0
+    assert fault["requests"] >= 0.75 * BALANCER_REQUESTS and fault["balancer"]["ok"] > 0
     assert all(checks.values()), (checks, fault["refused_examples"])
