@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -32,7 +35,8 @@ from api.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "bench-key"
-# modal_app imported and served as a container does; SERVING once `serve` returned.
+# modal_app imported and served as a container does; the file argv[3] written once `serve` returned
+# (not a line on stdout, which the fleet's own log lines, passed on by another thread, can split).
 CONTAINER = r"""
 import signal, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -50,7 +54,7 @@ def stop(signum, frame):  # Modal stopping the container: its @modal.exit method
 
 signal.signal(signal.SIGTERM, stop)
 server.serve.local()
-print("SERVING", flush=True)
+open(sys.argv[3], "w").write("serving")
 while True:
     time.sleep(1)
 """
@@ -149,19 +153,21 @@ def main() -> int:
 
     cfg = modal_app.Deployment(max_requests=args.max_requests)
     room = cfg.modal_inputs - args.max_requests
-    container = subprocess.Popen([sys.executable, "-c", CONTAINER, str(REPO), str(REPO / "docker" / "entrypoint.sh")],
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    serving = Path(tempfile.mkdtemp(prefix="kokoro-modal-capacity-")) / "serving"
+    container = subprocess.Popen([sys.executable, "-c", CONTAINER, str(REPO), str(REPO / "docker" / "entrypoint.sh"),
+                                  str(serving)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The container's and the fleet's log, read from the start (or they block on a full pipe); the
+    # last lines say why when the container does not start.
+    log_tail: collections.deque[str] = collections.deque(maxlen=40)
+    threading.Thread(target=lambda: [log_tail.append(line) for line in container.stdout], daemon=True).start()
     try:
         deadline = time.monotonic() + 600
-        for line in container.stdout:
-            if line.startswith("SERVING"):
-                break
+        while not serving.exists():
+            if container.poll() is not None:
+                raise SystemExit(f"the emulated container exited with {container.returncode}:\n{''.join(log_tail)}")
             if time.monotonic() > deadline:
-                raise SystemExit("the emulated container did not start within 600 s")
-        else:
-            raise SystemExit(f"the emulated container exited with {container.wait()}")
-        # The fleet's log goes on through the container's stdout: keep reading it, or it blocks.
-        threading.Thread(target=lambda: [None for _ in container.stdout], daemon=True).start()
+                raise SystemExit(f"the emulated container did not start within 600 s:\n{''.join(log_tail)}")
+            time.sleep(0.2)
         wait_whole(port, deadline)  # `serve` may have returned at ready_wait_seconds on a slow machine
         figures = asyncio.run(measure(port, args.max_requests, args.probes, room))
     finally:
@@ -170,6 +176,7 @@ def main() -> int:
             container.wait(60)
         except subprocess.TimeoutExpired:
             container.kill()
+        shutil.rmtree(serving.parent, ignore_errors=True)
     figures.update({"max_requests": args.max_requests, "modal_max_inputs": cfg.modal_inputs,
                     "probes_in_flight_at_most": room, "workers": args.workers, "machine": machine()})
     print(json.dumps(figures, indent=2))
