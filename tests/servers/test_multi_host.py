@@ -84,7 +84,7 @@ def test_behind_the_balancer_an_overloaded_fleet_and_a_killed_one_cost_only_the_
         # may meet the killed fleet in the milliseconds it still accepts connections (docs/scaling.md).
         balancer_rate = 0.5 * per_fleet
         fault = asyncio.run(fault_run(site, balancer_rate=balancer_rate, overload_rate=4 * per_fleet,
-                                      duration=min(40.0, max(10.0, BALANCER_REQUESTS / balancer_rate)),
+                                      duration=min(60.0, BALANCER_REQUESTS / balancer_rate),
                                       texts=texts))
     checks = fault_checks(fault)
     print(f"\none fleet {per_fleet:.1f} req/s; through the balancer {fault['balancer']['statuses']}, "
