@@ -76,6 +76,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
+def latency_ms(seconds: list[float]) -> dict:
+    return {name: round(1000 * percentile(seconds, q), 2) for name, q in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))}
+
+
 async def measure(port: int, held: int, probes: int, room: int) -> dict:
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -123,8 +127,7 @@ async def timed_hey(base: str, method: str, count: int, concurrency: int) -> dic
     seconds = [float(r[0]) for r in rows]
     statuses = [r[6] for r in rows]
     return {"statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
-            "ms": {name: round(1000 * percentile(seconds, q), 2) for name, q in
-                   (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))}}
+            "ms": latency_ms(seconds)}
 
 
 async def timed(client: httpx.AsyncClient, method: str, count: int, concurrency: int) -> dict:
@@ -146,8 +149,7 @@ async def timed(client: httpx.AsyncClient, method: str, count: int, concurrency:
     seconds = [s for _, s, _ in rows]
     return {"statuses": {str(s): sum(1 for r in rows if r[0] == s) for s in sorted({r[0] for r in rows})},
             "503_with_retry_after": sum(1 for status, _, retry in rows if status == 503 and retry),
-            "ms": {name: round(1000 * percentile(seconds, q), 2) for name, q in
-                   (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))}}
+            "ms": latency_ms(seconds)}
 
 
 def wait_whole(port: int, deadline: float) -> None:
