@@ -82,6 +82,24 @@ def test_the_encoder_and_measures_tell_speakers_apart(encoder):
     assert bank.shape == (40, 201) and (bank.max(axis=1) > 0).all()
 
 
+def test_the_pitch_is_read_between_the_trackers_lags():
+    """A steady voice whose period falls between two whole lags of the 16 kHz tracker is read to
+    a hundredth of a semitone (a whole lag is 0.2 semitones at 200 Hz, 0.12 at 110 Hz)."""
+    seconds = np.arange(3 * 16000) / 16000
+    for period in (80.4, 145.5, 60.7):
+        f0 = 16000 / period
+        tone = 0.3 * sum(np.sin(2 * np.pi * k * f0 * seconds) / k for k in range(1, 8))
+        assert abs(measure(tone.astype(np.float32)).pitch_median - 12 * np.log2(f0 / 55)) < 0.01, period
+
+
+def test_stock_figures_cached_by_an_older_measure_are_not_reused(monkeypatch):
+    from worker.voice_fit import fit
+
+    key = fit.stock_cache_key("weights", "bf16", [[1, 2, 3]])
+    monkeypatch.setattr(fit, "MEASURE_VERSION", fit.MEASURE_VERSION + 1)
+    assert fit.stock_cache_key("weights", "bf16", [[1, 2, 3]]) != key
+
+
 def _fit(tiny_weights, sample: bytes, seed: int, steps: list | None = None):
     from worker.engine import Engine, EngineConfig
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from worker.voice_fit.gradient import GradientRefiner, float_twin
-from worker.voice_fit.measures import VoiceMeasures, measure
+from worker.voice_fit.measures import MEASURE_VERSION, VoiceMeasures, measure
 from worker.voice_fit.recording import resample
 from worker.voice_fit.speaker import SpeakerEncoder
 
@@ -126,7 +126,8 @@ def hear_recording(audio16k: np.ndarray, encoder: SpeakerEncoder) -> Heard:
 
 
 def stock_cache_key(fingerprint: str, dtype: str, sentence_ids: Sequence[Sequence[int]]) -> str:
-    digest = hashlib.blake2b(json.dumps([fingerprint, dtype, [list(s) for s in sentence_ids]]).encode(), digest_size=10)
+    key = [fingerprint, dtype, [list(s) for s in sentence_ids], MEASURE_VERSION]
+    digest = hashlib.blake2b(json.dumps(key).encode(), digest_size=10)
     return digest.hexdigest()
 
 

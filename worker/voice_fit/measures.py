@@ -16,6 +16,7 @@ F0_MIN, F0_MAX = 60.0, 400.0
 YIN_THRESHOLD = 0.2
 CEPSTRA = 20                   # c1..c20 of 60 log-mel bands
 ENVELOPE_BANDS = 60
+MEASURE_VERSION = 2            # in the fit's stock cache key: figures an older measure cached are heard again
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,16 @@ def pitch_track(audio16k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         nxt = np.minimum(lags + 1, region.shape[1] - 1)
         better = region[np.arange(n), nxt] < region[np.arange(n), lags]
         lags = np.where(better, nxt, lags)
-    best = region[np.arange(n), lags]
-    f0 = ENCODER_RATE / (lags + lag_min)
+    rows = np.arange(n)
+    best = region[rows, lags]
+    # YIN's parabolic interpolation between lags: an integer lag alone moves a 200 Hz voice's
+    # pitch in steps of 0.2 semitones, coarser than the distances the fit tells apart
+    before = region[rows, np.maximum(lags - 1, 0)]
+    after = region[rows, np.minimum(lags + 1, region.shape[1] - 1)]
+    curvature = before - 2 * best + after
+    inner = (lags > 0) & (lags < region.shape[1] - 1) & (curvature > 1e-12)
+    fraction = np.where(inner, 0.5 * (before - after) / np.where(inner, curvature, 1.0), 0.0)
+    f0 = ENCODER_RATE / (lags + lag_min + np.clip(fraction, -0.5, 0.5))
     voiced = loud & (best < YIN_THRESHOLD)
     return np.where(voiced, f0, np.nan), loud
 
