@@ -9,7 +9,8 @@ own), and the bench reports, per target:
 - the speaker encoder's similarity to the target's held-out speech: the fitted voice's, the nearest
   remaining stock voice's, and the target's own recording's (its self-similarity: the ceiling);
 - the second measure, pitch and spectral-envelope distances to the target, for the fitted voice and
-  the nearest remaining stock voice on each;
+  the nearest remaining stock voice on each; and the two as one distance, weighted as the fit's own
+  score weighs them (a semitone costs what 2.7 envelope units do), against its nearest stock voice;
 - the word error rate of the held-out speech through PocketSphinx's bundled US English model (an
   offline recognizer from PyPI): the fitted voice's against the stock voices' on the same sentences;
 - the fit's wall time.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a loaded "
                         "machine 1 runs faster than threads that wait on each other")
     parser.add_argument("--out", type=Path, default=RESULTS / f"{time.strftime('%Y-%m-%d')}-voice-fit-cpu")
+    parser.add_argument("--keep-voices", type=Path, default=None,
+                        help="also write each fitted voice there as <target>.pt (to score it again later)")
     parser.add_argument("--report-only", action="store_true",
                         help="write summary.json and table.md from --out's results.jsonl so far, fitting nothing")
     args = parser.parse_args(argv)
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from worker.engine import Engine, EngineConfig
     from worker.text.chunks import text_to_chunks
     from worker.voice_fit import fit_pool, fit_recording
-    from worker.voice_fit.fit import CandidateEar
+    from worker.voice_fit.fit import ENVELOPE_PENALTY, PITCH_PENALTY, CandidateEar
     from worker.voice_fit.measures import measure
     from worker.voice_fit.recording import resample
     from worker.voice_fit.speaker import speaker_encoder
@@ -181,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                                cache_dir=Path(settings.cache_dir).expanduser(), exclude={target},
                                fingerprint=weights.fingerprint)
         fit_s = time.monotonic() - fit_started
+        if args.keep_voices:
+            args.keep_voices.mkdir(parents=True, exist_ok=True)
+            torch.save(result.pack.reshape(result.pack.shape[0], 1, -1).clone(), args.keep_voices / f"{target}.pt")
         fitted = held_out(result.pack)
         truth = stock[target]
         others = {n: s for n, s in stock.items() if n != target}
@@ -190,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         nearest = max(sim, key=sim.get)
         nearest_pitch = min(pitch, key=pitch.get)
         nearest_env = min(env, key=env.get)
+        joint = {n: PITCH_PENALTY * pitch[n] + ENVELOPE_PENALTY * env[n] for n in others}
+        nearest_joint = min(joint, key=joint.get)
+        fitted_pitch = fitted["measures"].pitch_distance(truth["measures"])
+        fitted_env = fitted["measures"].envelope_distance(truth["measures"])
         self_similarity = float(encoder.embed(sample_audio) @ truth["embedding"])
         # the measure's own floor: the target against itself, one noise draw against another
         floor = [(a.pitch_distance(b), a.envelope_distance(b)) for i, a in enumerate(truth["draws"])
@@ -200,20 +211,24 @@ def main(argv: list[str] | None = None) -> int:
             "fitted_similarity": round(fitted_sim, 4), "nearest_stock": nearest, "nearest_similarity": round(sim[nearest], 4),
             "self_similarity": round(self_similarity, 4),
             "gap_closed": round((fitted_sim - sim[nearest]) / max(self_similarity - sim[nearest], 1e-6), 3),
-            "fitted_pitch_distance": round(fitted["measures"].pitch_distance(truth["measures"]), 2),
+            "fitted_pitch_distance": round(fitted_pitch, 2),
             "nearest_pitch_stock": nearest_pitch, "nearest_pitch_distance": round(pitch[nearest_pitch], 2),
-            "fitted_envelope_distance": round(fitted["measures"].envelope_distance(truth["measures"]), 3),
+            "fitted_envelope_distance": round(fitted_env, 3),
             "nearest_envelope_stock": nearest_env, "nearest_envelope_distance": round(env[nearest_env], 3),
+            "fitted_joint_distance": round(PITCH_PENALTY * fitted_pitch + ENVELOPE_PENALTY * fitted_env, 4),
+            "nearest_joint_stock": nearest_joint, "nearest_joint_distance": round(joint[nearest_joint], 4),
             "target_pitch_between_draws": round(float(np.mean([f[0] for f in floor])), 2) if floor else None,
             "target_envelope_between_draws": round(float(np.mean([f[1] for f in floor])), 3) if floor else None,
             "fitted_wer": round(fitted["wer"], 3), "target_wer": round(truth["wer"], 3), "stock_wer": round(stock_wer, 3),
             "fit_s": round(fit_s, 1), "candidates": result.report["candidates"],
             "stopped_at_deadline": result.report["stopped_at_deadline"], "mixture": result.report["mixture"],
-            "refined": result.report["refined"], "load_average": round(os.getloadavg()[0], 2),
+            "refined": result.report["refined"], "fit_pitch": result.report["pitch"],
+            "load_average": round(os.getloadavg()[0], 2),
         }
         row["closer_on_encoder"] = row["fitted_similarity"] > row["nearest_similarity"]
         row["closer_on_pitch"] = row["fitted_pitch_distance"] < row["nearest_pitch_distance"]
         row["closer_on_envelope"] = row["fitted_envelope_distance"] < row["nearest_envelope_distance"]
+        row["closer_on_joint"] = row["fitted_joint_distance"] < row["nearest_joint_distance"]
         rows.append(row)
         with results.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -239,6 +254,10 @@ def summarize(rows: list[dict], machine: dict, args, stock_wer: float, total_s: 
         "candidates_per_fit": args.candidates, "seed": args.seed, "voices": len(rows),
         "closer_on_both_every_voice": all(r["closer_on_encoder"] and r["closer_on_pitch"] and r["closer_on_envelope"]
                                           for r in rows),
+        "closer_on_encoder_and_joint_every_voice": all(r["closer_on_encoder"] and r.get("closer_on_joint", False)
+                                                       for r in rows),
+        "closer_count": {m: sum(bool(r[f"closer_on_{m}"]) for r in rows) if all(f"closer_on_{m}" in r for r in rows)
+                         else None for m in ("encoder", "pitch", "envelope", "joint")},  # None: rows of an older run
         "mean_gap_closed": round(float(np.mean([r["gap_closed"] for r in rows])), 3) if rows else None,
         "fitted_wer_mean": round(float(np.mean([r["fitted_wer"] for r in rows])), 3) if rows else None,
         "stock_wer_mean": round(stock_wer, 3),
@@ -260,24 +279,38 @@ def report_only(out: Path, args) -> int:
 
 def table(rows: list[dict], summary: dict) -> str:
     lines = ["| voice | fitted sim. | nearest stock (sim.) | self-sim. | gap closed | pitch dist. fitted / nearest (st) "
-             "| pitch, target between draws (st) | envelope dist. fitted / nearest | WER fitted / target / stock mean | fit time |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| pitch, target between draws (st) | pitch on the fit's sentences, fitted - sample (st) "
+             "| envelope dist. fitted / nearest | pitch and envelope as one, fitted / nearest "
+             "| WER fitted / target / stock mean | fit time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['voice']}` | {r['fitted_similarity']:.3f} | `{r['nearest_stock']}` ({r['nearest_similarity']:.3f}) "
                      f"| {r['self_similarity']:.3f} | {r['gap_closed']:.2f} | {r['fitted_pitch_distance']:.2f} / "
                      f"{r['nearest_pitch_distance']:.2f} | {_figure(r.get('target_pitch_between_draws'))} "
-                     f"| {r['fitted_envelope_distance']:.2f} / "
-                     f"{r['nearest_envelope_distance']:.2f} | {r['fitted_wer']:.2f} / {r['target_wer']:.2f} / "
+                     f"| {_figure(_fit_pitch_miss(r), '+.2f')} | {r['fitted_envelope_distance']:.2f} / "
+                     f"{r['nearest_envelope_distance']:.2f} | {_figure(r.get('fitted_joint_distance'), '.3f')} / "
+                     f"{_figure(r.get('nearest_joint_distance'), '.3f')} | {r['fitted_wer']:.2f} / {r['target_wer']:.2f} / "
                      f"{r['stock_wer']:.2f} | {r['fit_s'] / 60:.1f} min |")
     lines.append("")
+    counts = summary.get("closer_count", {})
     lines.append(f"Mean gap closed {summary['mean_gap_closed']}; closer than the nearest stock voice on every measure "
-                 f"for every voice: {summary['closer_on_both_every_voice']}; WER fitted {summary['fitted_wer_mean']} "
+                 f"for every voice: {summary['closer_on_both_every_voice']} (voices closer on the encoder "
+                 f"{counts.get('encoder')}, on pitch {counts.get('pitch')}, on the envelope {counts.get('envelope')}, "
+                 f"on pitch and envelope as one {counts.get('joint')}, of {len(rows)}); WER fitted {summary['fitted_wer_mean']} "
                  f"vs stock {summary['stock_wer_mean']}; mean fit {summary['mean_fit_s']} s.")
     return "\n".join(lines) + "\n"
 
 
-def _figure(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _figure(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _fit_pitch_miss(row: dict) -> float | None:
+    """Semitones between the fitted voice's pitch and the sample's, as the fit heard them (its own sentences)."""
+    pitch = row.get("fit_pitch")
+    if not pitch or not pitch["sample"]["pitch_hz"] or not pitch["fitted"]["pitch_hz"]:
+        return None
+    return 12 * math.log2(pitch["fitted"]["pitch_hz"] / pitch["sample"]["pitch_hz"])
 
 
 def _cpu_model() -> str:
