@@ -68,11 +68,11 @@ def pitch_track(audio16k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first = np.where(below.any(axis=1), below.argmax(axis=1), region.argmin(axis=1))
     # descend to the local minimum after the first dip under the threshold
     lags = first.copy()
+    rows = np.arange(n)
     for _ in range(12):
         nxt = np.minimum(lags + 1, region.shape[1] - 1)
-        better = region[np.arange(n), nxt] < region[np.arange(n), lags]
+        better = region[rows, nxt] < region[rows, lags]
         lags = np.where(better, nxt, lags)
-    rows = np.arange(n)
     best = region[rows, lags]
     # YIN's parabolic interpolation between lags: an integer lag alone moves a 200 Hz voice's
     # pitch in steps of 0.2 semitones, coarser than the distances the fit tells apart
